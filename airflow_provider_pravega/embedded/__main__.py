@@ -1,0 +1,77 @@
+"""``python -m airflow_provider_pravega.embedded`` / ``pravega-embedded``: run the embedded server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from airflow_provider_pravega.embedded.server import EmbeddedPravega, EmbeddedServerError, ServerSettings
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range 0-65535: {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pravega-embedded",
+        description="Run a Pravega-compatible server (controller + segment store) on a durable data directory.",
+    )
+    p.add_argument("--data-dir", required=True, type=Path, help="where segments and metadata are kept")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=9090, help="controller gRPC port (default 9090; 0 = any free port)")
+    p.add_argument("--segment-store-port", type=_port, default=12345,
+                   help="segment store port (default 12345; 0 = any free port)")
+    p.add_argument("--advertise-host", default=None,
+                   help="address clients are told to reach the segment store at (default: the bind address)")
+    p.add_argument("--txn-lease-cap-ms", type=int, default=None,
+                   help="shorten every transaction lease to at most this many ms (for tests)")
+    p.add_argument("--tail-wait", type=float, default=5.0, help="seconds a read at the tail waits for data")
+    p.add_argument("--no-fsync", action="store_true", help="acknowledge before data reaches the disk (unsafe)")
+    p.add_argument("--log-level", default="WARNING")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = ServerSettings(
+        data_dir=args.data_dir, host=args.host, port=args.port, segment_store_port=args.segment_store_port,
+        advertise_host=args.advertise_host, lease_cap_ms=args.txn_lease_cap_ms, tail_wait_s=args.tail_wait,
+        fsync=not args.no_fsync,
+    )
+    server = EmbeddedPravega(settings)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        server.start()
+    except EmbeddedServerError as exc:
+        print(f"pravega-embedded: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"Pravega embedded server ready: controller {server.controller_uri} "
+        f"segment-store {server.segment_store_endpoint} data-dir {args.data_dir}",
+        flush=True,
+    )
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop()
+    print("Pravega embedded server stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The embedded Pravega-compatible server: controller (gRPC) + segment store (wire protocol) over
+one durable data directory, in one process.
+
+``EmbeddedPravega`` is what tests, the demo and ``python -m airflow_provider_pravega.embedded``
+use; the official ``pravega`` client connects to ``controller_uri`` as it would to a cluster.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from airflow_provider_pravega.embedded.controller import ControllerConfig, EmbeddedController
+from airflow_provider_pravega.embedded.segment_store import SegmentStoreServer
+from airflow_provider_pravega.embedded.storage import SegmentStorage
+from airflow_provider_pravega.protocol import controller_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddedServerError(RuntimeError):
+    """The embedded server could not start (port in use, data directory locked, ...)."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 9090
+    segment_store_port: int = 12345
+    advertise_host: str | None = None  # what getURI hands clients; defaults to host (or loopback)
+    lease_cap_ms: int | None = None  # shorten transaction leases (tests)
+    max_lease_ms: int = 120_000
+    tail_wait_s: float = 5.0
+    fsync: bool = True
+    checkpoint_bytes: int = 256 * 1024 * 1024
+
+
+class EmbeddedPravega:
+    """Start/stop the whole server; usable as a context manager."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.storage: SegmentStorage | None = None
+        self.segment_store: SegmentStoreServer | None = None
+        self.controller: EmbeddedController | None = None
+        self._grpc: grpc.Server | None = None
+        self._lock_fd: int | None = None
+        self.controller_port: int | None = None
+
+    @property
+    def controller_uri(self) -> str:
+        return f"tcp://{self._client_host()}:{self.controller_port}"
+
+    @property
+    def segment_store_endpoint(self) -> str:
+        assert self.segment_store is not None
+        return f"{self._client_host()}:{self.segment_store.port}"
+
+    def _client_host(self) -> str:
+        s = self.settings
+        if s.advertise_host:
+            return s.advertise_host
+        return "127.0.0.1" if s.host in ("0.0.0.0", "", "::") else s.host
+
+    def start(self) -> EmbeddedPravega:
+        s = self.settings
+        data_dir = Path(s.data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_data_dir(data_dir)
+        try:
+            self.storage = SegmentStorage(data_dir / "segments", fsync=s.fsync, checkpoint_bytes=s.checkpoint_bytes)
+            self.storage.open()
+            self.segment_store = SegmentStoreServer(self.storage, s.host, s.segment_store_port, tail_wait_s=s.tail_wait_s)
+            try:
+                self.segment_store.start()
+            except OSError as exc:
+                raise EmbeddedServerError(
+                    f"cannot listen for the segment store on {s.host}:{s.segment_store_port}: {exc.strerror or exc}"
+                ) from exc
+            config = ControllerConfig(max_lease_ms=s.max_lease_ms, lease_cap_ms=s.lease_cap_ms)
+            self.controller = EmbeddedController(
+                self.storage, self._client_host(), self.segment_store.port, data_dir, config
+            )
+            self.controller.recover()
+            self._grpc = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="pravega-ctl"))
+            controller_pb2_grpc.add_ControllerServiceServicer_to_server(self.controller, self._grpc)
+            try:
+                self.controller_port = self._grpc.add_insecure_port(f"{s.host}:{s.port}")
+            except RuntimeError as exc:
+                raise EmbeddedServerError(f"cannot listen for the controller on {s.host}:{s.port}: {exc}") from exc
+            if not self.controller_port:
+                raise EmbeddedServerError(f"cannot listen for the controller on {s.host}:{s.port} (port in use?)")
+            self._grpc.start()
+            self.controller.start()
+        except BaseException:
+            self.stop()
+            raise
+        if s.host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("the embedded Pravega server listens on %s without authentication", s.host)
+        return self
+
+    def stop(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop(grace=1).wait()
+            self._grpc = None
+        if self.controller is not None:
+            self.controller.stop()
+            self.controller = None
+        if self.segment_store is not None:
+            self.segment_store.stop()
+            self.segment_store = None
+        if self.storage is not None:
+            self.storage.close()
+            self.storage = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _lock_data_dir(self, data_dir: Path) -> None:
+        fd = os.open(data_dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise EmbeddedServerError(f"data directory {data_dir} is in use by another embedded server") from None
+        self._lock_fd = fd
+
+    def __enter__(self) -> EmbeddedPravega:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextmanager
+def embedded_pravega(data_dir: str | os.PathLike[str] | None = None, **settings: object) -> Iterator[EmbeddedPravega]:
+    """Run an embedded server on free loopback ports (a temporary data dir unless one is given)."""
+    settings.setdefault("port", 0)
+    settings.setdefault("segment_store_port", 0)
+    if data_dir is None:
+        with tempfile.TemporaryDirectory(prefix="pravega-embedded-") as tmp:
+            with EmbeddedPravega(ServerSettings(Path(tmp), **settings)) as server:  # type: ignore[arg-type]
+                yield server
+    else:
+        with EmbeddedPravega(ServerSettings(Path(data_dir), **settings)) as server:  # type: ignore[arg-type]
+            yield server

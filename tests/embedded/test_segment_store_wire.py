@@ -1,0 +1,186 @@
+"""The segment store at the byte level: the wire protocol, bad input, and parked tail reads.
+
+These talk raw sockets through our own codec (the official client cannot send malformed frames).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from airflow_provider_pravega.embedded.segment_store import SegmentStoreServer
+from airflow_provider_pravega.embedded.storage import SegmentStorage
+from airflow_provider_pravega.protocol import wire
+
+SEG = "sc/st/0.#epoch.0"
+
+
+@pytest.fixture
+def store_server(tmp_path):
+    storage = SegmentStorage(tmp_path / "ss")
+    storage.open()
+    storage.create_segment(SEG)
+    server = SegmentStoreServer(storage, "127.0.0.1", 0, tail_wait_s=1.0)
+    server.start()
+    yield storage, server
+    server.stop()
+    storage.close()
+
+
+class Peer:
+    """A minimal blocking client on our codec."""
+
+    def __init__(self, port: int, hello: bool = True) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.decoder = wire.FrameDecoder("reply")
+        self.pending: list = []
+        if hello:
+            self.send(wire.Hello(15, 5))
+            assert isinstance(self.recv(), wire.Hello)
+
+    def send(self, cmd) -> None:
+        self.sock.sendall(wire.encode(cmd))
+
+    def recv(self):
+        while not self.pending:
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("closed by server")
+            self.pending.extend(self.decoder.feed(data))
+        return self.pending.pop(0)
+
+    def closed_by_server(self, timeout: float = 5.0) -> bool:
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_append_then_read_and_dedup(store_server):
+    _, server = store_server
+    p = Peer(server.port)
+    p.send(wire.SetupAppend(1, 42, SEG, ""))
+    setup = p.recv()
+    assert isinstance(setup, wire.AppendSetup) and setup.last_event_number == wire.NO_EVENT_NUMBER
+    block = wire.frame_event(b"one") + wire.frame_event(b"two")
+    p.send(wire.AppendBlockEnd(42, len(block), block, 2, 2, 2))
+    ack = p.recv()
+    assert isinstance(ack, wire.DataAppended)
+    assert (ack.event_number, ack.current_segment_write_offset) == (2, len(block))
+    p.send(wire.AppendBlockEnd(42, len(block), block, 2, 2, 3))  # a resend after a reconnect
+    ack = p.recv()
+    assert isinstance(ack, wire.DataAppended) and ack.current_segment_write_offset == len(block)
+    p.send(wire.ReadSegment(SEG, 0, 1 << 20, "", 4))
+    read = p.recv()
+    assert isinstance(read, wire.SegmentRead) and read.data == block and read.request_id == 4
+    assert [e.payload for e in wire.iter_events(read.data)] == [b"one", b"two"]
+    p.close()
+
+
+def test_tail_read_waits_for_data(store_server):
+    _, server = store_server
+    reader, writer = Peer(server.port), Peer(server.port)
+    reader.send(wire.ReadSegment(SEG, 0, 1 << 20, "", 7))
+    time.sleep(0.2)
+    writer.send(wire.SetupAppend(1, 9, SEG, ""))
+    writer.recv()
+    started = time.monotonic()
+    writer.send(wire.AppendBlockEnd(9, 13, wire.frame_event(b"hello"), 1, 1, 2))
+    writer.recv()
+    read = reader.recv()
+    assert read.data == wire.frame_event(b"hello")
+    assert time.monotonic() - started < 0.9  # woken by the append, not by the 1 s bound
+    # With nothing to read the reply is empty and at_tail after the bound, not at once.
+    started = time.monotonic()
+    reader.send(wire.ReadSegment(SEG, 13, 1 << 20, "", 8))
+    read = reader.recv()
+    assert read.data == b"" and read.at_tail and not read.end_of_segment
+    assert time.monotonic() - started >= 0.9
+
+
+def test_errors_for_unknown_segments(store_server):
+    _, server = store_server
+    p = Peer(server.port)
+    p.send(wire.ReadSegment("no/such/0", 0, 100, "", 3))
+    r = p.recv()
+    assert isinstance(r, wire.NoSuchSegment) and r.request_id == 3
+    p.send(wire.GetStreamSegmentInfo(4, "no/such/0", ""))
+    assert isinstance(p.recv(), wire.NoSuchSegment)
+    p.send(wire.SetupAppend(5, 1, "no/such/0", ""))
+    assert isinstance(p.recv(), wire.NoSuchSegment)
+
+
+GARBAGE = [
+    pytest.param(struct.pack(">ii", 4242, 0), id="unknown-type"),
+    pytest.param(struct.pack(">ii", 9, 0x7FFFFFF0), id="oversized-frame"),
+    pytest.param(struct.pack(">ii", 9, -5), id="negative-length"),
+    pytest.param(struct.pack(">ii", 9, 3) + b"\x00\x05a", id="truncated-fields"),
+    pytest.param(wire.encode(wire.Hello(15, 5)) + struct.pack(">ii", 71, 4) + b"\x00\x00\x00\x00", id="short-table-delete"),
+]
+
+
+@pytest.mark.parametrize("garbage", GARBAGE)
+def test_bad_input_closes_only_that_connection(store_server, garbage):
+    _, server = store_server
+    good = Peer(server.port)
+    good.send(wire.SetupAppend(1, 77, SEG, ""))
+    good.recv()
+    bad = Peer(server.port, hello=False)
+    bad.sock.sendall(garbage)
+    assert bad.closed_by_server()
+    # The well-behaved client is unaffected.
+    good.send(wire.AppendBlockEnd(77, 9, wire.frame_event(b"x"), 1, 1, 2))
+    assert isinstance(good.recv(), wire.DataAppended)
+
+
+def test_append_without_setup_and_before_hello_close_the_connection(store_server):
+    _, server = store_server
+    p = Peer(server.port)
+    p.send(wire.AppendBlockEnd(5, 9, wire.frame_event(b"x"), 1, 1, 2))
+    assert p.closed_by_server()
+    q = Peer(server.port, hello=False)
+    q.send(wire.ReadSegment(SEG, 0, 10, "", 1))
+    assert q.closed_by_server()
+
+
+def test_garbage_flood_does_not_hurt_other_clients(store_server):
+    _, server = store_server
+    good = Peer(server.port)
+    good.send(wire.SetupAppend(1, 88, SEG, ""))
+    good.recv()
+    stop = threading.Event()
+
+    def flood() -> None:
+        import random
+
+        rnd = random.Random(7)
+        while not stop.is_set():
+            try:
+                s = socket.create_connection(("127.0.0.1", server.port), timeout=2)
+                s.sendall(bytes(rnd.getrandbits(8) for _ in range(rnd.randint(1, 4096))))
+                s.close()
+            except OSError:
+                pass
+
+    t = threading.Thread(target=flood)
+    t.start()
+    try:
+        for i in range(1, 201):
+            good.send(wire.AppendBlockEnd(88, 9, wire.frame_event(b"y"), 1, i, i + 1))
+            assert isinstance(good.recv(), wire.DataAppended)
+    finally:
+        stop.set()
+        t.join()
