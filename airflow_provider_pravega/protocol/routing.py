@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import bisect
 import struct
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Sequence, TypeVar
+from typing import TypeVar
 
 __all__ = [
     "ROUTING_SEED", "murmur3_x64_128", "rust_routing_key_bytes", "java_routing_key_bytes",

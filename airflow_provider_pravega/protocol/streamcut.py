@@ -21,9 +21,13 @@ import io
 import re
 import struct
 import zlib
-from typing import Iterable, Literal, Mapping, NamedTuple, Optional
+from collections.abc import Iterable, Mapping
+from typing import Literal, NamedTuple
 
-from airflow_provider_pravega.protocol.naming import validate_scope_name, validate_stream_name
+from airflow_provider_pravega.protocol.naming import (
+    validate_scope_name,
+    validate_stream_name,
+)
 
 __all__ = [
     "UNBOUNDED_TEXT", "TEXT_FORMAT_VERSION", "MAX_PLAIN_TEXT", "InvalidStreamCutText",
@@ -197,7 +201,7 @@ def _int_list(part: str, what: str, low: int, high: int) -> list[int]:
     return values
 
 
-def streamcut_from_text(text: str) -> Optional[ParsedStreamCut]:
+def streamcut_from_text(text: str) -> ParsedStreamCut | None:
     """Parses Java's ``asText()`` form; returns None for ``UNBOUNDED``.
 
     Accepts any valid gzip (any header flags, several members), not only what Java writes. An

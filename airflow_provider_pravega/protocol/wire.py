@@ -15,9 +15,10 @@ or without them and encoding writes the shorter Rust form unless the optional fi
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from operator import attrgetter
-from typing import Callable, ClassVar, Iterable, Literal, Optional, Sequence, Union
+from typing import ClassVar, Literal
 
 __all__ = [
     # constants
@@ -96,7 +97,7 @@ class ProtocolError(ValueError):
     frame, for callers that want to act on them before closing.
     """
 
-    def __init__(self, message: str, decoded: Sequence["Command"] = ()) -> None:
+    def __init__(self, message: str, decoded: Sequence[Command] = ()) -> None:
         super().__init__(message)
         self.decoded: tuple[Command, ...] = tuple(decoded)
 
@@ -532,7 +533,7 @@ _TAIL_DEFAULTS = {"bool": False, "i32": 0, "i64": 0, "u8": 0, "attrs": (), "str"
 
 
 class _Codec:
-    __slots__ = ("cls", "decode_steps", "encode_steps", "tail_names", "tail_encoders", "tail_kinds")
+    __slots__ = ("cls", "decode_steps", "encode_steps", "tail_encoders", "tail_kinds", "tail_names")
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
@@ -782,7 +783,7 @@ class CreateSegment(Request):
     target_rate: int
     scale_type: int
     delegation_token: str = ""
-    rollover_size_bytes: Optional[int] = None
+    rollover_size_bytes: int | None = None
 
 
 @_command(request=True)
@@ -839,7 +840,7 @@ class MergeSegments(Request):
     target: str
     source: str
     delegation_token: str = ""
-    attribute_updates: Optional[tuple[AttributeUpdate, ...]] = None
+    attribute_updates: tuple[AttributeUpdate, ...] | None = None
 
 
 @_command(request=True)
@@ -865,9 +866,9 @@ class CreateTableSegment(Request):
     request_id: int
     segment: str
     delegation_token: str = ""
-    sorted: Optional[bool] = None
-    key_length: Optional[int] = None
-    rollover_size_bytes: Optional[int] = None
+    sorted: bool | None = None
+    key_length: int | None = None
+    rollover_size_bytes: int | None = None
 
 
 @_command(request=True)
@@ -1235,7 +1236,7 @@ class InvalidEventNumber(Reply):
     writer_id: int
     request_id: int
     server_stack_trace: str = ""
-    event_number: Optional[int] = None
+    event_number: int | None = None
 
 
 @_command(reply=True)
@@ -1325,7 +1326,7 @@ REQUEST_TYPES: dict[int, type] = {code: codec.cls for code, codec in _REQUESTS.i
 REPLY_TYPES: dict[int, type] = {code: codec.cls for code, codec in _REPLIES.items()}
 _ANY: dict[int, _Codec] = {**_REPLIES, **_REQUESTS}
 
-__all__ += sorted(cls.__name__ for cls in _CODECS)
+__all__ += [cls.__name__ for cls in _CODECS]
 
 # --------------------------------------------------------------------------------------------
 # Encoding
@@ -1373,7 +1374,7 @@ def request_id_of(cmd: Command) -> int:
 Direction = Literal["request", "reply"]
 
 
-def _table_for(direction: Optional[Direction]) -> dict[int, _Codec]:
+def _table_for(direction: Direction | None) -> dict[int, _Codec]:
     if direction == "request":
         return _REQUESTS
     if direction == "reply":
@@ -1385,8 +1386,8 @@ def _table_for(direction: Optional[Direction]) -> dict[int, _Codec]:
 
 def decode_frame(
     type_code: int,
-    payload: Union[bytes, bytearray, memoryview],
-    direction: Optional[Direction] = None,
+    payload: bytes | bytearray | memoryview,
+    direction: Direction | None = None,
     *,
     strict: bool = False,
 ) -> Command:
@@ -1415,7 +1416,7 @@ class FrameDecoder:
     call supplies. Any ProtocolError leaves the decoder dead: the connection must be closed.
     """
 
-    __slots__ = ("_table", "_direction", "_max_frame", "_strict", "_buf", "_error")
+    __slots__ = ("_buf", "_direction", "_error", "_max_frame", "_strict", "_table")
 
     def __init__(self, direction: Direction, max_frame: int = MAX_FRAME, *, strict: bool = False) -> None:
         if direction not in ("request", "reply"):
@@ -1427,7 +1428,7 @@ class FrameDecoder:
         self._max_frame = max_frame
         self._strict = strict
         self._buf = bytearray()
-        self._error: Optional[str] = None
+        self._error: str | None = None
 
     @property
     def buffered(self) -> int:
@@ -1438,7 +1439,7 @@ class FrameDecoder:
     def failed(self) -> bool:
         return self._error is not None
 
-    def feed(self, data: Union[bytes, bytearray, memoryview]) -> list[Command]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Command]:
         if self._error is not None:
             raise ProtocolError(f"frame decoder is unusable after an earlier error: {self._error}")
         out: list[Command] = []
@@ -1492,7 +1493,7 @@ class FrameDecoder:
 # --------------------------------------------------------------------------------------------
 
 
-def frame_event(payload: Union[bytes, bytearray, memoryview]) -> bytes:
+def frame_event(payload: bytes | bytearray | memoryview) -> bytes:
     """``[i32 0][u32 length][payload]``: how writers store one event in a segment."""
     n = payload.nbytes if isinstance(payload, memoryview) else len(payload)
     if n > 0x7FFF_FFFF:
@@ -1514,7 +1515,7 @@ class SegmentEvent:
 
 
 def _scan_events(
-    mv: memoryview, pos: int, end: int, base: int, max_event_size: Optional[int], out: list
+    mv: memoryview, pos: int, end: int, base: int, max_event_size: int | None, out: list
 ) -> int:
     unpack = _EVENT_HEADER_SIGNED.unpack_from
     while end - pos >= EVENT_HEADER_LEN:
@@ -1538,7 +1539,7 @@ def _scan_events(
 
 
 def split_events(
-    buf: Union[bytes, bytearray, memoryview], base_offset: int = 0, *, max_event_size: Optional[int] = None
+    buf: bytes | bytearray | memoryview, base_offset: int = 0, *, max_event_size: int | None = None
 ) -> tuple[list[SegmentEvent], int]:
     """Splits bytes read from an event segment at ``base_offset`` into events.
 
@@ -1555,7 +1556,7 @@ def split_events(
 
 
 def iter_events(
-    buf: Union[bytes, bytearray, memoryview], base_offset: int = 0, *, max_event_size: Optional[int] = None
+    buf: bytes | bytearray | memoryview, base_offset: int = 0, *, max_event_size: int | None = None
 ):
     """Yields the complete events of ``buf``; an incomplete tail starts at the last ``end_offset``."""
     events, _ = split_events(buf, base_offset, max_event_size=max_event_size)
@@ -1565,9 +1566,9 @@ def iter_events(
 class EventParser:
     """Streaming event splitter for sequential reads of one segment (reads may split events)."""
 
-    __slots__ = ("_offset", "_buf", "_max")
+    __slots__ = ("_buf", "_max", "_offset")
 
-    def __init__(self, offset: int = 0, *, max_event_size: Optional[int] = None) -> None:
+    def __init__(self, offset: int = 0, *, max_event_size: int | None = None) -> None:
         self._offset = offset  # segment offset of self._buf[0]
         self._buf = bytearray()
         self._max = max_event_size
@@ -1592,7 +1593,7 @@ class EventParser:
         """True when no partial event is buffered."""
         return not self._buf
 
-    def feed(self, data: Union[bytes, bytearray, memoryview]) -> list[SegmentEvent]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[SegmentEvent]:
         out: list[SegmentEvent] = []
         if not self._buf:
             with memoryview(data) as mv:

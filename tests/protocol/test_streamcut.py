@@ -157,7 +157,10 @@ def _text(plain: str) -> str:
         ("H4sI$AAA", "not valid base64"),
         (base64.b64encode(b"plain text, no gzip").decode(), "no gzip magic"),
         (NOTES_VECTORS[0][4][:20], "invalid or truncated gzip"),  # truncated member
-        (base64.b64encode(sc.java_gzip(b"0:s/st:0:0:1")[:-4] + b"\x00\x00\x00\x00").decode(), "invalid or truncated gzip"),
+        (   # wrong CRC32
+            base64.b64encode(sc.java_gzip(b"0:s/st:0:0:1")[:-8] + b"\x00" * 4 + struct.pack("<I", 12)).decode(),
+            "invalid or truncated gzip",
+        ),
         (base64.b64encode(sc.java_gzip(b"\xff\xfe")).decode(), "UTF-8"),
         (_text("0:s/st:0:0"), "5 ':'-separated parts"),
         (_text("0:s/st"), "5 ':'-separated parts"),
