@@ -1,0 +1,55 @@
+"""Base fixtures shared by every test.
+
+Airflow reads AIRFLOW_HOME and its database URL when it is first imported, so both are set here,
+at collection time, before any test module imports Airflow: tests never touch a real Airflow
+installation's home or metadata database.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="pravega-test-airflow-home-"))
+
+os.environ["AIRFLOW_HOME"] = str(_AIRFLOW_HOME)
+os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME / 'airflow.db'}"
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_AIRFLOW_HOME / "dags")
+os.environ.pop("AIRFLOW_CONFIG", None)
+
+if "airflow" in sys.modules:  # pragma: no cover - guards the ordering this module relies on
+    raise RuntimeError("tests/conftest.py must run before anything imports airflow")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    """The temporary AIRFLOW_HOME of this test run (SQLite metadata DB inside it)."""
+    return _AIRFLOW_HOME
+
+
+@pytest.fixture
+def fresh_airflow_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Environment for an ``airflow`` CLI subprocess with its own empty AIRFLOW_HOME and SQLite DB."""
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    env = dict(os.environ)
+    env.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
+    )
+    yield env
