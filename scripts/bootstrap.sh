@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Create or reuse the project's virtual environment (.venv in the repo root) and install the
+# provider with its test dependencies. Safe to run again: the install is skipped while
+# pyproject.toml is unchanged since the last successful one.
+#
+# Environment: PYTHON  interpreter to build .venv with (default: python3.11)
+#              VENV    where the environment lives (default: <repo>/.venv)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python="${PYTHON:-python3.11}"
+venv="${VENV:-$root/.venv}"
+stamp="$venv/.airflow-provider-pravega-install.sha256"
+
+fail() {
+    printf 'bootstrap: %s\n' "$*" >&2
+    exit 1
+}
+
+# --- Java 17+ (PySpark runs on the JVM) ---------------------------------------------------------
+java_bin="java"
+if [[ -n "${JAVA_HOME:-}" && -x "$JAVA_HOME/bin/java" ]]; then
+    java_bin="$JAVA_HOME/bin/java"
+fi
+if ! command -v "$java_bin" >/dev/null 2>&1; then
+    fail "Java 17 or newer is required (Spark runs on it) and no 'java' was found.
+  Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless
+  Or point JAVA_HOME at a JDK/JRE 17+ installation."
+fi
+java_version="$("$java_bin" -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p' | head -n 1)"
+java_major="${java_version%%.*}"
+if [[ "$java_major" == "1" ]]; then # 1.8 style
+    java_major="$(echo "$java_version" | cut -d. -f2)"
+fi
+if ! [[ "$java_major" =~ ^[0-9]+$ ]] || ((java_major < 17)); then
+    fail "Java 17 or newer is required; '$java_bin' is version '${java_version:-unknown}'.
+  Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless
+  Or point JAVA_HOME at a JDK/JRE 17+ installation."
+fi
+
+# --- Python 3.11 (the official pravega client has wheels for CPython 3.10/3.11 only) ----------
+venv_is_usable() {
+    [[ -x "$venv/bin/python" ]] &&
+        "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null
+}
+
+if ! venv_is_usable; then
+    if ! command -v "$python" >/dev/null 2>&1; then
+        fail "'$python' not found. Python 3.11 is required: the official 'pravega' client ships
+  wheels for CPython 3.10 and 3.11 only.
+  Debian/Ubuntu: apt-get install -y python3.11 python3.11-venv   (or: pyenv install 3.11)
+  Or set PYTHON=/path/to/python3.11."
+    fi
+    if ! "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+        fail "'$python' is Python $("$python" -c 'import platform; print(platform.python_version())'), not 3.11. Set PYTHON=/path/to/python3.11."
+    fi
+    echo "bootstrap: creating $venv with $("$python" -c 'import sys; print(sys.executable)')"
+    rm -rf "$venv"
+    "$python" -m venv "$venv"
+fi
+
+# --- install, unless pyproject.toml is unchanged since the last successful install ------------
+want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    echo "bootstrap: $venv is up to date (pyproject.toml unchanged)"
+    exit 0
+fi
+rm -f "$stamp"
+echo "bootstrap: installing airflow-provider-pravega[test] into $venv (a few minutes the first time)"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[test]"
+echo "$want" >"$stamp"
+echo "bootstrap: done"
