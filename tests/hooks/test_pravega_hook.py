@@ -564,3 +564,50 @@ def test_test_connection_with_certificate_checks_off_does_a_tls_handshake(
         server.stop()
     assert ok is True
     assert message.startswith(f"TLS handshake (TLSv1.") and "validate_hostname=false" in message
+
+
+# ----------------------------------------------------------- test_connection against real Pravega
+
+
+def _load_standalone_backend() -> Any:
+    """tests/backends/standalone.py (real Pravega standalone from Maven Central), loaded by path."""
+    import importlib.util
+    import sys
+
+    name = "pravega_hook_tests_standalone_backend"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "backends" / "standalone.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def test_test_connection_to_real_pravega_counts_its_scopes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Positive case against the real thing: Pravega 0.13.0 standalone's controller."""
+    backend = _load_standalone_backend()
+    available, reason = backend.standalone_available()
+    if not available:
+        pytest.skip(reason)
+    import pravega_client
+
+    with backend.PravegaStandalone(work_dir=tmp_path / "standalone") as controller_uri:
+        host_port = controller_uri.split("://", 1)[1]
+        host, port = host_port.rsplit(":", 1)
+        set_connection(monkeypatch, "pravega_real", host=host, port=int(port))
+        hook = PravegaHook(pravega_conn_id="pravega_real")
+        ok, message = hook.test_connection()
+        assert ok is True, message
+        before = int(message.rsplit("; ", 1)[1].split()[0])
+
+        assert pravega_client.StreamManager(controller_uri).create_scope("hookcheck")
+        started = time.monotonic()
+        ok, message = PravegaHook(pravega_conn_id="pravega_real").test_connection()
+        elapsed = time.monotonic() - started
+    assert ok is True, message
+    assert message == f"Connected to Pravega controller at tcp://{host}:{port}; {before + 1} scope" + (
+        "" if before + 1 == 1 else "s"
+    )
+    assert elapsed < 10
