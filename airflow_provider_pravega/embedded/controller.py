@@ -155,6 +155,9 @@ def _rpc(method: Callable[..., T]) -> Callable[..., T]:
         try:
             if self._stopped:
                 raise _Fail(grpc.StatusCode.UNAVAILABLE, "the embedded controller is stopped")
+            if self._log_failure is not None:
+                raise _Fail(grpc.StatusCode.UNAVAILABLE,
+                            f"the embedded controller's metadata log failed ({self._log_failure}); restart it")
             return method(self, request, context)
         except _Fail as exc:
             failure = exc
@@ -236,6 +239,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         self._txn_locks = [threading.Lock() for _ in range(self._TXN_LOCK_STRIPES)]
         self._recovered = False
         self._stopped = False
+        self._log_failure: BaseException | None = None  # fail-stop after a metadata write error
         self._stop_event = threading.Event()
         self._reaper: threading.Thread | None = None
         self._controller_endpoint: tuple[str, int] | None = None
@@ -353,15 +357,29 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         return self._txn_locks[hash((scope, name, txn_id)) % self._TXN_LOCK_STRIPES]
 
     def _persist(self, record: dict[str, Any]) -> int:
-        """Apply a record and append it to the log (caller holds ``_lock``); returns its seq."""
+        """Apply a record and append it to the log (caller holds ``_lock``); returns its seq.
+
+        A failed write leaves memory ahead of disk, so the controller stops serving (fail-stop):
+        a restart rebuilds the state from what is durable.
+        """
         self._state.apply(record)
-        seq = self._log.append(record)
-        if self._log.wants_snapshot():
-            self._log.write_snapshot(self._state.to_json())
+        try:
+            seq = self._log.append(record)
+            if self._log.wants_snapshot():
+                self._log.write_snapshot(self._state.to_json())
+        except OSError as exc:
+            self._log_failure = exc
+            log.critical("controller metadata log write failed; refusing further requests: %s", exc)
+            raise
         return seq
 
     def _durable(self, seq: int) -> None:
-        self._log.sync(seq)
+        try:
+            self._log.sync(seq)
+        except OSError as exc:  # after a failed fsync the page cache cannot be trusted either
+            self._log_failure = exc
+            log.critical("controller metadata log sync failed; refusing further requests: %s", exc)
+            raise
 
     def _read(self, fn: Callable[[], T]) -> T:
         """Run a read under the lock; answer only once whatever it saw is durable."""
@@ -1281,6 +1299,8 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
     def _reap_loop(self) -> None:
         while not self._stop_event.wait(self._config.lease_check_interval_s):
+            if self._log_failure is not None:
+                continue
             try:
                 self.reap_expired()
             except Exception:  # keep reaping; the next round retries

@@ -213,7 +213,9 @@ class MetadataLog:
     def close(self) -> None:
         with self._sync_lock:
             if self._fd >= 0:
-                _datasync(self._fd)
-                self._synced = self._written
-                os.close(self._fd)
-                self._fd = -1
+                try:
+                    _datasync(self._fd)
+                    self._synced = self._written
+                finally:
+                    os.close(self._fd)
+                    self._fd = -1
