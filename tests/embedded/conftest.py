@@ -1,0 +1,1 @@
+pytest_plugins = ["airflow_provider_pravega.testing.pytest_plugin"]
