@@ -39,9 +39,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 # 0.13.0 is the newest pravega-standalone on Maven Central (maven-metadata.xml lists 0.3.0 .. 0.13.0)
 # and it runs on Java 17.
@@ -168,7 +168,7 @@ def java_major(java: str) -> int:
     """Major version of a java executable, from its java.specification.version property."""
     try:
         proc = subprocess.run([java, "-XshowSettings:properties", "-version"], capture_output=True,
-                              text=True, timeout=30)
+                              text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise StandaloneError(f"cannot run {java}: {exc}") from exc
     m = re.search(r"java\.specification\.version = (\d+)(?:\.(\d+))?", proc.stderr + proc.stdout)
@@ -220,7 +220,8 @@ def _version_key(version: str) -> tuple:
                 key.append((0, 0, ""))
             else:
                 key.append((0, 0, tok))
-    return tuple(key)
+    # Pad with "release" so that 1.0 sorts after 1.0-rc1 and before 1.0.1.
+    return tuple(key + [(0, 0, "")] * (24 - len(key)))
 
 
 _COORD = re.compile(r"^[\w.\-]+(?::[\w.\-]+){4,5}$")
@@ -238,7 +239,7 @@ def parse_tree_versions(tree_text: str) -> dict[tuple[str, str], set[str]]:
             if not _COORD.match(tok):
                 continue
             parts = tok.split(":")
-            group, artifact, _type = parts[0], parts[1], parts[2]
+            group, artifact = parts[0], parts[1]
             version, scope = (parts[3], parts[4]) if len(parts) == 5 else (parts[4], parts[5])
             if scope not in ("compile", "runtime"):
                 continue
@@ -288,7 +289,7 @@ def _mvn(args: Sequence[str], cwd: Path, offline: bool, log: Path, timeout: floa
         out.write(("\n$ " + " ".join(cmd) + "\n").encode())
         out.flush()
         try:
-            proc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+            proc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False)
         except subprocess.TimeoutExpired as exc:
             raise StandaloneError(f"Maven took longer than {timeout:.0f}s: {' '.join(cmd)}; see {log}") from exc
     if proc.returncode != 0:
@@ -387,7 +388,7 @@ def maven_reachable(version: str = DEFAULT_VERSION, timeout: float = 60.0) -> tu
         cmd = [mvn, "-B", "-q", "org.apache.maven.plugins:maven-dependency-plugin:3.6.1:get",
                f"-Dartifact={GROUP_ID}:{ARTIFACT_ID}:{version}:pom", "-Dtransitive=false"]
         try:
-            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
             return False, f"Maven could not reach {GROUP_ID}:{ARTIFACT_ID}:{version} within {timeout:.0f}s"
     if proc.returncode != 0:
@@ -451,7 +452,7 @@ def build_loopback_shim(target_dir: Path) -> Path | None:
     source.write_text(LOOPBACK_SHIM_C)
     partial = target.with_suffix(".partial")
     proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(partial), str(source), "-ldl"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise StandaloneError(f"compiling {source} with {cc} failed: {proc.stderr.strip()[:500]}")
     partial.rename(target)
@@ -523,7 +524,7 @@ class State:
         return json.dumps(asdict(self), indent=2) + "\n"
 
     @classmethod
-    def load(cls, work_dir: Path) -> "State | None":
+    def load(cls, work_dir: Path) -> State | None:
         path = Path(work_dir) / STATE_FILE
         if not path.exists():
             return None
@@ -561,7 +562,7 @@ def choose_ports(controller_port: int = 0, segment_store_port: int = 0) -> Ports
     )
 
 
-def write_config(work_dir: Path, ports: Ports, cache_mb: int) -> Path:
+def write_config(work_dir: Path, ports: Ports, cache_mb: int, storage: str = "filesystem") -> Path:
     """The emulator's properties file: singlenode.* for LocalPravegaEmulator, pravegaservice.* for
     the segment store (InProcPravegaCluster includes this file after its own defaults)."""
     props = {
@@ -582,6 +583,15 @@ def write_config(work_dir: Path, ports: Ports, cache_mb: int) -> Path:
         "pravegaservice.rest.listener.enable": "false",
         "pravegaservice.cache.size.max": cache_mb * 1024 * 1024,
     }
+    if storage == "filesystem":
+        # The emulator keeps segment data in the JVM heap (INMEMORY storage), so a few hundred MiB
+        # of events fill -Xmx768m. Long-term storage on local files (the durable log stays in
+        # memory and is truncated as data reaches storage) keeps the heap flat whatever the tests
+        # write. Neither survives a restart: the emulator wipes its in-process ZooKeeper on start.
+        props["pravegaservice.storage.impl.name"] = "FILESYSTEM"
+        props["filesystem.root"] = str(work_dir / "storage")
+    elif storage != "memory":
+        raise StandaloneError(f"storage must be 'filesystem' or 'memory', not {storage!r}")
     path = work_dir / "standalone-config.properties"
     path.write_text("# Generated by scripts/pravega_standalone.py\n"
                     + "".join(f"{k}={v}\n" for k, v in props.items()))
@@ -754,36 +764,6 @@ def controller_list_scopes(port: int, timeout: float = 5.0) -> list[str] | None:
     return _decode_strings(reply, 1)
 
 
-def controller_server_list(port: int, timeout: float = 5.0) -> list[tuple[str, int]] | None:
-    """getControllerServerList: the NodeUri list the controller publishes (None without grpc)."""
-    try:
-        import grpc  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call = channel.unary_unary(CONTROLLER_SERVICE + "getControllerServerList",
-                                   request_serializer=None, response_deserializer=None)
-        reply = call(b"", timeout=timeout)
-    nodes = []
-    i = 0
-    while i < len(reply):
-        key, i = _varint(reply, i)
-        n, i = _varint(reply, i)
-        sub, i = reply[i:i + n], i + n
-        host, port_no, j = "", 0, 0
-        while j < len(sub):
-            k, j = _varint(sub, j)
-            if k == 0x0A:
-                m, j = _varint(sub, j)
-                host, j = sub[j:j + m].decode(), j + m
-            elif k == 0x10:
-                port_no, j = _varint(sub, j)
-            else:
-                break
-        nodes.append((host, port_no))
-    return nodes
-
-
 def _log_errors(work_dir: Path, limit: int = 12) -> str:
     lines: list[str] = []
     for name in (CONSOLE_FILE, LOG_FILE):
@@ -828,21 +808,19 @@ def wait_ready(state: State, proc: subprocess.Popen | None, timeout: float) -> d
     )
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: ask Linux to SIGTERM the JVM when the process that started it dies (even by
-    SIGKILL), so a crashed test run leaves no orphan Pravega behind."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    PR_SET_PDEATHSIG = 1
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def _die_with_parent_prefix() -> list[str]:
+    """Command prefix that makes Linux SIGTERM the JVM when the process that started it dies (even
+    by SIGKILL), so a crashed test run leaves no orphan Pravega behind. util-linux's setpriv sets the
+    parent-death signal and execs, so the JVM keeps the pid Popen reports. No setpriv: no prefix."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
 def start(work_dir: Path | None = None, version: str = DEFAULT_VERSION, root: Path | None = None,
           controller_port: int = 0, segment_store_port: int = 0, heap_mb: int = DEFAULT_HEAP_MB,
           direct_mb: int = DEFAULT_DIRECT_MB, cache_mb: int = DEFAULT_CACHE_MB,
           ready_timeout: float = DEFAULT_READY_TIMEOUT, fetch_if_missing: bool = True,
-          loopback_only: bool = True, die_with_parent: bool = False) -> State:
+          loopback_only: bool = True, die_with_parent: bool = False, storage: str = "filesystem") -> State:
     """Start Pravega standalone and return once it answers.
 
     The JVM runs in its own session (a Ctrl-C aimed at the caller does not hit it). By default it
@@ -867,17 +845,19 @@ def start(work_dir: Path | None = None, version: str = DEFAULT_VERSION, root: Pa
     attempts = 1 if (controller_port and segment_store_port) else 2  # a picked port may be taken meanwhile
     for attempt in range(attempts):
         ports = choose_ports(controller_port, segment_store_port)
-        config = write_config(work_dir, ports, cache_mb)
+        config = write_config(work_dir, ports, cache_mb, storage)
         logback = write_logback(work_dir)
         for name in (LOG_FILE, CONSOLE_FILE):
             (work_dir / name).unlink(missing_ok=True)
         shutil.rmtree(work_dir / "tmp", ignore_errors=True)
+        shutil.rmtree(work_dir / "storage", ignore_errors=True)
+        (work_dir / "storage").mkdir()
         cmd = java_command(java, cp, work_dir, config, logback, heap_mb, direct_mb)
+        prefix = _die_with_parent_prefix() if die_with_parent else []
         started = time.monotonic()
         with open(work_dir / CONSOLE_FILE, "ab") as console:
-            proc = subprocess.Popen(cmd, cwd=work_dir, env=env, stdin=subprocess.DEVNULL, stdout=console,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_die_with_parent if die_with_parent else None)
+            proc = subprocess.Popen(prefix + cmd, cwd=work_dir, env=env, stdin=subprocess.DEVNULL, stdout=console,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         state = State(pid=proc.pid, version=version, ports=ports,
                       controller_uri=f"tcp://127.0.0.1:{ports.controller}",
                       segment_store=f"127.0.0.1:{ports.segment_store}", work_dir=str(work_dir),
@@ -886,13 +866,13 @@ def start(work_dir: Path | None = None, version: str = DEFAULT_VERSION, root: Pa
         (work_dir / STATE_FILE).write_text(state.to_json())
         try:
             state.notes.update(wait_ready(state, proc, ready_timeout))
-        except StandaloneError as exc:
+        except StandaloneError:
             _terminate(proc.pid, work_dir, grace=15.0)
             proc.wait(timeout=30)
             bind_clash = "Address already in use" in _log_errors(work_dir, 50)
             if attempt + 1 < attempts and bind_clash:
                 continue
-            raise exc
+            raise
         state.ready_seconds = round(time.monotonic() - started, 2)
         state.notes["rss_kib_ready"] = rss_kib(proc.pid)
         state.notes["listening"] = [f"{a}:{p}" for a, p in listening_addresses(proc.pid)]
@@ -978,6 +958,8 @@ def _add_start(p: argparse.ArgumentParser) -> None:
     p.add_argument("--direct-mb", type=int, default=DEFAULT_DIRECT_MB)
     p.add_argument("--cache-mb", type=int, default=DEFAULT_CACHE_MB, help="segment store read cache")
     p.add_argument("--timeout", type=float, default=DEFAULT_READY_TIMEOUT, help="seconds to wait for readiness")
+    p.add_argument("--storage", choices=("filesystem", "memory"), default="filesystem",
+                   help="segment data on files in the work dir (flat heap) or in the JVM heap")
     p.add_argument("--no-loopback-shim", action="store_true",
                    help="do not LD_PRELOAD the bind() shim (the controller then listens on all interfaces)")
 
@@ -1016,7 +998,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0 if st["running"] else 3
         state = start(args.work_dir, args.version, args.cache, args.controller_port, args.segment_store_port,
                       args.heap_mb, args.direct_mb, args.cache_mb, args.timeout,
-                      loopback_only=not args.no_loopback_shim, die_with_parent=args.command == "run")
+                      loopback_only=not args.no_loopback_shim, die_with_parent=args.command == "run",
+                      storage=args.storage)
         print(f"Pravega standalone {state.version} ready in {state.ready_seconds}s: "
               f"controller {state.controller_uri} segment store {state.segment_store} (pid {state.pid}, "
               f"RSS {state.notes.get('rss_kib_ready')} KiB, logs {state.work_dir})", file=sys.stderr)

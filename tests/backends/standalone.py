@@ -41,7 +41,7 @@ DEFAULT_VERSION: str = script.DEFAULT_VERSION
 _DISABLED = {"0", "off", "false", "no"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def standalone_available(version: str = DEFAULT_VERSION) -> tuple[bool, str]:
     """Whether Pravega standalone can run here, and why not.
 
@@ -66,9 +66,10 @@ class PravegaStandalone:
     """Start real Pravega standalone on free loopback ports; `with` yields the controller URI.
 
     cache_dir is the jar cache root (default: $PRAVEGA_STANDALONE_CACHE or
-    ~/.cache/airflow-provider-pravega/pravega-standalone); work_dir holds config, logs and
-    ZooKeeper's files (default: a fresh temporary directory, removed afterwards unless
-    keep_work_dir). The JVM is tied to this process: if the test run dies, so does Pravega.
+    ~/.cache/airflow-provider-pravega/pravega-standalone); work_dir holds config, logs,
+    ZooKeeper's files and, with storage="filesystem" (default), the segment data (default: a
+    fresh temporary directory, removed afterwards unless keep_work_dir). The JVM is tied to this
+    process: if the test run dies, so does Pravega.
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class PravegaStandalone:
         direct_mb: int = script.DEFAULT_DIRECT_MB,
         ready_timeout: float = script.DEFAULT_READY_TIMEOUT,
         keep_work_dir: bool = False,
+        storage: str = "filesystem",
     ) -> None:
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self._own_work_dir = work_dir is None
@@ -93,6 +95,7 @@ class PravegaStandalone:
         self.direct_mb = direct_mb
         self.ready_timeout = ready_timeout
         self.keep_work_dir = keep_work_dir
+        self.storage = storage
         self.state = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -110,6 +113,7 @@ class PravegaStandalone:
             direct_mb=self.direct_mb,
             ready_timeout=self.ready_timeout,
             die_with_parent=True,
+            storage=self.storage,
         )
         return self.state.controller_uri
 
