@@ -18,6 +18,7 @@ from airflow_provider_pravega.client.controller_probe import ControllerProbeErro
 
 __all__ = ["PravegaConfigError", "PravegaConnectionConfig", "PravegaHook"]
 
+
 class PravegaHook(BaseHook):
     """Reads a ``pravega`` connection and checks that its controller answers.
 

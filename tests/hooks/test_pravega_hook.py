@@ -563,7 +563,7 @@ def test_test_connection_with_certificate_checks_off_does_a_tls_handshake(
     finally:
         server.stop()
     assert ok is True
-    assert message.startswith(f"TLS handshake (TLSv1.") and "validate_hostname=false" in message
+    assert message.startswith("TLS handshake (TLSv1.") and "validate_hostname=false" in message
 
 
 # ----------------------------------------------------------- test_connection against real Pravega
@@ -585,6 +585,7 @@ def _load_standalone_backend() -> Any:
     return sys.modules[name]
 
 
+@pytest.mark.standalone
 def test_test_connection_to_real_pravega_counts_its_scopes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Positive case against the real thing: Pravega 0.13.0 standalone's controller."""
     backend = _load_standalone_backend()
