@@ -4,9 +4,9 @@
 Why this exists: the embedded Pravega-compatible server is only as good as its fidelity, so the test
 suite also runs against the real thing. This script resolves ``io.pravega:pravega-standalone`` and
 its runtime dependencies with Maven into a cache directory outside the repository, starts Pravega's
-single-node emulator (controller, segment store and ZooKeeper in one JVM, in-memory storage) on free
-loopback ports with bounded memory, waits until it really answers, prints the controller URI, and
-stops it cleanly.
+single-node emulator (controller, segment store and ZooKeeper in one JVM; durable log in memory,
+segment data on files in the work dir) on free loopback ports with bounded memory, waits until it
+really answers, prints the controller URI, and stops it cleanly.
 
 Commands::
 
@@ -107,6 +107,7 @@ DEFAULT_DIRECT_MB = 256
 DEFAULT_CACHE_MB = 64
 DEFAULT_READY_TIMEOUT = 180.0
 STATE_FILE = "standalone.json"
+READY_LOG_LINE = "Pravega Sandbox is running locally now"
 LOG_FILE = "standalone.log"
 CONSOLE_FILE = "console.log"
 
@@ -792,7 +793,13 @@ def wait_ready(state: State, proc: subprocess.Popen | None, timeout: float) -> d
                 raise StandaloneError(f"segment store port {ports.segment_store} not accepting yet")
             notes["segment_store_hello"] = list(segment_store_hello(ports.segment_store))
             scopes = controller_list_scopes(ports.controller)
-            notes["controller_probe"] = "listScopes" if scopes is not None else "tcp-only (grpc not importable)"
+            if scopes is None:
+                # Without grpc here, fall back on the emulator's own word: it logs this line once
+                # its controller and segment store have started.
+                log = work_dir / LOG_FILE
+                if not (log.exists() and READY_LOG_LINE in log.read_text(errors="replace")):
+                    raise StandaloneError("emulator has not logged that it is running yet")
+            notes["controller_probe"] = "listScopes" if scopes is not None else "log line (grpc not importable)"
             if scopes is not None:
                 # The controller creates its '_system' scope (commit/abort/scale streams and their
                 # event processors) once its services are up; transactions need those processors.
