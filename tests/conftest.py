@@ -29,6 +29,11 @@ if "airflow" in sys.modules:  # pragma: no cover - guards the ordering this modu
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# Fixtures running the embedded Pravega-compatible server (pravega_controller_uri, ...). pytest only
+# accepts pytest_plugins in this top-level conftest, and it is imported after the Airflow
+# environment above is set.
+pytest_plugins = ["airflow_provider_pravega.testing.pytest_plugin"]
+
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)

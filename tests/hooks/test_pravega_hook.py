@@ -612,3 +612,24 @@ def test_test_connection_to_real_pravega_counts_its_scopes(monkeypatch: pytest.M
         "" if before + 1 == 1 else "s"
     )
     assert elapsed < 10
+
+
+def test_test_connection_to_the_embedded_server(monkeypatch: pytest.MonkeyPatch, pravega_controller_uri: str) -> None:
+    """Positive case against the embedded Pravega-compatible server (fixture from the testing plugin)."""
+    host, port = pravega_controller_uri.split("://", 1)[1].rsplit(":", 1)
+    set_connection(monkeypatch, "pravega_embedded", host=host, port=int(port))
+    ok, message = PravegaHook(pravega_conn_id="pravega_embedded").test_connection()
+    assert ok is True, message
+    before = int(message.rsplit("; ", 1)[1].split()[0])
+
+    import uuid
+
+    import pravega_client
+
+    assert pravega_client.StreamManager(pravega_controller_uri).create_scope(f"hookcheck{uuid.uuid4().hex[:8]}")
+    started = time.monotonic()
+    ok, message = PravegaHook(pravega_conn_id="pravega_embedded").test_connection()
+    elapsed = time.monotonic() - started
+    noun = "scope" if before + 1 == 1 else "scopes"
+    assert (ok, message) == (True, f"Connected to Pravega controller at tcp://{host}:{port}; {before + 1} {noun}")
+    assert elapsed < 10
