@@ -104,6 +104,11 @@ class SegmentStoreServer:
                 for fut in futures:
                     if not fut.done():
                         fut.set_result(None)
+            current = asyncio.current_task()
+            pending = [t for t in asyncio.all_tasks() if t is not current]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
             loop.stop()
 
         loop.call_soon_threadsafe(lambda: loop.create_task(shutdown()))
