@@ -77,11 +77,12 @@ def disk_baseline(directory: Path, chunk: int, seconds: float) -> float:
     return n * chunk / dt / 1e6
 
 
-def _writer_job(uri: str, scope: str, stream: str, count: int, size: int, result: mp.Queue, start: mp.Event) -> None:
+def _writer_job(uri: str, scope: str, stream: str, count: int, size: int, inflight: int,
+                result: mp.Queue, start: mp.Event) -> None:
     import pravega_client
 
     mgr = pravega_client.StreamManager(uri)
-    w = mgr.create_writer(scope, stream, 1000)
+    w = mgr.create_writer(scope, stream, inflight)
     payload = b"x" * size
     w.write_event_bytes(payload)  # connect before the clock starts
     w.flush()
@@ -93,8 +94,12 @@ def _writer_job(uri: str, scope: str, stream: str, count: int, size: int, result
     result.put((t0, time.perf_counter()))
 
 
-def write_rate(uri: str, scope: str, stream: str, segments: int, writers: int, count: int, size: int) -> float:
-    """Events/s of ``writers`` processes writing ``count`` events each (durable acks)."""
+def write_rate(uri: str, scope: str, stream: str, segments: int, writers: int, count: int, size: int,
+               inflight: int = 1000) -> float:
+    """Events/s of ``writers`` processes writing ``count`` events each (durable acks).
+
+    ``inflight`` is the official writer's window: 1000 pipelines appends (throughput), 0 makes
+    every ``write_event`` wait for its acknowledgement (latency-bound; shows group commit)."""
     import pravega_client
 
     mgr = pravega_client.StreamManager(uri)
@@ -102,7 +107,7 @@ def write_rate(uri: str, scope: str, stream: str, segments: int, writers: int, c
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
     start = ctx.Event()
-    procs = [ctx.Process(target=_writer_job, args=(uri, scope, stream, count, size, q, start)) for _ in range(writers)]
+    procs = [ctx.Process(target=_writer_job, args=(uri, scope, stream, count, size, inflight, q, start)) for _ in range(writers)]
     for p in procs:
         p.start()
     time.sleep(2.0 + 0.5 * writers)  # let every writer connect
@@ -182,6 +187,13 @@ def main() -> int:
         results["write_100B_1_writer_ev_s"] = median_spread(small)
         results["write_10KiB_1_writer_mb_s"] = median_spread([b * 10240 / 1e6 for b in big])
         results["write_100B_8_writers_ev_s"] = median_spread(eight)
+        n_sync = 2_000 if args.quick else 5_000
+        sync1 = [write_rate(uri, "bench", f"sync1-{i}", 1, 1, n_sync, 100, inflight=0) for i in range(repeat)]
+        sync8 = [write_rate(uri, "bench", f"sync8-{i}", 8, 8, n_sync, 100, inflight=0) for i in range(repeat)]
+        results["write_sync_100B_1_writer_ev_s"] = median_spread(sync1)
+        results["write_sync_100B_8_writers_ev_s"] = median_spread(sync8)
+        print(f"acknowledged one by one (window 0): 1 writer {statistics.median(sync1):,.0f} ev/s, "
+              f"8 writers {statistics.median(sync8):,.0f} ev/s")
         reads = [read_rate(uri, "bench", "small0", n_small, f"rg{i}") for i in range(repeat)]
         results["catchup_read_100B_ev_s"] = median_spread(reads)
         print(f"catch-up read 100 B: {statistics.median(reads):,.0f} ev/s")
@@ -224,6 +236,9 @@ def main() -> int:
         ("8 writers, 100 B events", f"{s['write_100B_8_writers_ev_s']['median']:,.0f} ev/s",
          f"1 writer {s['write_100B_1_writer_ev_s']['median']:,.0f} ev/s",
          s["write_100B_8_writers_ev_s"]["median"] / s["write_100B_1_writer_ev_s"]["median"]),
+        ("8 writers, window 0 (group commit)", f"{s['write_sync_100B_8_writers_ev_s']['median']:,.0f} ev/s",
+         f"1 writer {s['write_sync_100B_1_writer_ev_s']['median']:,.0f} ev/s",
+         s["write_sync_100B_8_writers_ev_s"]["median"] / s["write_sync_100B_1_writer_ev_s"]["median"]),
         ("catch-up read, 100 B", f"{s['catchup_read_100B_ev_s']['median']:,.0f} ev/s",
          f"write {s['write_100B_1_writer_ev_s']['median']:,.0f} ev/s",
          s["catchup_read_100B_ev_s"]["median"] / s["write_100B_1_writer_ev_s"]["median"]),
@@ -232,9 +247,9 @@ def main() -> int:
         table.append((f"server RSS holding {s['hold_gb']:.1f} GB", f"{s['server_rss_mb_while_reading']:.0f} MB",
                       "limit 300 MB", s["server_rss_mb_while_reading"] / 300))
     print()
-    print(f"{'figure':32} {'value':>18} {'baseline':>28} {'ratio':>7}")
+    print(f"{'figure':36} {'value':>18} {'baseline':>28} {'ratio':>7}")
     for name, value, baseline, ratio in table:
-        print(f"{name:32} {value:>18} {baseline:>28} {ratio:7.2f}")
+        print(f"{name:36} {value:>18} {baseline:>28} {ratio:7.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(f"\nresults written to {args.out}")

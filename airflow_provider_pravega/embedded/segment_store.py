@@ -73,8 +73,9 @@ class SegmentStoreServer:
                 self.port = self._server.sockets[0].getsockname()[1]
             except BaseException as exc:  # port in use, bad host
                 failure.append(exc)
-                ready.set()
+                self._loop = None
                 loop.close()
+                ready.set()
                 return
             ready.set()
             try:
@@ -87,6 +88,8 @@ class SegmentStoreServer:
         self._thread.start()
         ready.wait()
         if failure:
+            self._thread.join()
+            self._thread = None
             raise failure[0]
         return self.host, self.port
 

@@ -1,1 +1,0 @@
-pytest_plugins = ["airflow_provider_pravega.testing.pytest_plugin"]
