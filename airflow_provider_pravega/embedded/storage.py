@@ -44,7 +44,6 @@ _K_APPEND = 1
 _K_META = 2
 _MAX_RECORD = 64 * 1024 * 1024
 _COPY_CHUNK = 8 * 1024 * 1024
-_SINK_LIFETIME_MS = 10 * 60 * 1000
 
 
 class StorageError(Exception):
@@ -119,7 +118,6 @@ class _Segment:
     pending_length: int = 0  # accepted (journal queued) bytes end here
     start_offset: int = 0
     sealed: bool = False
-    discarded: bool = False
     last_modified_ms: int = 0
     writers: dict[bytes, int] = field(default_factory=dict)  # durable last event numbers
     pending_writers: dict[bytes, int] = field(default_factory=dict)
@@ -228,7 +226,7 @@ class SegmentStorage:
     def segment_info(self, name: str) -> SegmentInfo | None:
         with self._lock:
             seg = self._segments.get(name)
-            if seg is None or seg.discarded:
+            if seg is None:
                 return None
             return SegmentInfo(name, seg.length, seg.start_offset, seg.sealed, seg.last_modified_ms)
 
@@ -286,8 +284,6 @@ class SegmentStorage:
                 return
 
             def apply(seg=seg) -> int:
-                if seg.discarded:
-                    return NO_EVENT_NUMBER
                 return seg.writers.get(writer_id, NO_EVENT_NUMBER)
 
             self._queue_locked(_Pending((), apply, done))  # type: ignore[arg-type]
@@ -314,11 +310,6 @@ class SegmentStorage:
                 self._refuse_locked(done, event_number, NoSuchSegment(name))
                 return
             previous = seg.pending_writers.get(writer_id, NO_EVENT_NUMBER)
-            if seg.discarded:
-                seg.pending_writers[writer_id] = max(previous, event_number)
-                result = AppendResult(event_number, previous, seg.pending_length)
-                self._queue_locked(_Pending((), None, lambda _r: done(result)))
-                return
             if event_number <= previous:
 
                 def dup(seg=seg) -> AppendResult:
@@ -432,14 +423,9 @@ class SegmentStorage:
         self.delete_segment(name)
 
     def discard_segment(self, name: str) -> None:
-        with self._lock:
-            self._check_open()
-            seg = self._segments.get(name)
-            if seg is None or seg.discarded:
-                return
-            rec = {"op": "discard", "fid": seg.fid}
-            self._apply_meta(rec)
-            self._wait_durable_locked(self._meta_record(rec))
+        """An aborted transaction's segment: deleted, as Pravega's controller does right after an
+        abort (a late append from the client then gets NoSuchSegment, which it tolerates)."""
+        self.delete_segment(name)
 
     def merge_segment(self, source: str, target: str) -> int:
         """Append ``source``'s bytes to ``target`` and remove ``source`` (idempotent)."""
@@ -575,10 +561,6 @@ class SegmentStorage:
             seg.start_offset = max(seg.start_offset, rec["offset"])
         elif op == "delete":
             self._remove(seg)
-        elif op == "discard":
-            seg.discarded = True
-            seg.entries.clear()
-            self._dead_fids.add(seg.fid)
         elif op == "merge":
             tgt = self._by_fid.get(rec["dst"])
             if tgt is not None:
@@ -773,7 +755,7 @@ class SegmentStorage:
         for seg in self._segments.values():
             segs.append({
                 "name": seg.name, "fid": seg.fid, "table": seg.table, "length": seg.length,
-                "start": seg.start_offset, "sealed": seg.sealed, "discarded": seg.discarded,
+                "start": seg.start_offset, "sealed": seg.sealed,
                 "ts": seg.last_modified_ms, "next_version": seg.next_version,
                 "writers": {w.hex(): n for w, n in seg.writers.items()},
                 "entries": [[_b64(k), _b64(v), ver] for k, (ver, v) in seg.entries.items()],
@@ -807,7 +789,6 @@ class SegmentStorage:
                     if p.done is not None:
                         p.done(r)
             changed, self._changed = self._changed, set()
-            self._drop_old_sinks_locked()
             snapshot, dirty, dead = self._take_snapshot_locked(roll=True)
         finally:
             self._draining = False
@@ -818,12 +799,6 @@ class SegmentStorage:
         )
         self._checkpointer.start()
         return changed
-
-    def _drop_old_sinks_locked(self) -> None:
-        """Aborted transactions' sinks only need to absorb the client's late writes."""
-        horizon = _now_ms() - _SINK_LIFETIME_MS
-        for seg in [s for s in self._segments.values() if s.discarded and s.last_modified_ms < horizon]:
-            self._remove(seg)
 
     def _checkpoint_job(self, snapshot: dict, dirty: set[int], dead: set[int]) -> None:
         try:
@@ -879,13 +854,11 @@ class SegmentStorage:
             for s in snapshot["segments"]:
                 seg = _Segment(
                     s["name"], s["fid"], table=s["table"], length=s["length"], pending_length=s["length"],
-                    start_offset=s["start"], sealed=s["sealed"], discarded=s["discarded"],
+                    start_offset=s["start"], sealed=s["sealed"],
                     last_modified_ms=s["ts"], next_version=s["next_version"],
                     writers={bytes.fromhex(w): n for w, n in s["writers"].items()},
                     entries={_unb64(k): (ver, _unb64(v)) for k, v, ver in s["entries"]},
                 )
-                if seg.discarded:
-                    self._dead_fids.add(seg.fid)
                 self._segments[seg.name] = seg
                 self._by_fid[seg.fid] = seg
         journals = sorted(int(p.stem) for p in (self.root / "journal").glob("*.log"))

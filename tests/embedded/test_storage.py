@@ -148,12 +148,12 @@ def test_truncate_and_delete(store):
     store.delete_segment("s/t/0")  # idempotent
 
 
-def test_discarded_segment_swallows_late_writes(store):
+def test_discarded_segment_is_gone_like_in_pravega(store):
     store.create_segment("s/d/0#transaction.9")
     append_sync(store, "s/d/0#transaction.9", W1, 1, b"x")
     store.discard_segment("s/d/0#transaction.9")
     r = append_sync(store, "s/d/0#transaction.9", W1, 2, b"late")
-    assert r.error is None
+    assert isinstance(r.error, st.NoSuchSegment)  # real Pravega answers late appends this way
     assert store.segment_info("s/d/0#transaction.9") is None
 
 
