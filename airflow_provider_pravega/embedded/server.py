@@ -100,6 +100,7 @@ class EmbeddedPravega:
                 raise EmbeddedServerError(f"cannot listen for the controller on {s.host}:{s.port}: {exc}") from exc
             if not self.controller_port:
                 raise EmbeddedServerError(f"cannot listen for the controller on {s.host}:{s.port} (port in use?)")
+            self.controller.advertise_controller(self._client_host(), self.controller_port)
             self._grpc.start()
             self.controller.start()
         except BaseException:

@@ -40,7 +40,10 @@ log = logging.getLogger(__name__)
 NO_EVENT_NUMBER = -(2**63)
 _RECORD_HEADER = struct.Struct(">IIB")  # crc32(kind byte + payload), payload length, kind
 _APPEND_HEADER = struct.Struct(">QQ16sq")  # file id, segment offset, writer id, event number
-_K_APPEND = 1
+_K_APPEND = 1  # an append with its data in the journal (small blocks: one fsync covers all)
+_K_APPEND_IN_FILE = 3  # a large append whose data went to the segment file, fsynced first
+_IN_FILE_HEADER = struct.Struct(">QQ16sqQ")  # file id, offset, writer id, event number, length
+_IN_FILE_THRESHOLD = 256 * 1024  # blocks this large are written once, not journal + file
 _K_META = 2
 _MAX_RECORD = 64 * 1024 * 1024
 _COPY_CHUNK = 8 * 1024 * 1024
@@ -130,6 +133,7 @@ class _Pending:
     record: tuple[bytes, ...]  # journal bytes, as pieces written with one writev
     apply: Callable[[], object] | None  # runs under the lock once the record is durable
     done: Callable[[object], None] | None  # gets apply()'s result (after the lock is released)
+    sync_fid: int = 0  # a segment file to fdatasync before the journal record is written
 
 
 def _now_ms() -> int:
@@ -328,13 +332,19 @@ class SegmentStorage:
                 os.pwrite(self._fd(seg.fid), data, offset)
             seg.pending_length = offset + len(data)
             seg.pending_writers[writer_id] = event_number
-            record = self._append_record(seg.fid, offset, writer_id, event_number, data)
+            in_file = len(data) >= _IN_FILE_THRESHOLD
+            if in_file:  # written once: the file is synced before the journal names it
+                record = self._frame(
+                    _K_APPEND_IN_FILE, _IN_FILE_HEADER.pack(seg.fid, offset, writer_id, event_number, len(data))
+                )
+            else:
+                record = self._append_record(seg.fid, offset, writer_id, event_number, data)
 
             def apply(seg=seg, offset=offset, n=len(data)) -> AppendResult:
                 self._apply_append(seg, offset, n, writer_id, event_number)
                 return AppendResult(event_number, previous, seg.length)
 
-            self._queue_locked(_Pending(record, apply, done))  # type: ignore[arg-type]
+            self._queue_locked(_Pending(record, apply, done, seg.fid if in_file else 0))  # type: ignore[arg-type]
 
     def _refuse_locked(self, done: Callable[[AppendResult], None], event_number: int, err: StorageError) -> None:
         """Refusals are answered in order with the acknowledgements queued before them."""
@@ -684,6 +694,12 @@ class SegmentStorage:
         pieces = [piece for p in batch for piece in p.record]
         if not pieces:
             return
+        if self._fsync:
+            for fid in {p.sync_fid for p in batch if p.sync_fid}:
+                with self._lock:
+                    fd = self._fds.get(fid)
+                if fd is not None:
+                    os.fdatasync(fd)
         total = sum(map(len, pieces))
         written = 0
         for i in range(0, len(pieces), 512):  # stay under IOV_MAX
@@ -923,6 +939,11 @@ class SegmentStorage:
             if data:
                 os.pwrite(self._fd(fid), data, offset)
             self._apply_append(seg, offset, len(data), writer_id, event_number)
+        elif kind == _K_APPEND_IN_FILE:
+            fid, offset, writer_id, event_number, length = _IN_FILE_HEADER.unpack_from(payload)
+            seg = self._by_fid.get(fid)
+            if seg is not None:
+                self._apply_append(seg, offset, length, writer_id, event_number)
         elif kind == _K_META:
             rec = json.loads(payload)
             if rec["op"] == "merge":
