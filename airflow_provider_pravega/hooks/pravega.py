@@ -76,6 +76,13 @@ class PravegaHook(BaseHook):
         """An official ``pravega_client.StreamManager`` for this connection's controller."""
         return self.get_config().create_stream_manager()
 
+    def get_client(self) -> Any:
+        """This provider's :class:`~airflow_provider_pravega.client.PravegaClient` (admin,
+        cross-process transactions, stream cuts, batch reads); close it when done."""
+        from airflow_provider_pravega.client import PravegaClient
+
+        return PravegaClient(self.get_config())
+
     # -------------------------------------------------------------------------- UI metadata
 
     @classmethod
