@@ -1,0 +1,98 @@
+"""Pravega semantics usable without Airflow: admin, cross-process transactions, and the
+connection layer they share.
+
+``PravegaClient`` is the one object the hook, operators and Spark tasks build from a
+:class:`~airflow_provider_pravega.client.config.PravegaConnectionConfig` (or a controller URI).
+Submodules are imported lazily so that ``client.config`` (used by the hook at DAG-parse time)
+does not pull in gRPC.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Self
+
+if TYPE_CHECKING:
+    from airflow_provider_pravega.client.admin import StreamAdmin
+    from airflow_provider_pravega.client.config import PravegaConnectionConfig
+    from airflow_provider_pravega.client.connection import (
+        ConnectionPool,
+        SegmentStoreClient,
+    )
+    from airflow_provider_pravega.client.controller import ControllerClient
+    from airflow_provider_pravega.client.transactions import (
+        LeaseKeeper,
+        TransactionManager,
+    )
+
+__all__ = ["PravegaClient"]
+
+
+class PravegaClient:
+    """Controller client, segment-store connections, admin and transactions over one configuration.
+
+    ``PravegaClient("tcp://127.0.0.1:9090")`` or ``PravegaClient(config)``; use as a context
+    manager or call :meth:`close`. Nothing connects until the first call; an unreachable
+    controller raises ControllerUnreachableError (naming the URI) within seconds.
+    """
+
+    def __init__(
+        self, config_or_uri: PravegaConnectionConfig | str, *, timeout_s: float = 10.0
+    ) -> None:
+        from airflow_provider_pravega.client.admin import StreamAdmin
+        from airflow_provider_pravega.client.config import PravegaConnectionConfig
+        from airflow_provider_pravega.client.connection import (
+            ConnectionPool,
+            SegmentStoreClient,
+        )
+        from airflow_provider_pravega.client.controller import ControllerClient
+        from airflow_provider_pravega.client.transactions import TransactionManager
+
+        if not isinstance(config_or_uri, (str, PravegaConnectionConfig)):
+            raise TypeError(
+                f"PravegaClient needs a controller URI or a PravegaConnectionConfig, got {type(config_or_uri).__name__}"
+            )
+        self.config: PravegaConnectionConfig | None = (
+            config_or_uri
+            if isinstance(config_or_uri, PravegaConnectionConfig)
+            else None
+        )
+        self.controller: ControllerClient = ControllerClient(
+            config_or_uri, timeout_s=timeout_s
+        )
+        self.pool: ConnectionPool = ConnectionPool()
+        self.segments: SegmentStoreClient = SegmentStoreClient(
+            self.controller, self.pool
+        )
+        self.admin: StreamAdmin = StreamAdmin(self.controller, self.segments)
+        self.transactions: TransactionManager = TransactionManager(
+            self.controller, self.segments
+        )
+
+    @property
+    def controller_uri(self) -> str:
+        return self.controller.uri
+
+    @property
+    def default_scope(self) -> str | None:
+        return self.config.scope if self.config is not None else None
+
+    def lease_keeper(
+        self, interval_s: float | None = None, **options: Any
+    ) -> LeaseKeeper:
+        """A started LeaseKeeper using this client's transaction manager."""
+        from airflow_provider_pravega.client.transactions import LeaseKeeper
+
+        return LeaseKeeper(self.transactions, interval_s, **options)
+
+    def close(self) -> None:
+        self.pool.close()
+        self.controller.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PravegaClient({self.controller.uri!r})"

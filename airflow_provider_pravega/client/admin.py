@@ -1,0 +1,325 @@
+"""Scope and stream administration: create (idempotent), delete, list, policies, tags, seal,
+truncate, manual scale and stream info.
+
+Everything goes through the controller's gRPC API (fail-fast, see controller.py) and, for the
+tail of a stream, the segment store's GetStreamSegmentInfo. The official binding offers a subset
+of this but retries errors for a minute and cannot scale, truncate or report positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+from airflow_provider_pravega.client.connection import SegmentStoreClient
+from airflow_provider_pravega.client.controller import (
+    ControllerClient,
+    RetentionPolicy,
+    ScalingPolicy,
+    SegmentRange,
+    StreamConfiguration,
+)
+from airflow_provider_pravega.client.errors import (
+    InvalidNameError,
+    InvalidStreamCutError,
+    NoSuchSegmentError,
+    ScaleError,
+    ScopeExistsError,
+    StreamExistsError,
+    StreamNotFoundError,
+    TruncatedStreamCutError,
+)
+from airflow_provider_pravega.protocol import naming
+
+__all__ = ["KEEP", "StreamAdmin", "StreamInfo"]
+
+
+class _Keep:
+    """Marker: leave this setting as it is (update_stream)."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP = _Keep()
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """A stream's positions and shape at one moment.
+
+    ``head``/``tail`` map segment id -> offset: where reading from the beginning starts, and
+    where the data written so far ends. ``active_segments`` are the current (writable) segments.
+    """
+
+    scope: str
+    stream: str
+    head: dict[int, int]
+    tail: dict[int, int]
+    active_segments: tuple[SegmentRange, ...]
+    sealed: bool
+    config: StreamConfiguration
+
+    @property
+    def segment_count(self) -> int:
+        return len(self.active_segments)
+
+
+class StreamAdmin:
+    def __init__(
+        self, controller: ControllerClient, segments: SegmentStoreClient | None = None
+    ) -> None:
+        self.controller = controller
+        self.segments = segments or SegmentStoreClient(controller)
+
+    # -------------------------------------------------------------------------------- scopes
+
+    def create_scope(self, scope: str, *, fail_if_exists: bool = False) -> bool:
+        """True when created; False (or ScopeExistsError with ``fail_if_exists``) when it existed."""
+        _check_name("scope", scope)
+        created = self.controller.create_scope(scope)
+        if not created and fail_if_exists:
+            raise ScopeExistsError(scope)
+        return created
+
+    def delete_scope(self, scope: str) -> bool:
+        """True when deleted, False when there was no such scope. The scope must be empty."""
+        return self.controller.delete_scope(scope)
+
+    def scope_exists(self, scope: str) -> bool:
+        return self.controller.scope_exists(scope)
+
+    def list_scopes(self) -> list[str]:
+        return self.controller.list_scopes()
+
+    # ------------------------------------------------------------------------------- streams
+
+    def create_stream(
+        self,
+        scope: str,
+        stream: str,
+        segments: int | None = None,
+        *,
+        scaling: ScalingPolicy | None = None,
+        retention: RetentionPolicy | None = None,
+        tags: Sequence[str] | None = None,
+        fail_if_exists: bool = False,
+    ) -> bool:
+        """Create a stream with ``segments`` fixed segments (default 1) or a ``scaling`` policy.
+
+        Returns True when created, False when it already existed (whatever its configuration),
+        unless ``fail_if_exists`` asks for StreamExistsError.
+        """
+        _check_name("stream", stream)
+        if segments is not None and scaling is not None:
+            raise ValueError("give either segments or scaling, not both")
+        policy = scaling or ScalingPolicy.fixed(1 if segments is None else segments)
+        created = self.controller.create_stream(scope, stream, policy, retention, tags)
+        if not created and fail_if_exists:
+            raise StreamExistsError(scope, stream)
+        return created
+
+    def stream_exists(self, scope: str, stream: str) -> bool:
+        return self.controller.stream_exists(scope, stream)
+
+    def list_streams(self, scope: str, *, include_internal: bool = False) -> list[str]:
+        names = self.controller.list_streams(scope)
+        if include_internal:
+            return names
+        return [n for n in names if not n.startswith(naming.INTERNAL_NAME_PREFIX)]
+
+    def get_stream_config(self, scope: str, stream: str) -> StreamConfiguration:
+        return self.controller.get_stream_configuration(scope, stream)
+
+    def update_stream(
+        self,
+        scope: str,
+        stream: str,
+        *,
+        scaling: ScalingPolicy | _Keep = KEEP,
+        retention: RetentionPolicy | None | _Keep = KEEP,
+        tags: Sequence[str] | None | _Keep = KEEP,
+    ) -> StreamConfiguration:
+        """Change some settings, keep the others; returns the new configuration."""
+        current = self.controller.get_stream_configuration(scope, stream)
+        new_scaling = current.scaling if isinstance(scaling, _Keep) else scaling
+        new_retention = current.retention if isinstance(retention, _Keep) else retention
+        new_tags = (
+            current.tags
+            if isinstance(tags, _Keep)
+            else (tuple(tags) if tags is not None else ())
+        )
+        self.controller.update_stream(
+            scope, stream, new_scaling, new_retention, new_tags
+        )
+        return self.controller.get_stream_configuration(scope, stream)
+
+    def get_tags(self, scope: str, stream: str) -> tuple[str, ...]:
+        return self.controller.get_stream_configuration(scope, stream).tags or ()
+
+    def add_tags(self, scope: str, stream: str, *tags: str) -> tuple[str, ...]:
+        current = list(self.get_tags(scope, stream))
+        current.extend(t for t in tags if t not in current)
+        return self.update_stream(scope, stream, tags=current).tags or ()
+
+    def remove_tags(self, scope: str, stream: str, *tags: str) -> tuple[str, ...]:
+        current = [t for t in self.get_tags(scope, stream) if t not in tags]
+        return self.update_stream(scope, stream, tags=current).tags or ()
+
+    def seal_stream(self, scope: str, stream: str) -> None:
+        """Make the stream read-only (idempotent)."""
+        self.controller.seal_stream(scope, stream)
+
+    def delete_stream(self, scope: str, stream: str, *, seal: bool = False) -> bool:
+        """True when deleted, False when there was no such stream. It must be sealed (or ``seal``)."""
+        if seal:
+            try:
+                self.controller.seal_stream(scope, stream)
+            except StreamNotFoundError:
+                return False
+        return self.controller.delete_stream(scope, stream)
+
+    # -------------------------------------------------------------------------- truncation
+
+    def truncate_stream(
+        self, scope: str, stream: str, cut: Mapping[int, int] | object
+    ) -> None:
+        """Drop everything before ``cut``: a mapping segment id -> offset, or an object with a
+        ``positions`` mapping (and ``scope``/``stream`` that must match)."""
+        positions = _positions_of(cut, scope, stream)
+        if not positions:
+            raise InvalidStreamCutError(
+                f"cannot truncate {scope}/{stream} at an empty (unbounded) stream cut"
+            )
+        head = self.controller.get_segments_at_head(scope, stream)
+        for segment_id, offset in positions.items():
+            if segment_id in head and offset < head[segment_id]:
+                raise TruncatedStreamCutError(
+                    scope,
+                    stream,
+                    f"segment {segment_id} is already truncated at {head[segment_id]}, the cut says {offset}",
+                )
+        self.controller.truncate_stream(scope, stream, positions)
+
+    # ------------------------------------------------------------------------------- scaling
+
+    def scale(
+        self,
+        scope: str,
+        stream: str,
+        sealed_segments: Sequence[int],
+        new_ranges: Sequence[tuple[float, float]],
+    ) -> list[SegmentRange]:
+        """Replace segments by new ones covering exactly the same key ranges; returns the new ones."""
+        return self.controller.scale(scope, stream, sealed_segments, new_ranges)
+
+    def split_segment(
+        self, scope: str, stream: str, segment_id: int, parts: int = 2
+    ) -> list[SegmentRange]:
+        """Split one active segment into ``parts`` equal key ranges."""
+        if parts < 2:
+            raise ValueError(f"a split needs at least 2 parts, got {parts}")
+        seg = self._active(scope, stream, [segment_id])[0]
+        width = (seg.max_key - seg.min_key) / parts
+        bounds = [seg.min_key + i * width for i in range(parts)] + [seg.max_key]
+        return self.scale(scope, stream, [segment_id], list(pairwise(bounds)))
+
+    def merge_segments(
+        self, scope: str, stream: str, segment_ids: Sequence[int]
+    ) -> SegmentRange:
+        """Merge adjacent active segments into one segment covering their union."""
+        if len(segment_ids) < 2:
+            raise ValueError("a merge needs at least 2 segments")
+        segs = sorted(self._active(scope, stream, segment_ids), key=lambda s: s.min_key)
+        for a, b in pairwise(segs):
+            if a.max_key != b.min_key:
+                raise ScaleError(
+                    f"segments {a.segment_id} [{a.min_key}, {a.max_key}) and {b.segment_id} [{b.min_key}, "
+                    f"{b.max_key}) of {scope}/{stream} are not adjacent; only neighbouring key ranges can merge"
+                )
+        (new,) = self.scale(
+            scope,
+            stream,
+            [s.segment_id for s in segs],
+            [(segs[0].min_key, segs[-1].max_key)],
+        )
+        return new
+
+    def _active(
+        self, scope: str, stream: str, segment_ids: Sequence[int]
+    ) -> list[SegmentRange]:
+        current = {
+            s.segment_id: s for s in self.controller.get_current_segments(scope, stream)
+        }
+        missing = [i for i in segment_ids if i not in current]
+        if missing:
+            raise ScaleError(
+                f"segments {missing} are not active segments of {scope}/{stream} (active: {sorted(current)})"
+            )
+        return [current[i] for i in segment_ids]
+
+    # ---------------------------------------------------------------------------------- info
+
+    def head(self, scope: str, stream: str) -> dict[int, int]:
+        """segment id -> first readable offset, at the stream's beginning (after truncation)."""
+        return self.controller.get_segments_at_head(scope, stream)
+
+    def tail(self, scope: str, stream: str) -> dict[int, int]:
+        """segment id -> current length, for the active segments (the end of the data so far)."""
+        return {
+            s.segment_id: self._length(scope, stream, s.segment_id)
+            for s in self.controller.get_current_segments(scope, stream)
+        }
+
+    def _length(self, scope: str, stream: str, segment_id: int) -> int:
+        return self._info(scope, stream, segment_id).length
+
+    def _info(self, scope: str, stream: str, segment_id: int):
+        name = naming.qualified_segment_name(scope, stream, segment_id)
+        return self.segments.get_segment_info(name)
+
+    def stream_info(self, scope: str, stream: str) -> StreamInfo:
+        config = self.controller.get_stream_configuration(scope, stream)
+        head = self.controller.get_segments_at_head(scope, stream)
+        active = self.controller.get_current_segments(scope, stream)
+        tail: dict[int, int] = {}
+        sealed_flags: list[bool] = []
+        for seg in active:
+            try:
+                info = self._info(scope, stream, seg.segment_id)
+            except NoSuchSegmentError:
+                continue
+            tail[seg.segment_id] = info.length
+            sealed_flags.append(info.sealed)
+        sealed = not active or (bool(sealed_flags) and all(sealed_flags))
+        return StreamInfo(scope, stream, head, tail, tuple(active), sealed, config)
+
+
+def _check_name(kind: str, name: str) -> None:
+    try:
+        if kind == "scope":
+            naming.validate_scope_name(name)
+        else:
+            naming.validate_stream_name(name)
+    except ValueError as exc:
+        raise InvalidNameError(str(exc)) from None
+
+
+def _positions_of(cut: object, scope: str, stream: str) -> dict[int, int]:
+    if isinstance(cut, Mapping):
+        return {int(k): int(v) for k, v in cut.items()}
+    positions = getattr(cut, "positions", None)
+    if isinstance(positions, Mapping):
+        cut_scope, cut_stream = (
+            getattr(cut, "scope", scope),
+            getattr(cut, "stream", stream),
+        )
+        if (cut_scope, cut_stream) != (scope, stream):
+            raise InvalidStreamCutError(
+                f"a stream cut of {cut_scope}/{cut_stream} cannot be used on {scope}/{stream}"
+            )
+        return {int(k): int(v) for k, v in positions.items()}
+    raise InvalidStreamCutError(
+        f"a stream cut must be a mapping segment id -> offset (or a StreamCut), got {type(cut).__name__}"
+    )

@@ -1,0 +1,975 @@
+"""Blocking segment-store connections over the sans-IO wire codec.
+
+Three layers, each reusable by the other client modules (batch reads, synchronizer, writers):
+
+* :class:`SegmentStoreConnection` - one TCP connection that has exchanged Hello; ``call`` sends a
+  request and returns the reply whose request id matches (a mismatch poisons the connection).
+* :class:`ConnectionPool` - idle connections per endpoint, thread-safe, fork-aware; ``call``
+  retries a request once on a fresh connection when the old one broke.
+* :class:`SegmentStoreClient` - finds a segment's segment store through the controller (getURI,
+  cached), adds the delegation token, maps error replies to exceptions, retries after WrongHost.
+
+and :class:`AppendSession`, the pipelined writer of one (segment, writer id): many AppendBlockEnd
+frames in flight, a reader thread consuming DataAppended acks, ``flush`` that returns only when
+everything is acknowledged, and a reconnect that resends exactly the unacknowledged blocks with
+their original event numbers (the segment store deduplicates by writer id and event number).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Self
+
+from airflow_provider_pravega.client.controller import ControllerClient, Endpoint
+from airflow_provider_pravega.client.errors import (
+    AuthenticationError,
+    ConditionalAppendFailedError,
+    ControllerUnreachableError,
+    NoSuchSegmentError,
+    PravegaError,
+    SegmentSealedError,
+    SegmentStoreError,
+    SegmentStoreUnreachableError,
+    SegmentTruncatedError,
+)
+from airflow_provider_pravega.protocol import naming, wire
+
+__all__ = [
+    "AppendSession",
+    "ConnectionPool",
+    "SegmentInfo",
+    "SegmentStoreClient",
+    "SegmentStoreConnection",
+    "next_request_id",
+    "raise_for_reply",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CALL_TIMEOUT_S = 30.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+
+# Process-wide request ids, starting at 1 like the Rust client; ``next`` on a count is atomic in CPython.
+_REQUEST_IDS = itertools.count(1)
+
+
+def next_request_id() -> int:
+    return next(_REQUEST_IDS)
+
+
+def raise_for_reply(
+    reply: wire.Reply,
+    *,
+    endpoint: Endpoint | str | None = None,
+    segment: str | None = None,
+) -> None:
+    """Raise the exception matching an error reply; return for any other reply."""
+    if not getattr(reply, "IS_FAILURE", False) and not isinstance(
+        reply, wire.ConditionalCheckFailed
+    ):
+        return
+    where = str(endpoint) if endpoint is not None else None
+    name = getattr(reply, "segment", None) or segment or "?"
+    at = f" at segment store {where}" if where else ""
+    if isinstance(reply, wire.NoSuchSegment):
+        raise NoSuchSegmentError(
+            f"segment {name} does not exist{at}", segment=name, endpoint=where
+        )
+    if isinstance(reply, wire.SegmentIsSealed):
+        raise SegmentSealedError(
+            f"segment {name} is sealed{at}; no more appends are possible (stream sealed or scaled, or the "
+            f"transaction already ended)",
+            segment=name,
+            endpoint=where,
+        )
+    if isinstance(reply, wire.SegmentIsTruncated):
+        raise SegmentTruncatedError(
+            f"segment {name} is truncated at offset {reply.start_offset}{at}; offset {reply.offset} is gone",
+            segment=name,
+            endpoint=where,
+            start_offset=reply.start_offset,
+        )
+    if isinstance(reply, wire.AuthTokenCheckFailed):
+        raise AuthenticationError(
+            "segment store", f"{where or ''} error code {reply.error_code}"
+        )
+    if isinstance(reply, wire.ConditionalCheckFailed):
+        raise ConditionalAppendFailedError(
+            f"conditional append to {segment or '?'} failed: the segment is not at the expected offset",
+            segment=segment,
+            endpoint=where,
+        )
+    if isinstance(reply, wire.WrongHost):
+        raise SegmentStoreError(
+            f"segment store {where} does not own segment {name} (it points at {reply.correct_host!r})",
+            segment=name,
+            endpoint=where,
+        )
+    detail = getattr(reply, "message", "") or getattr(reply, "server_stack_trace", "")
+    raise SegmentStoreError(
+        f"segment store{at} refused a request on {name}: {type(reply).__name__}{': ' + detail if detail else ''}",
+        segment=name,
+        endpoint=where,
+    )
+
+
+# ----------------------------------------------------------------------------------- connection
+
+
+def _send_parts(
+    sock: socket.socket, parts: list[bytes | bytearray | memoryview]
+) -> None:
+    """Send all parts without joining them (no copy of a megabyte block)."""
+    views = [memoryview(p) for p in parts]
+    while views:
+        sent = sock.sendmsg(views)
+        while sent:
+            first = views[0]
+            if sent >= first.nbytes:
+                sent -= first.nbytes
+                views.pop(0)
+            else:
+                views[0] = first[sent:]
+                sent = 0
+
+
+class SegmentStoreConnection:
+    """One connection to a segment store, past the Hello handshake. Not thread-safe."""
+
+    RECV_SIZE = 256 * 1024
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._decoder = wire.FrameDecoder("reply")
+        self._ready: collections.deque[wire.Reply] = collections.deque()
+        self.failed = False
+        try:
+            self.sock = socket.create_connection(
+                (endpoint.host, endpoint.port), timeout=connect_timeout_s
+            )
+        except OSError as exc:
+            raise SegmentStoreUnreachableError(
+                f"cannot connect to segment store {endpoint}: {exc.strerror or exc}",
+                endpoint=str(endpoint),
+            ) from None
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.settimeout(timeout_s)
+            self.send(wire.Hello(wire.WIRE_VERSION, wire.OLDEST_COMPATIBLE_VERSION))
+            hello = self.recv()
+            if not isinstance(hello, wire.Hello):
+                raise SegmentStoreError(
+                    f"segment store {endpoint} answered Hello with {type(hello).__name__}",
+                    endpoint=str(endpoint),
+                )
+            if not hello.low_version <= wire.WIRE_VERSION <= hello.high_version:
+                raise SegmentStoreError(
+                    f"segment store {endpoint} speaks wire versions {hello.low_version}-{hello.high_version}, "
+                    f"this client speaks {wire.WIRE_VERSION}",
+                    endpoint=str(endpoint),
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"SegmentStoreConnection({self.endpoint})"
+
+    def send(self, cmd: wire.Command) -> None:
+        self.send_bytes(wire.encode(cmd))
+
+    def send_bytes(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            self.failed = True
+            raise SegmentStoreUnreachableError(
+                f"connection to segment store {self.endpoint} failed while sending: {exc}",
+                endpoint=str(self.endpoint),
+            ) from None
+
+    def send_parts(self, parts: list[bytes | bytearray | memoryview]) -> None:
+        try:
+            _send_parts(self.sock, parts)
+        except OSError as exc:
+            self.failed = True
+            raise SegmentStoreUnreachableError(
+                f"connection to segment store {self.endpoint} failed while sending: {exc}",
+                endpoint=str(self.endpoint),
+            ) from None
+
+    def recv(self) -> wire.Reply:
+        """The next reply frame (blocking up to the socket timeout)."""
+        while not self._ready:
+            try:
+                data = self.sock.recv(self.RECV_SIZE)
+            except TimeoutError:
+                self.failed = True
+                raise SegmentStoreUnreachableError(
+                    f"segment store {self.endpoint} did not answer within {self.timeout_s:g} s",
+                    endpoint=str(self.endpoint),
+                ) from None
+            except OSError as exc:
+                self.failed = True
+                raise SegmentStoreUnreachableError(
+                    f"connection to segment store {self.endpoint} failed: {exc}",
+                    endpoint=str(self.endpoint),
+                ) from None
+            if not data:
+                self.failed = True
+                raise SegmentStoreUnreachableError(
+                    f"segment store {self.endpoint} closed the connection",
+                    endpoint=str(self.endpoint),
+                )
+            try:
+                self._ready.extend(self._decoder.feed(data))
+            except wire.ProtocolError as exc:
+                self.failed = True
+                raise SegmentStoreError(
+                    f"segment store {self.endpoint} sent an invalid frame: {exc}",
+                    endpoint=str(self.endpoint),
+                ) from None
+        return self._ready.popleft()
+
+    def call(self, request: wire.Request) -> wire.Reply:
+        """Send ``request`` and return its reply (which may be an error reply: see raise_for_reply)."""
+        self.send(request)
+        want = wire.request_id_of(request)
+        while True:
+            reply = self.recv()
+            if isinstance(reply, wire.KeepAlive):
+                continue
+            got = getattr(reply, "request_id", None)
+            if got is not None and got != want:
+                self.failed = True
+                self.close()
+                raise SegmentStoreError(
+                    f"segment store {self.endpoint} answered request {want} with {type(reply).__name__} for "
+                    f"request {got}; the connection was dropped",
+                    endpoint=str(self.endpoint),
+                )
+            return reply
+
+    def close(self) -> None:
+        self.failed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def abort(self) -> None:
+        """Close and wake any thread blocked in recv on this socket (close alone does not)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.close()
+
+
+class ConnectionPool:
+    """Idle request/response connections per endpoint; safe to share between threads.
+
+    After ``os.fork`` the child drops (without closing) the parent's connections, so a pool built
+    in a Spark driver never shares a socket with a forked worker.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        max_idle_per_endpoint: int = 8,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_idle = max_idle_per_endpoint
+        self._idle: dict[Endpoint, list[SegmentStoreConnection]] = {}
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+
+    def connect(self, endpoint: Endpoint) -> SegmentStoreConnection:
+        """A new dedicated connection (e.g. for an append session), not taken from the pool."""
+        return SegmentStoreConnection(
+            endpoint, timeout_s=self.timeout_s, connect_timeout_s=self.connect_timeout_s
+        )
+
+    def _take(self, endpoint: Endpoint) -> SegmentStoreConnection | None:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._idle = {}
+                self._pid = os.getpid()
+            idle = self._idle.get(endpoint)
+            while idle:
+                conn = idle.pop()
+                if not conn.failed:
+                    return conn
+        return None
+
+    def _give(self, conn: SegmentStoreConnection) -> None:
+        if conn.failed:
+            conn.close()
+            return
+        with self._lock:
+            if not self._closed and self._pid == os.getpid():
+                idle = self._idle.setdefault(conn.endpoint, [])
+                if len(idle) < self.max_idle:
+                    idle.append(conn)
+                    return
+        conn.close()
+
+    @contextmanager
+    def connection(self, endpoint: Endpoint) -> Iterator[SegmentStoreConnection]:
+        """Borrow a connection; it goes back to the pool unless it failed or an error escaped."""
+        conn = self._take(endpoint) or self.connect(endpoint)
+        ok = False
+        try:
+            yield conn
+            ok = True
+        finally:
+            if ok:
+                self._give(conn)
+            else:
+                conn.close()
+
+    def call(
+        self, endpoint: Endpoint, request: wire.Request, *, attempts: int = 3
+    ) -> wire.Reply:
+        """Request/response with a retry on a fresh connection (and a fresh request id) if one breaks."""
+        last: Exception | None = None
+        for attempt in range(attempts):
+            if attempt:
+                if hasattr(request, "request_id"):
+                    request = dataclasses.replace(request, request_id=next_request_id())  # type: ignore[type-var]
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+            try:
+                with self.connection(endpoint) as conn:
+                    return conn.call(request)
+            except SegmentStoreUnreachableError as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                conn.close()
+
+
+# ------------------------------------------------------------------------------ segment client
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """GetStreamSegmentInfo: ``length`` is the write offset (tail), ``start_offset`` the head."""
+
+    name: str
+    length: int
+    start_offset: int
+    sealed: bool
+    last_modified_ms: int
+
+
+class SegmentStoreClient:
+    """Segment requests addressed by qualified segment name (transaction segments included)."""
+
+    def __init__(
+        self, controller: ControllerClient, pool: ConnectionPool | None = None
+    ) -> None:
+        self.controller = controller
+        self.pool = pool or ConnectionPool()
+        self._own_pool = pool is None
+
+    def close(self) -> None:
+        if self._own_pool:
+            self.pool.close()
+
+    @staticmethod
+    def locate(segment: str) -> naming.SegmentName:
+        """(scope, stream, segment id) of a qualified (or transaction) segment name."""
+        return naming.parse_qualified_segment_name(segment)
+
+    def endpoint_for(self, segment: str) -> Endpoint:
+        scope, stream, segment_id = self.locate(segment)
+        return self.controller.get_uri(scope, stream, segment_id)
+
+    def token_for(self, segment: str) -> str:
+        scope, stream, _ = self.locate(segment)
+        return self.controller.get_delegation_token(scope, stream)
+
+    def forget_endpoint(self, segment: str) -> None:
+        scope, stream, segment_id = self.locate(segment)
+        self.controller.invalidate_uri(scope, stream, segment_id)
+
+    def call(
+        self,
+        segment: str,
+        build: Callable[[int, str], wire.Request],
+        *,
+        check: bool = True,
+    ) -> wire.Reply:
+        """``build(request_id, delegation_token)`` makes the request; errors raise (unless ``check``
+        is false), WrongHost and broken connections are retried after asking the controller again."""
+        token = self.token_for(segment)
+        last: Exception | None = None
+        for attempt in range(3):
+            endpoint = self.endpoint_for(segment)
+            try:
+                reply = self.pool.call(endpoint, build(next_request_id(), token))
+            except SegmentStoreUnreachableError as exc:
+                last = exc
+                self.forget_endpoint(segment)
+                continue
+            if isinstance(reply, wire.WrongHost) and attempt < 2:
+                self.forget_endpoint(segment)
+                continue
+            if check:
+                raise_for_reply(reply, endpoint=endpoint, segment=segment)
+            return reply
+        assert last is not None
+        raise last
+
+    def get_segment_info(self, segment: str) -> SegmentInfo:
+        reply = self.call(
+            segment, lambda rid, tok: wire.GetStreamSegmentInfo(rid, segment, tok)
+        )
+        if not isinstance(reply, wire.StreamSegmentInfo):
+            raise SegmentStoreError(
+                f"unexpected reply {type(reply).__name__} to GetStreamSegmentInfo",
+                segment=segment,
+            )
+        if not reply.exists or reply.is_deleted:
+            raise NoSuchSegmentError(
+                f"segment {segment} does not exist", segment=segment
+            )
+        return SegmentInfo(
+            segment,
+            reply.write_offset,
+            reply.start_offset,
+            reply.is_sealed,
+            reply.last_modified,
+        )
+
+    def read_segment(self, segment: str, offset: int, length: int) -> wire.SegmentRead:
+        """One ReadSegment; the reply may hold fewer bytes (and parks at the tail on the server)."""
+        reply = self.call(
+            segment,
+            lambda rid, tok: wire.ReadSegment(segment, offset, length, tok, rid),
+        )
+        if not isinstance(reply, wire.SegmentRead):
+            raise SegmentStoreError(
+                f"unexpected reply {type(reply).__name__} to ReadSegment",
+                segment=segment,
+            )
+        if reply.offset != offset:
+            raise SegmentStoreError(
+                f"segment store answered a read of {segment} at {offset} with offset {reply.offset}",
+                segment=segment,
+            )
+        return reply
+
+    def truncate_segment(self, segment: str, offset: int) -> None:
+        self.call(
+            segment, lambda rid, tok: wire.TruncateSegment(rid, segment, offset, tok)
+        )
+
+    def seal_segment(self, segment: str) -> None:
+        try:
+            self.call(segment, lambda rid, tok: wire.SealSegment(rid, segment, tok))
+        except SegmentSealedError:
+            pass  # sealing twice is success
+
+    def open_append_session(self, segment: str, **options: Any) -> AppendSession:
+        session = AppendSession(self, segment, **options)
+        session.open()
+        return session
+
+
+# ----------------------------------------------------------------------------------- appends
+
+#: Append-setup failures that no reconnect can fix.
+_FINAL_ERRORS = (
+    NoSuchSegmentError,
+    SegmentSealedError,
+    SegmentTruncatedError,
+    AuthenticationError,
+)
+
+# AppendBlockEnd as sent: header (type, length), writer id (2 x u64), size_of_whole_events, data length
+# | data | num_event, last_event_number, request_id.  Payload = 16 + 4 + 4 + n + 4 + 8 + 8.
+_ABE_HEAD = struct.Struct(">iiQQiI")
+_ABE_TAIL = struct.Struct(">iqq")
+_ABE_OVERHEAD = 44
+_EVENT_HEADER = struct.Struct(">iI")
+_MASK64 = (1 << 64) - 1
+
+
+class _Block:
+    __slots__ = ("count", "last", "nbytes", "parts")
+
+    def __init__(self, last: int, count: int, nbytes: int, parts: list) -> None:
+        self.last = last
+        self.count = count
+        self.nbytes = nbytes
+        self.parts = parts
+
+
+class AppendSession:
+    """Pipelined appends of framed events to one segment by one writer id.
+
+    Not thread-safe for writers (one producing thread); a private reader thread handles acks.
+    ``block_bytes``/``block_events`` bound one AppendBlockEnd; ``window_bytes`` bounds the bytes in
+    flight (unacknowledged) - the writer blocks when the window is full.
+    """
+
+    def __init__(
+        self,
+        segments: SegmentStoreClient,
+        segment: str,
+        *,
+        writer_id: int | None = None,
+        block_bytes: int = 1024 * 1024,
+        block_events: int = 1 << 30,
+        window_bytes: int = 16 * 1024 * 1024,
+        flush_timeout_s: float = 120.0,
+        reconnect_timeout_s: float = 30.0,
+    ) -> None:
+        if block_bytes <= 0 or block_events <= 0 or window_bytes <= 0:
+            raise ValueError(
+                "block_bytes, block_events and window_bytes must be positive"
+            )
+        self.segments = segments
+        self.segment = segment
+        self.writer_id = uuid.uuid4().int if writer_id is None else writer_id
+        self._wid_hi = self.writer_id >> 64
+        self._wid_lo = self.writer_id & _MASK64
+        self.block_bytes = min(block_bytes, wire.MAX_EVENT_SIZE + wire.EVENT_HEADER_LEN)
+        self.block_events = block_events
+        self.window_bytes = max(window_bytes, self.block_bytes)
+        self.flush_timeout_s = flush_timeout_s
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self.endpoint: Endpoint | None = None
+        #: Event number of the last event acknowledged by the segment store (None: nothing yet).
+        self.last_acked_event_number: int | None = None
+        #: Segment length reported by the latest DataAppended.
+        self.write_offset: int | None = None
+        self.events_written = 0
+        #: How many times the session had to set up again after losing its connection.
+        self.reconnects = 0
+        self._buf = bytearray()
+        self._count = 0
+        self._next_event_number = 1
+        self._inflight: collections.deque[_Block] = collections.deque()
+        self._inflight_bytes = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._error: PravegaError | None = None
+        self._broken: Exception | None = None
+        self._conn: SegmentStoreConnection | None = None
+        self._reader: threading.Thread | None = None
+        self._closed = False
+        self._token = ""
+
+    def __repr__(self) -> str:
+        return f"AppendSession({self.segment!r}, writer_id={self.writer_id:032x})"
+
+    # -------------------------------------------------------------------------- connection
+
+    def open(self) -> AppendSession:
+        """Connect and SetupAppend; numbering continues after what the server already has."""
+        self._token = self.segments.token_for(self.segment)
+        last = self._connect_with_retries()
+        self._next_event_number = 1 if last == wire.NO_EVENT_NUMBER else last + 1
+        if last != wire.NO_EVENT_NUMBER:
+            self.last_acked_event_number = last
+        return self
+
+    def _connect_once(self) -> int:
+        endpoint = self.segments.endpoint_for(self.segment)
+        conn = self.segments.pool.connect(endpoint)
+        try:
+            reply = conn.call(
+                wire.SetupAppend(
+                    next_request_id(), self.writer_id, self.segment, self._token
+                )
+            )
+            if isinstance(reply, wire.WrongHost):
+                self.segments.forget_endpoint(self.segment)
+            raise_for_reply(reply, endpoint=endpoint, segment=self.segment)
+            if not isinstance(reply, wire.AppendSetup):
+                raise SegmentStoreError(
+                    f"segment store {endpoint} answered SetupAppend for {self.segment} with {type(reply).__name__}",
+                    segment=self.segment,
+                    endpoint=str(endpoint),
+                )
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        self.endpoint = endpoint
+        # Appends wait on acks in the reader thread; a long socket timeout only bounds a stuck send.
+        conn.sock.settimeout(max(conn.timeout_s, 60.0))
+        self._reader = threading.Thread(
+            target=self._read_acks,
+            args=(conn,),
+            name=f"pravega-acks-{self.writer_id & 0xFFFF:04x}",
+            daemon=True,
+        )
+        self._reader.start()
+        return reply.last_event_number
+
+    def _connect_with_retries(self) -> int:
+        """Set up again and again (backing off) until ``reconnect_timeout_s`` runs out; errors that
+        retrying cannot fix (missing or sealed segment, refused credentials) are raised at once."""
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        delay = 0.05
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return self._connect_once()
+            except _FINAL_ERRORS:
+                raise
+            except (SegmentStoreError, ControllerUnreachableError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise SegmentStoreUnreachableError(
+                        f"cannot set up appends to segment {self.segment} after {attempts} attempts in "
+                        f"{self.reconnect_timeout_s:g} s: {exc}",
+                        segment=self.segment,
+                        endpoint=getattr(exc, "endpoint", None),
+                    ) from None
+                log.info("append setup for %s failed (%s); retrying", self.segment, exc)
+                try:
+                    self.segments.forget_endpoint(self.segment)
+                except ValueError:
+                    pass
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _read_acks(self, conn: SegmentStoreConnection) -> None:
+        """Reader thread: consume replies of one connection until it closes."""
+        sock = conn.sock
+        decoder = conn._decoder
+        pending = list(conn._ready)
+        conn._ready.clear()
+        while True:
+            if pending:
+                self._on_replies(conn, pending)
+                pending = []
+            try:
+                data = sock.recv(SegmentStoreConnection.RECV_SIZE)
+            except TimeoutError:
+                if self._conn is not conn:
+                    return
+                continue
+            except OSError as exc:
+                self._on_broken(conn, exc)
+                return
+            if not data:
+                self._on_broken(
+                    conn,
+                    ConnectionError(
+                        f"segment store {conn.endpoint} closed the connection"
+                    ),
+                )
+                return
+            try:
+                pending = decoder.feed(data)
+            except wire.ProtocolError as exc:
+                if exc.decoded:
+                    self._on_replies(conn, list(exc.decoded))
+                self._on_broken(conn, exc)
+                return
+
+    def _on_replies(self, conn: SegmentStoreConnection, replies: list) -> None:
+        with self._cond:
+            if self._conn is not conn:
+                return
+            inflight = self._inflight
+            for reply in replies:
+                if type(reply) is wire.DataAppended:
+                    n = reply.event_number
+                    while inflight and inflight[0].last <= n:
+                        block = inflight.popleft()
+                        self._inflight_bytes -= block.nbytes
+                    self.last_acked_event_number = n
+                    self.write_offset = reply.current_segment_write_offset
+                elif isinstance(reply, wire.KeepAlive):
+                    continue
+                elif isinstance(reply, wire.WrongHost):
+                    self._broken = SegmentStoreError(
+                        f"segment store {conn.endpoint} no longer owns {self.segment}"
+                    )
+                    try:
+                        self.segments.forget_endpoint(self.segment)
+                    except ValueError:
+                        pass
+                elif getattr(reply, "IS_FAILURE", False) or isinstance(
+                    reply, wire.ConditionalCheckFailed
+                ):
+                    try:
+                        raise_for_reply(
+                            reply, endpoint=conn.endpoint, segment=self.segment
+                        )
+                    except PravegaError as exc:
+                        if self._error is None:
+                            self._error = exc
+                else:
+                    log.debug(
+                        "ignoring %s on the append connection of %s",
+                        type(reply).__name__,
+                        self.segment,
+                    )
+            self._cond.notify_all()
+
+    def _on_broken(self, conn: SegmentStoreConnection, exc: Exception) -> None:
+        with self._cond:
+            if self._conn is conn and not self._closed:
+                self._broken = exc
+            self._cond.notify_all()
+
+    def _reconnect(self) -> None:
+        """Drop the broken connection, set up again, resend the blocks the server does not have."""
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        while True:
+            if time.monotonic() > deadline:
+                with self._cond:
+                    self._error = SegmentStoreUnreachableError(
+                        f"appends to {self.segment} kept failing for {self.reconnect_timeout_s:g} s",
+                        segment=self.segment,
+                        endpoint=str(self.endpoint),
+                    )
+                    self._broken = None
+                    raise self._error
+            old = self._conn
+            reader = self._reader
+            with self._cond:
+                cause = self._broken
+                self._conn = None
+            if old is not None:
+                old.abort()
+            if reader is not None and reader is not threading.current_thread():
+                reader.join(timeout=10)
+            log.info(
+                "append connection for %s broke (%s); reconnecting", self.segment, cause
+            )
+            self.reconnects += 1
+            try:
+                last = self._connect_with_retries()
+            except PravegaError as exc:
+                with self._cond:
+                    if self._error is None:
+                        self._error = exc
+                    self._broken = None
+                raise
+            with self._cond:
+                self._broken = None
+                if last != wire.NO_EVENT_NUMBER:
+                    while self._inflight and self._inflight[0].last <= last:
+                        block = self._inflight.popleft()
+                        self._inflight_bytes -= block.nbytes
+                    self.last_acked_event_number = last
+                resend = list(self._inflight)
+                conn = self._conn
+            assert conn is not None
+            try:
+                for block in resend:
+                    conn.send_parts(block.parts)
+            except SegmentStoreUnreachableError as exc:
+                with self._cond:
+                    if self._conn is conn:
+                        self._broken = exc
+                continue
+            return
+
+    # ------------------------------------------------------------------------------ writing
+
+    def _raise_error(self) -> None:
+        err = self._error
+        if err is not None:
+            raise err
+
+    def write_event(self, payload: bytes, routing_key: object = None) -> None:
+        """Queue one event (framed here); sent when the block fills or on flush."""
+        if self._error is not None:
+            raise self._error
+        n = len(payload)
+        if n > wire.MAX_EVENT_SIZE:
+            self._check_event_size(n)
+        if self._count and len(self._buf) + n + 8 > self.block_bytes:
+            self._send_block()
+        buf = self._buf
+        try:
+            buf += _EVENT_HEADER.pack(0, n)
+            buf += payload
+        except TypeError:
+            del buf[len(buf) - 8 :]
+            raise TypeError(
+                f"event payload must be bytes, got {type(payload).__name__}"
+            ) from None
+        self._count += 1
+        if len(buf) >= self.block_bytes or self._count >= self.block_events:
+            self._send_block()
+
+    def write_events(self, payloads: Iterable[bytes]) -> int:
+        """Queue many events; returns how many."""
+        write = self.write_event
+        count = 0
+        for payload in payloads:
+            write(payload)
+            count += 1
+        return count
+
+    def _check_event_size(self, n: int) -> None:
+        if n > wire.MAX_EVENT_SIZE:
+            raise ValueError(
+                f"event of {n} bytes is larger than Pravega's {wire.MAX_EVENT_SIZE}-byte limit for {self.segment}"
+            )
+
+    def _send_block(self) -> None:
+        count = self._count
+        if not count:
+            return
+        data = self._buf
+        self._buf = bytearray()
+        self._count = 0
+        last = self._next_event_number + count - 1
+        self._next_event_number = last + 1
+        n = len(data)
+        parts = [
+            _ABE_HEAD.pack(
+                wire.AppendBlockEnd.TYPE,
+                _ABE_OVERHEAD + n,
+                self._wid_hi,
+                self._wid_lo,
+                n,
+                n,
+            ),
+            data,
+            _ABE_TAIL.pack(count, last, next_request_id()),
+        ]
+        block = _Block(last, count, n, parts)
+        self.events_written += count
+        while True:
+            with self._cond:
+                deadline = None
+                while (
+                    self._inflight
+                    and self._inflight_bytes + n > self.window_bytes
+                    and self._error is None
+                    and self._broken is None
+                ):
+                    if deadline is None:
+                        deadline = time.monotonic() + self.flush_timeout_s
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        # The block's event numbers are spent: the session cannot continue.
+                        self._error = SegmentStoreError(
+                            f"segment store did not acknowledge appends to {self.segment} within "
+                            f"{self.flush_timeout_s:g} s",
+                            segment=self.segment,
+                            endpoint=str(self.endpoint),
+                        )
+                        break
+                    self._cond.wait(remaining)
+                self._raise_error()
+                if self._closed:
+                    raise SegmentStoreError(
+                        f"append session for {self.segment} is closed",
+                        segment=self.segment,
+                    )
+                broken = self._broken is not None
+                if not broken:
+                    self._inflight.append(block)
+                    self._inflight_bytes += n
+                    conn = self._conn
+            if broken:
+                self._reconnect()
+                continue
+            assert conn is not None
+            try:
+                conn.send_parts(parts)
+            except SegmentStoreUnreachableError as exc:
+                # The block is already in flight: the reconnect resends it.
+                with self._cond:
+                    if self._conn is conn:
+                        self._broken = exc
+                self._reconnect()
+            return
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Send what is buffered and return once every event is acknowledged (or raise)."""
+        self._raise_error()
+        if self._closed:
+            raise SegmentStoreError(
+                f"append session for {self.segment} is closed", segment=self.segment
+            )
+        self._send_block()
+        limit = self.flush_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        while True:
+            with self._cond:
+                while self._inflight and self._error is None and self._broken is None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise SegmentStoreError(
+                            f"{len(self._inflight)} blocks appended to {self.segment} were not acknowledged within "
+                            f"{limit:g} s",
+                            segment=self.segment,
+                            endpoint=str(self.endpoint),
+                        )
+                    self._cond.wait(remaining)
+                self._raise_error()
+                if self._broken is None:
+                    return
+            self._reconnect()
+
+    @property
+    def pending_events(self) -> int:
+        """Events written but not yet acknowledged (buffered or in flight)."""
+        with self._cond:
+            return self._count + sum(b.count for b in self._inflight)
+
+    def close(self) -> None:
+        """Close the connection; anything not flushed is abandoned."""
+        with self._cond:
+            self._closed = True
+            conn = self._conn
+            self._conn = None
+            self._cond.notify_all()
+        if conn is not None:
+            conn.abort()
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout=5)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                self.flush()
+        finally:
+            self.close()
