@@ -1,0 +1,573 @@
+"""Exactly-once ingestion of files into a Pravega stream with PySpark.
+
+The driver runs the protocol of :mod:`airflow_provider_pravega.client.ingest`; Spark does the
+heavy lifting:
+
+* Spark's own readers parse the files (text/JSON lines, CSV with a header, Parquet); every record
+  carries its file and position so the source order is known without a Python pass;
+* with a routing key, records are shuffled by key and sorted by source position inside each
+  partition, so *all* events of one key are written by one task in file order (readers then see
+  each key's events in source order);
+* each partition is written by one task into its own transaction (``mapInArrow``: records reach
+  Python as Arrow batches), flushed (pre-committed) before the task succeeds, and the driver commits
+  all of them at once after the commit record.
+
+Run it without Airflow as ``python -m airflow_provider_pravega.spark.ingest_job --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_pravega.client.config import PravegaConnectionConfig
+from airflow_provider_pravega.client.errors import PravegaError, StreamNotFoundError
+from airflow_provider_pravega.client.ingest import (
+    FencedError,
+    IngestCoordinator,
+    IngestError,
+    file_identity,
+    open_state_store,
+    register_txn,
+)
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("jsonl", "csv", "parquet", "text")
+MODES = ("exactly_once", "at_least_once")
+CRASH_ENV = "PRAVEGA_INGEST_CRASH_AT"  # fault injection for the crash-matrix tests only
+
+
+class BadRecordError(IngestError):
+    """A malformed record: nothing of the run was committed."""
+
+
+class SourceError(IngestError, FileNotFoundError):
+    """The source path/glob is missing or matches nothing."""
+
+
+@dataclass(frozen=True)
+class IngestSpec:
+    """What to ingest where; every field is plain data (it travels to Spark tasks)."""
+
+    scope: str
+    stream: str
+    source: str | Sequence[str]
+    format: str = "jsonl"
+    routing_key_field: str | None = None
+    payload_field: str | None = None
+    ingest_id: str | None = None
+    mode: str = "exactly_once"
+    create_stream: bool = False
+    stream_segments: int = 1
+    on_empty: str = "fail"  # or "succeed"
+    allow_changed_files: bool = False
+    wait_for_commit: bool = True
+    num_writers: int | None = None  # transactions (tasks) per run; default: Spark's parallelism
+    stale_after_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.on_empty not in ("fail", "succeed"):
+            raise ValueError(f"on_empty must be 'fail' or 'succeed', got {self.on_empty!r}")
+        if self.format == "text" and (self.routing_key_field or self.payload_field):
+            raise ValueError("format 'text' has no fields: routing_key_field and payload_field do not apply")
+        if self.num_writers is not None and self.num_writers < 1:
+            raise ValueError(f"num_writers must be at least 1, got {self.num_writers}")
+
+    @property
+    def effective_ingest_id(self) -> str:
+        return self.ingest_id or f"{self.scope}/{self.stream}"
+
+
+@dataclass
+class IngestResult:
+    run_id: str | None
+    files_ingested: list[str] = field(default_factory=list)
+    files_skipped: list[str] = field(default_factory=list)
+    events: int = 0
+    bytes: int = 0
+    transactions: list[dict[str, str]] = field(default_factory=list)
+    tail_cut: str | None = None
+    seconds: float = 0.0
+    recovered_runs: list[str] = field(default_factory=list)
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["events_per_second"] = round(self.events_per_second, 1)
+        return out
+
+
+def crash_point(step: str) -> None:
+    """Kill this process at a named protocol step when the crash-matrix tests ask for it."""
+    if os.environ.get(CRASH_ENV) == step:
+        log.warning("fault injection: SIGKILL at %s", step)
+        os.kill(os.getpid(), 9)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_sources(source: str | Sequence[str]) -> list[str]:
+    """Files named by a path, a directory (every file in it) or a glob; sorted, absolute."""
+    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    files: set[str] = set()
+    for item in items:
+        item = os.fspath(item)
+        if any(ch in item for ch in "*?["):
+            files.update(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+        elif os.path.isdir(item):
+            files.update(str(p) for p in Path(item).iterdir() if p.is_file() and not p.name.startswith((".", "_")))
+        elif os.path.isfile(item):
+            files.add(item)
+        else:
+            raise SourceError(f"source path {item!r} does not exist")
+    return sorted(os.path.abspath(f) for f in files)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Spark plan
+# ---------------------------------------------------------------------------------------------
+
+
+def build_frame(spark: Any, files: Sequence[str], spec: IngestSpec) -> Any:
+    """A DataFrame of (f, b, m, payload, k, bad) in source order, partitioned for writing."""
+    from pyspark.sql import functions as F
+
+    key_field, payload_field = spec.routing_key_field, spec.payload_field
+    if spec.format in ("jsonl", "text"):
+        df = spark.read.text(list(files))
+        df = df.filter(F.length(F.trim("value")) > 0)
+        value = F.col("value")
+        if spec.format == "jsonl":
+            valid = F.get_json_object(value, "$").isNotNull() & F.trim(value).startswith("{")
+            payload = F.get_json_object(value, f"$.{payload_field}") if payload_field else value
+            key = F.get_json_object(value, f"$.{key_field}") if key_field else F.lit(None).cast("string")
+        else:
+            valid, payload, key = F.lit(True), value, F.lit(None).cast("string")
+    elif spec.format == "csv":
+        header = _csv_header(files[0])
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        schema = StructType([StructField(c, StringType()) for c in header] + [StructField("_corrupt", StringType())])
+        df = (spark.read.option("header", True).option("mode", "PERMISSIVE")
+              .option("columnNameOfCorruptRecord", "_corrupt").schema(schema).csv(list(files)))
+        fields = [F.col(f"`{c}`") for c in header]
+        valid = F.col("_corrupt").isNull()
+        payload = F.col(f"`{payload_field}`") if payload_field else F.to_json(F.struct(*fields))
+        key = F.col(f"`{key_field}`") if key_field else F.lit(None).cast("string")
+    else:  # parquet
+        df = spark.read.parquet(*files)
+        cols = [F.col(f"`{c}`") for c in df.columns]
+        valid = F.lit(True)
+        payload = F.col(f"`{payload_field}`").cast("string") if payload_field else F.to_json(F.struct(*cols))
+        key = F.col(f"`{key_field}`").cast("string") if key_field else F.lit(None).cast("string")
+    if key_field:
+        valid = valid & key.isNotNull()
+    df = df.select(
+        F.input_file_name().alias("f"), F.input_file_block_start().alias("b"),
+        F.monotonically_increasing_id().alias("m"),
+        payload.cast("binary").alias("payload"), key.alias("k"), (~valid).alias("bad"),
+    )
+    writers = spec.num_writers or spark.sparkContext.defaultParallelism
+    if key_field:
+        # All events of one key to one task, in source order.
+        return df.repartition(writers, "k").sortWithinPartitions("f", "b", "m")
+    return df.coalesce(writers) if df.rdd.getNumPartitions() > writers else df
+
+
+def _csv_header(path: str) -> list[str]:
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as fh:
+        try:
+            return next(csv.reader(fh))
+        except StopIteration:
+            raise BadRecordError(f"{path}: empty CSV file (no header line)") from None
+
+
+def first_bad_line(path: str, spec: IngestSpec) -> tuple[int, str]:
+    """(1-based line number, reason) of the first malformed record of a file — only on errors."""
+    if spec.format == "csv":
+        import csv
+
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, [])
+            for row in reader:
+                if len(row) != len(header):
+                    return reader.line_num, f"{len(row)} fields where the header has {len(header)}"
+                if spec.routing_key_field and not row[header.index(spec.routing_key_field)]:
+                    return reader.line_num, f"no value for routing key field {spec.routing_key_field!r}"
+        return 0, "malformed record"
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for n, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                return n, f"not valid JSON ({exc.msg})"
+            if not isinstance(record, dict):
+                return n, "not a JSON object"
+            if spec.routing_key_field and record.get(spec.routing_key_field) is None:
+                return n, f"no routing key field {spec.routing_key_field!r}"
+    return 0, "malformed record"
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark tasks
+# ---------------------------------------------------------------------------------------------
+
+RESULT_SCHEMA = "txn string, events long, bytes long, error string, bad_file string"
+
+_WORKER_CLIENTS: dict[tuple[int, str], Any] = {}
+
+
+def _worker_client(config: PravegaConnectionConfig) -> Any:
+    """One PravegaClient per Python worker process (sockets do not survive fork)."""
+    from airflow_provider_pravega.client import PravegaClient
+
+    key = (os.getpid(), repr(config) + config.controller_uri)
+    client = _WORKER_CLIENTS.get(key)
+    if client is None:
+        client = _WORKER_CLIENTS[key] = PravegaClient(config)
+    return client
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """Everything a write task needs (pickled into the task)."""
+
+    config: PravegaConnectionConfig
+    spec: IngestSpec
+    run_id: str
+    state_scope: str
+    state_stream: str
+    lease_ms: int
+
+
+def make_writer(ctx: TaskContext):
+    """The function ``mapInArrow`` runs on each partition: one transaction per task attempt."""
+
+    def write_partition(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        def result(txn: str | None, events: int, size: int, error: str | None = None, bad_file: str | None = None):
+            return pa.RecordBatch.from_pydict(
+                {"txn": [txn], "events": [events], "bytes": [size], "error": [error], "bad_file": [bad_file]}
+            )
+
+        batches = iter(batches)
+        first = next(batches, None)
+        if first is None or first.num_rows == 0 and _all_empty(batches):
+            return  # an empty partition writes nothing and opens no transaction
+        client = _worker_client(ctx.config)
+        spec = ctx.spec
+        if spec.mode == "at_least_once":
+            yield _write_plain(ctx, first, batches, result)
+            return
+        txns = client.transactions
+        info = txns.begin(spec.scope, spec.stream, ctx.lease_ms)
+        hex_id = f"{info.txn_id:032x}"
+        store = open_state_store(client, ctx.state_scope, ctx.state_stream)
+        try:
+            register_txn(store, ctx.run_id, hex_id)
+        except FencedError:
+            txns.abort(spec.scope, spec.stream, info.txn_id)
+            raise
+        keeper = client.lease_keeper(max(1.0, ctx.lease_ms / 3000))
+        keeper.add(spec.scope, spec.stream, info.txn_id)
+        events = size = 0
+        try:
+            writer = txns.writer(spec.scope, spec.stream, info, check_open=False)
+            try:
+                for batch in _chain(first, batches):
+                    bad = batch.column("bad")
+                    if pc.any(bad).as_py():
+                        idx = pc.index(bad, True).as_py()
+                        bad_file = batch.column("f")[idx].as_py()
+                        txns.abort(spec.scope, spec.stream, info.txn_id)
+                        yield result(hex_id, events, size, "malformed record", bad_file)
+                        return
+                    payloads = batch.column("payload").to_pylist()
+                    if spec.routing_key_field:
+                        write = writer.write_event
+                        for payload, key in zip(payloads, batch.column("k").to_pylist()):
+                            write(payload, key)
+                    else:
+                        writer.write_events(payloads)
+                    events += len(payloads)
+                    size += sum(map(len, payloads))
+                    if events and os.environ.get(CRASH_ENV) == "task_mid_write" and _first_attempt():
+                        os._exit(137)  # a task attempt dies mid-write (fault injection)
+                writer.flush()  # pre-commit: every event acknowledged, transaction still open
+            finally:
+                writer.close()
+        finally:
+            keeper.close()
+        yield result(hex_id, events, size)
+
+    return write_partition
+
+
+def _first_attempt() -> bool:
+    from pyspark import TaskContext as SparkTaskContext
+
+    tc = SparkTaskContext.get()
+    return tc is None or tc.attemptNumber() == 0
+
+
+def _write_plain(ctx: TaskContext, first: Any, batches: Iterator[Any], result: Any) -> Any:
+    """at_least_once: the official client's pipelined writer, no transaction (may duplicate on retry)."""
+    manager = ctx.config.create_stream_manager()
+    writer = manager.create_writer(ctx.spec.scope, ctx.spec.stream, 1000)
+    events = size = 0
+    for batch in _chain(first, batches):
+        payloads = batch.column("payload").to_pylist()
+        keys = batch.column("k").to_pylist() if ctx.spec.routing_key_field else [None] * len(payloads)
+        for payload, key in zip(payloads, keys):
+            if key is None:
+                writer.write_event_bytes(payload)
+            else:
+                writer.write_event_bytes(payload, key)
+        events += len(payloads)
+        size += sum(map(len, payloads))
+    writer.flush()
+    return result(None, events, size)
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _all_empty(batches: Iterator[Any]) -> bool:
+    return all(b.num_rows == 0 for b in batches)
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------------------------
+
+
+def state_location(spec: IngestSpec) -> tuple[str, str]:
+    """Where an ingest keeps its synchronizer state: a one-segment stream in the target scope
+    (not `_`-prefixed: Pravega reserves those names for itself)."""
+    import hashlib
+
+    digest = hashlib.sha1(spec.effective_ingest_id.encode()).hexdigest()[:20]
+    return spec.scope, f"ingest-state-{digest}"
+
+
+class _Keeper(threading.Thread):
+    """Driver-side upkeep while tasks run: heartbeat the run, keep registered txns' leases alive,
+    and log progress."""
+
+    def __init__(self, coord: IngestCoordinator, run_id: str, client: Any, spark: Any, interval_s: float) -> None:
+        super().__init__(name="pravega-ingest-keeper", daemon=True)
+        self.coord, self.run_id, self.spark = coord, run_id, spark
+        self.interval_s = interval_s
+        self.leases = client.lease_keeper(interval_s)
+        self.stop_event = threading.Event()
+        self.fenced: FencedError | None = None
+
+    def run(self) -> None:
+        last_log = 0.0
+        while not self.stop_event.wait(self.interval_s):
+            try:
+                self.coord.heartbeat(self.run_id)
+                for hex_id in self.coord.registered_txns(self.run_id):
+                    self.leases.add(self.coord.scope, self.coord.stream, int(hex_id, 16))
+            except FencedError as exc:
+                self.fenced = exc
+                log.error("%s", exc)
+                return
+            except PravegaError as exc:  # transient: try again next round
+                log.warning("ingest upkeep failed (will retry): %s", exc)
+            if time.monotonic() - last_log > 10:
+                last_log = time.monotonic()
+                _log_progress(self.spark)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=30)
+        self.leases.close()
+
+
+def _log_progress(spark: Any) -> None:
+    tracker = spark.sparkContext.statusTracker()
+    for stage_id in tracker.getActiveStageIds():
+        info = tracker.getStageInfo(stage_id)
+        if info is not None:
+            log.info("ingest progress: stage %d: %d of %d tasks done (%d running)", stage_id,
+                     info.numCompletedTasks, info.numTasks, info.numActiveTasks)
+
+
+def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
+    """Ingest ``spec.source`` into ``spec.scope/spec.stream`` exactly once (or at least once)."""
+    started = time.monotonic()
+    files = resolve_sources(spec.source)
+    if not files:
+        if spec.on_empty == "succeed":
+            log.info("source %r matches no file: nothing to ingest", spec.source)
+            return IngestResult(run_id=None)
+        raise SourceError(f"source {spec.source!r} matches no file (pass on_empty='succeed' to accept that)")
+    admin = client.admin
+    if not admin.stream_exists(spec.scope, spec.stream):
+        if not spec.create_stream:
+            raise StreamNotFoundError(spec.scope, spec.stream)
+        admin.create_scope(spec.scope)
+        admin.create_stream(spec.scope, spec.stream, segments=spec.stream_segments)
+    state_scope, state_stream = state_location(spec)
+    store = open_state_store(client, state_scope, state_stream)
+    coord = IngestCoordinator(store, client.transactions, spec.scope, spec.stream,
+                              stale_after_s=spec.stale_after_s, crash_hook=crash_point)
+    log.info("fingerprinting %d file(s)", len(files))
+    identities = {f: file_identity(f) for f in files}
+    recovered = coord.recover_stale_runs()
+    run_id, plan = coord.start_run(identities, allow_changed_files=spec.allow_changed_files)
+    result = IngestResult(run_id=run_id, files_skipped=sorted(plan.skipped), recovered_runs=recovered)
+    if run_id is None:
+        log.info("all %d file(s) were already ingested: nothing to do", len(files))
+        result.tail_cut = _tail_text(client, spec)
+        result.seconds = time.monotonic() - started
+        return result
+    to_ingest = sorted(plan.to_ingest)
+    log.info("run %s: ingesting %d file(s) (%d already ingested)", run_id, len(to_ingest), len(plan.skipped))
+    lease_ms = client.transactions.default_lease_ms
+    ctx = TaskContext(config_of(client), spec, run_id, state_scope, state_stream, lease_ms)
+    keeper = _Keeper(coord, run_id, client, spark, interval_s=max(0.5, min(10.0, lease_ms / 3000)))
+    keeper.start()
+    committing = False
+    try:
+        frame = build_frame(spark, to_ingest, spec)
+        rows = frame.mapInArrow(make_writer(ctx), RESULT_SCHEMA).collect()
+        crash_point("after_tasks")
+        if keeper.fenced is not None:
+            raise keeper.fenced
+        bad = [r for r in rows if r["error"]]
+        if bad:
+            path = bad[0]["bad_file"].removeprefix("file://")
+            line, reason = first_bad_line(path, spec)
+            raise BadRecordError(
+                f"{path}, line {line}: {reason}. Nothing of this run was committed; fix the file and re-run."
+            )
+        txns = [r["txn"] for r in rows if r["txn"]]
+        result.events = sum(r["events"] for r in rows)
+        result.bytes = sum(r["bytes"] for r in rows)
+        if spec.mode == "exactly_once":
+            orphans = [t for t in coord.registered_txns(run_id) if t not in set(txns)]
+            coord.mark_committing(run_id, txns)
+            committing = True
+            coord._abort_quietly(orphans)  # attempts that failed and were retried
+            if spec.wait_for_commit:
+                coord.commit_all(run_id, txns)
+                coord.finish(run_id)
+                states = "COMMITTED"
+            else:
+                for hex_id in txns:
+                    client.transactions.commit(spec.scope, spec.stream, int(hex_id, 16), wait=False)
+                states = "COMMITTING"
+            result.transactions = [{"id": t, "status": states} for t in txns]
+        else:
+            coord.finish(run_id)
+    except BaseException:
+        keeper.stop()
+        if not committing:
+            coord.abandon(run_id)
+        raise
+    keeper.stop()
+    result.files_ingested = to_ingest
+    result.tail_cut = _tail_text(client, spec) if spec.wait_for_commit else None
+    result.seconds = time.monotonic() - started
+    log.info("run %s: %d events (%d bytes) from %d file(s) in %.1f s (%.0f events/s)", run_id, result.events,
+             result.bytes, len(to_ingest), result.seconds, result.events_per_second)
+    return result
+
+
+def config_of(client: Any) -> PravegaConnectionConfig:
+    """The connection configuration tasks rebuild their client from."""
+    if client.config is not None:
+        return client.config
+    scheme, _, rest = client.controller_uri.partition("://")
+    host, _, port = rest.rpartition(":")
+    return PravegaConnectionConfig.from_connection_fields(host=host, port=int(port), schema=scheme or None)
+
+
+def _tail_text(client: Any, spec: IngestSpec) -> str | None:
+    try:
+        from airflow_provider_pravega.client.streamcut import StreamCut
+
+        return StreamCut.tail(client, spec.scope, spec.stream).to_text()
+    except PravegaError as exc:  # informative only
+        log.warning("could not read the tail cut of %s/%s: %s", spec.scope, spec.stream, exc)
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line (also what the crash-matrix tests run as a process)
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m airflow_provider_pravega.spark.ingest_job",
+                                 description="Ingest files into a Pravega stream exactly once with PySpark.")
+    ap.add_argument("--controller-uri", required=True)
+    ap.add_argument("--scope", required=True)
+    ap.add_argument("--stream", required=True)
+    ap.add_argument("--source", required=True, action="append", help="path, directory or glob (repeatable)")
+    ap.add_argument("--format", default="jsonl", choices=FORMATS)
+    ap.add_argument("--routing-key-field")
+    ap.add_argument("--payload-field")
+    ap.add_argument("--ingest-id")
+    ap.add_argument("--mode", default="exactly_once", choices=MODES)
+    ap.add_argument("--create-stream", action="store_true")
+    ap.add_argument("--segments", type=int, default=1)
+    ap.add_argument("--num-writers", type=int)
+    ap.add_argument("--stale-after", type=float, default=60.0)
+    ap.add_argument("--master", default=None, help="Spark master (default: local mode on every core)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.spark.session import get_spark_session
+
+    spec = IngestSpec(
+        scope=args.scope, stream=args.stream, source=args.source, format=args.format,
+        routing_key_field=args.routing_key_field, payload_field=args.payload_field, ingest_id=args.ingest_id,
+        mode=args.mode, create_stream=args.create_stream, stream_segments=args.segments,
+        num_writers=args.num_writers, stale_after_s=args.stale_after,
+    )
+    spark = get_spark_session(None, "pravega-ingest", **({"spark.master": args.master} if args.master else {}))
+    with PravegaClient(args.controller_uri) as client:
+        try:
+            result = run_ingest(client, spark, spec)
+        except (IngestError, PravegaError) as exc:
+            print(f"ingest failed: {exc}", file=sys.stderr)
+            return 1
+    print(json.dumps(result.to_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
