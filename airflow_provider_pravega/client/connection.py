@@ -437,7 +437,9 @@ class SegmentStoreClient:
         for attempt in range(3):
             endpoint = self.endpoint_for(segment)
             try:
-                reply = self.pool.call(endpoint, build(next_request_id(), token))
+                reply = self.pool.call(
+                    endpoint, build(next_request_id(), token), attempts=2
+                )
             except SegmentStoreUnreachableError as exc:
                 last = exc
                 self.forget_endpoint(segment)

@@ -53,6 +53,7 @@ __all__ = [
     "TransactionInfo",
     "TxnStatus",
     "parse_controller_uri",
+    "parse_txn_id",
 ]
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -300,7 +301,7 @@ class TransactionInfo:
         return {
             "scope": self.scope,
             "stream": self.stream,
-            "txn_id": str(self.txn_id),
+            "txn_id": self.hex_id,
             "segments": [[s.segment_id, s.min_key, s.max_key] for s in self.segments],
         }
 
@@ -309,12 +310,44 @@ class TransactionInfo:
         return cls(
             data["scope"],
             data["stream"],
-            int(data["txn_id"]),
+            parse_txn_id(data["txn_id"]),
             tuple(
                 SegmentRange(int(i), float(lo), float(hi))
                 for i, lo, hi in data["segments"]
             ),
         )
+
+
+_HEX_ID = re.compile(r"(?:0[xX])?[0-9a-fA-F]{1,32}")
+
+
+def parse_txn_id(value: int | str | TransactionInfo) -> int:
+    """A transaction id from an int, a TransactionInfo, or text: the 32 hex digits this package
+    prints (``f"{id:032x}"``, also what transaction segment names carry) or ``0x``-prefixed hex.
+
+    Decimal text is refused: 32 decimal digits would be ambiguous with the hex form.
+    """
+    if isinstance(value, TransactionInfo):
+        return value.txn_id
+    if isinstance(value, bool):
+        raise TypeError("a transaction id is an int, not a bool")
+    if isinstance(value, str):
+        text = value.strip()
+        if not _HEX_ID.fullmatch(text) or not (
+            len(text) == 32 or text[:2].lower() == "0x"
+        ):
+            raise ValueError(
+                f"transaction id text must be 32 hex digits (as printed by this package) or 0x-prefixed hex, "
+                f"got {value!r}"
+            )
+        return int(text, 16)
+    if not isinstance(value, int):
+        raise TypeError(
+            f"a transaction id is an int or hex text, got {type(value).__name__}"
+        )
+    if not 0 <= value < 1 << 128:
+        raise ValueError(f"a transaction id is an unsigned 128-bit int, got {value!r}")
+    return value
 
 
 def parse_controller_uri(uri: str) -> tuple[str, int, bool]:

@@ -28,6 +28,7 @@ from airflow_provider_pravega.client.controller import (
     SegmentRange,
     TransactionInfo,
     TxnStatus,
+    parse_txn_id,
 )
 from airflow_provider_pravega.client.errors import (
     NoSuchSegmentError,
@@ -232,17 +233,8 @@ class TransactionManager:
         return TransactionalWriter(self, scope, stream, txn, **options)
 
 
-def _txn_id(txn_id: int | str) -> int:
-    if isinstance(txn_id, TransactionInfo):
-        return txn_id.txn_id
-    if isinstance(txn_id, bool):
-        raise TypeError("a transaction id is an int, not a bool")
-    if isinstance(txn_id, str):
-        text = txn_id.strip()
-        return int(text, 16) if len(text) == 32 and not text.isdigit() else int(text)
-    if not isinstance(txn_id, int) or not 0 <= txn_id < 1 << 128:
-        raise ValueError(f"a transaction id is an unsigned 128-bit int, got {txn_id!r}")
-    return txn_id
+def _txn_id(txn_id: int | str | TransactionInfo) -> int:
+    return parse_txn_id(txn_id)
 
 
 def _names(states: Iterable[TxnStatus]) -> str:

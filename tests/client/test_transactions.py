@@ -465,3 +465,24 @@ def test_writer_flush_reports_a_transaction_aborted_meanwhile(
         with pytest.raises(TransactionAbortedError, match=f"{txn.txn_id:032x}"):
             writer.flush()
         writer.close()
+
+
+def test_transaction_id_text_forms():
+    from airflow_provider_pravega.client.controller import parse_txn_id
+
+    txn_id = (3 << 96) | 0x12
+    assert parse_txn_id(f"{txn_id:032x}") == txn_id
+    assert (
+        parse_txn_id("00000000000000000000000000000012") == 0x12
+    )  # all-digit hex is still hex
+    assert parse_txn_id("0x12") == 0x12 and parse_txn_id(txn_id) == txn_id
+    for bad in ("18", "12345678901234567890123456789012345", "xyz", "-1"):
+        with pytest.raises(ValueError, match="32 hex digits"):
+            parse_txn_id(bad)
+    with pytest.raises(ValueError):
+        parse_txn_id(1 << 128)
+    with pytest.raises(TypeError):
+        parse_txn_id(True)
+    info = TransactionInfo("s", "st", txn_id, ())
+    assert info.to_dict()["txn_id"] == f"{txn_id:032x}" and info.epoch == 3
+    assert TransactionInfo.from_dict(info.to_dict()) == info
