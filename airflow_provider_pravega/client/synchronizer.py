@@ -1,0 +1,460 @@
+"""Pravega's state synchronizer over the public protocols: shared state with optimistic concurrency.
+
+Why: the exactly-once ingest protocol and the stream-cut export record their progress where every
+process (Airflow tasks, Spark drivers, zombie retries) sees the same history, and where an update
+made from a stale view fails instead of overwriting someone else's. Pravega's state synchronizer
+does that with a single-segment stream; the official Python binding does not offer it, so it is
+built here from the same pieces:
+
+* the state lives in a stream with exactly one segment; its **revision** is a byte offset of that
+  segment (the end of the records a reader has folded);
+* every record is one framed event whose payload is JSON: ``{"t": "full", "state": ...}`` (a whole
+  state) or ``{"t": "upd", "op": ...}`` (an update, folded with the caller's ``apply``);
+* an update is a **conditional append** at the writer's revision (ConditionalAppend, or
+  ConditionalBlockEnd for several records at once); the segment store refuses it with
+  ConditionalCheckFailed when anyone appended since, and :meth:`StateSynchronizer.update`
+  re-reads and retries;
+* :meth:`StateSynchronizer.compact` appends a full state (conditionally) and truncates the stream
+  at it, so new readers start from one record; readers behind the new head restart from it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from airflow_provider_pravega.client.batch import (
+    SegmentRange,
+    SegmentRangeTruncatedError,
+    read_segment_range,
+)
+from airflow_provider_pravega.client.connection import (
+    SegmentStoreClient,
+    SegmentStoreConnection,
+    next_request_id,
+    raise_for_reply,
+)
+from airflow_provider_pravega.client.controller import ScalingPolicy
+from airflow_provider_pravega.client.errors import (
+    ControllerUnreachableError,
+    InvalidStreamCutError,
+    NoSuchSegmentError,
+    PravegaError,
+    SegmentSealedError,
+    SegmentStoreError,
+    SegmentStoreUnreachableError,
+    SegmentTruncatedError,
+    TruncatedStreamCutError,
+)
+from airflow_provider_pravega.client.streamcut import controller_of, segments_of
+from airflow_provider_pravega.protocol import naming, wire
+
+__all__ = ["StateSynchronizer", "SynchronizerConflictError", "SynchronizerError"]
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+U = TypeVar("U")
+
+FULL = "full"
+UPDATE = "upd"
+
+
+class SynchronizerError(PravegaError):
+    """The synchronizer's stream cannot hold state (wrong shape, sealed, corrupt records)."""
+
+
+class SynchronizerConflictError(SynchronizerError):
+    """Every attempt of an update lost against concurrent writers."""
+
+    def __init__(self, scope: str, stream: str, attempts: int) -> None:
+        self.scope = scope
+        self.stream = stream
+        self.attempts = attempts
+        super().__init__(
+            f"state update on {scope}/{stream} lost {attempts} times in a row to other writers; raise "
+            f"max_attempts or reduce the number of processes updating this state at once"
+        )
+
+
+class _ConditionalAppender:
+    """Conditional appends of one writer id to one segment, safe across reconnects.
+
+    Event numbers only grow, so after a broken connection the AppendSetup's last event number
+    tells whether the in-doubt append landed (the segment store deduplicates by writer id and
+    event number, so resending the same append cannot write it twice).
+    """
+
+    def __init__(self, segments: SegmentStoreClient, segment: str, *, reconnect_timeout_s: float = 60.0) -> None:
+        self.segments = segments
+        self.segment = segment
+        self.writer_id = uuid.uuid4().int
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self._conn: SegmentStoreConnection | None = None
+        self._event_number = 0
+
+    def _setup(self) -> int:
+        endpoint = self.segments.endpoint_for(self.segment)
+        conn = self.segments.pool.connect(endpoint)
+        try:
+            token = self.segments.token_for(self.segment)
+            reply = conn.call(wire.SetupAppend(next_request_id(), self.writer_id, self.segment, token))
+            if isinstance(reply, wire.WrongHost):
+                self.segments.forget_endpoint(self.segment)
+                raise SegmentStoreUnreachableError(
+                    f"segment store {endpoint} does not own {self.segment}", segment=self.segment
+                )
+            raise_for_reply(reply, endpoint=endpoint, segment=self.segment)
+            if not isinstance(reply, wire.AppendSetup):
+                raise SegmentStoreError(
+                    f"segment store {endpoint} answered SetupAppend for {self.segment} with {type(reply).__name__}",
+                    segment=self.segment,
+                )
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        last = reply.last_event_number
+        return 0 if last == wire.NO_EVENT_NUMBER else last
+
+    def _reconnect(self) -> int:
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                return self._setup()
+            except (SegmentStoreUnreachableError, ControllerUnreachableError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise SegmentStoreUnreachableError(
+                        f"cannot reach the segment store of {self.segment} for {self.reconnect_timeout_s:g} s: {exc}",
+                        segment=self.segment,
+                    ) from None
+                try:
+                    self.segments.forget_endpoint(self.segment)
+                except ValueError:
+                    pass
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def append(self, expected_offset: int, payloads: list[bytes]) -> bool:
+        """Append the framed ``payloads`` at ``expected_offset``; False when the segment is elsewhere."""
+        if self._conn is None:
+            self._event_number = max(self._event_number, self._reconnect())
+        self._event_number += 1
+        number = self._event_number
+
+        def request() -> wire.Request:
+            if len(payloads) == 1:
+                return wire.ConditionalAppend(self.writer_id, number, expected_offset, payloads[0], next_request_id())
+            data = b"".join(wire.frame_event(p) for p in payloads)
+            return wire.ConditionalBlockEnd(self.writer_id, number, expected_offset, data, next_request_id())
+
+        while True:
+            conn = self._conn
+            assert conn is not None
+            try:
+                reply = conn.call(request())
+            except SegmentStoreError as exc:
+                # Broken connection (or a garbled reply): was the append written before it broke?
+                log.info("conditional append to %s in doubt (%s); reconnecting", self.segment, exc)
+                self.close()
+                last = self._reconnect()
+                self._event_number = max(self._event_number, last)
+                if last >= number:
+                    return True
+                continue
+            if isinstance(reply, wire.DataAppended):
+                return True
+            if isinstance(reply, wire.ConditionalCheckFailed):
+                return False
+            if isinstance(reply, wire.WrongHost):
+                self.segments.forget_endpoint(self.segment)
+                self.close()
+                last = self._reconnect()
+                self._event_number = max(self._event_number, last)
+                if last >= number:
+                    return True
+                continue
+            raise_for_reply(reply, endpoint=conn.endpoint, segment=self.segment)
+            raise SegmentStoreError(
+                f"unexpected reply {type(reply).__name__} to a conditional append on {self.segment}",
+                segment=self.segment,
+            )
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+class StateSynchronizer(Generic[S, U]):
+    """A state of type ``S`` shared through ``scope/stream``, changed by updates of type ``U``.
+
+    ``apply(state, update) -> state`` folds one update (it may modify ``state`` in place and
+    return it). ``encode_state``/``decode_state`` and ``encode_update``/``decode_update`` map to
+    and from JSON-able values; by default a dataclass state goes through ``asdict`` and its
+    constructor, anything else must already be JSON-able.
+
+    One instance is meant for one thread; many instances (threads, processes, machines) may share
+    a stream. Every instance appends with its own writer id.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        scope: str,
+        stream: str,
+        initial: S,
+        apply: Callable[[S, U], S],
+        *,
+        encode_state: Callable[[S], Any] | None = None,
+        decode_state: Callable[[Any], S] | None = None,
+        encode_update: Callable[[U], Any] | None = None,
+        decode_update: Callable[[Any], U] | None = None,
+        create: bool = True,
+        max_attempts: int = 100,
+        backoff_s: float = 0.002,
+        max_backoff_s: float = 0.25,
+        read_chunk: int = 4 * 1024 * 1024,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        self.client = client
+        self.scope = scope
+        self.stream = stream
+        self._controller = controller_of(client)
+        self._segments: SegmentStoreClient = segments_of(client)
+        self._initial = copy.deepcopy(initial)
+        self._apply = apply
+        if dataclasses.is_dataclass(initial) and not isinstance(initial, type):
+            state_type = type(initial)
+            self._encode_state = encode_state or dataclasses.asdict
+            self._decode_state = decode_state or (lambda data: state_type(**data))
+        else:
+            self._encode_state = encode_state or _identity
+            self._decode_state = decode_state or _identity
+        self._encode_update = encode_update or _identity
+        self._decode_update = decode_update or _identity
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.read_chunk = read_chunk
+
+        if create:
+            admin = getattr(client, "admin", None)
+            if admin is None:
+                raise TypeError("create=True needs a PravegaClient (with .admin); or create the stream first")
+            admin.create_scope(scope)
+            admin.create_stream(scope, stream, scaling=ScalingPolicy.fixed(1))
+        current = self._controller.get_current_segments(scope, stream)
+        if len(current) != 1:
+            raise SynchronizerError(
+                f"stream {scope}/{stream} has {len(current)} segments; a state synchronizer needs a stream with "
+                f"exactly one segment (create it with one fixed segment, and never scale it)"
+            )
+        self.segment_id = current[0].segment_id
+        self.segment = naming.qualified_segment_name(scope, stream, self.segment_id)
+        self._appender = _ConditionalAppender(self._segments, self.segment)
+        self._state: S = copy.deepcopy(self._initial)
+        self._revision: int | None = None  # None: nothing read yet (start from the head)
+        #: Offset at which this instance's last successful update (or compaction) was written.
+        self.last_written_revision: int | None = None
+        #: Revisions (record offsets) of every update this instance won, in order.
+        self.written_revisions: list[int] = []
+        #: Conditional appends this instance lost to other writers (a measure of contention).
+        self.conflicts = 0
+
+    # ---------------------------------------------------------------------------- reading
+
+    @property
+    def revision(self) -> int | None:
+        """The segment offset up to which updates are folded into :attr:`state` (None: not read yet)."""
+        return self._revision
+
+    @property
+    def state(self) -> S:
+        """A copy of the state as of :attr:`revision` (call fetch_updates() to catch up)."""
+        return copy.deepcopy(self._state)
+
+    def _fold(self, state: S, payload: bytes, offset: int) -> S:
+        try:
+            record = json.loads(payload)
+            kind = record["t"]
+        except (ValueError, TypeError, KeyError):
+            raise SynchronizerError(
+                f"record at offset {offset} of {self.scope}/{self.stream} is not a synchronizer record; is this "
+                f"stream used for something else?"
+            ) from None
+        if kind == FULL:
+            return self._decode_state(record["state"])
+        if kind == UPDATE:
+            return self._apply(state, self._decode_update(record["op"]))
+        raise SynchronizerError(f"record at offset {offset} of {self.scope}/{self.stream} has unknown kind {kind!r}")
+
+    def fetch_updates(self) -> S:
+        """Read every record from the current revision to the tail, fold them, return the state.
+
+        A reader whose revision is below the stream's head (someone compacted) restarts from the
+        head, where compaction left a full state.
+        """
+        for _ in range(100):
+            info = self._segments.get_segment_info(self.segment)
+            if self._revision is None:
+                self._state = copy.deepcopy(self._initial)
+                self._revision = info.start_offset
+            # A revision below the head (someone compacted) is found out by the read itself:
+            # SegmentIsTruncated, which also covers a compaction that happens while reading.
+            if self._revision >= info.length:
+                return copy.deepcopy(self._state)
+            state = self._state
+            position = self._revision
+            rng = SegmentRange(self.scope, self.stream, self.segment_id, position, info.length)
+            try:
+                for event in read_segment_range(self._segments, rng, chunk=self.read_chunk):
+                    state = self._fold(state, event.payload, event.offset)
+                    position = event.offset + 8 + len(event.payload)
+            except (SegmentRangeTruncatedError, SegmentTruncatedError, TruncatedStreamCutError):
+                # Compacted while we read: whatever we folded may be partial; start again from the head.
+                log.info("state stream %s/%s was truncated while reading; restarting from the head", self.scope, self.stream)
+                self._revision = None
+                continue
+            except BaseException:
+                # ``apply`` may have changed the state in place: never keep a half-folded state.
+                self._revision = None
+                raise
+            self._state = state
+            self._revision = position
+            return copy.deepcopy(self._state)
+        raise SynchronizerError(f"the head of {self.scope}/{self.stream} kept moving while reading the state")
+
+    def fetch(self) -> S:
+        """The latest state (alias of :meth:`fetch_updates`, the ingest protocol's StateStore API)."""
+        return self.fetch_updates()
+
+    # ---------------------------------------------------------------------------- writing
+
+    def _encode(self, records: list[dict[str, Any]]) -> list[bytes]:
+        out = []
+        for record in records:
+            data = json.dumps(record, separators=(",", ":")).encode("utf-8")
+            if len(data) > wire.MAX_EVENT_SIZE:
+                raise SynchronizerError(
+                    f"a state record of {len(data)} bytes is over Pravega's {wire.MAX_EVENT_SIZE}-byte event limit; "
+                    f"keep the state (or one update) smaller"
+                )
+            out.append(data)
+        return out
+
+    def _sleep(self, attempt: int) -> None:
+        time.sleep(random.uniform(0, min(self.max_backoff_s, self.backoff_s * (2 ** min(attempt, 16)))))
+
+    def try_update(self, fn: Callable[[S], list[U] | U | None]) -> bool:
+        """One attempt: fetch, compute, conditional append. False when another writer won."""
+        self.fetch_updates()
+        return self._attempt(fn)
+
+    def _attempt(self, fn: Callable[[S], list[U] | U | None]) -> bool:
+        result = fn(copy.deepcopy(self._state))
+        if result is None:
+            return True
+        updates = result if isinstance(result, list) else [result]
+        if not updates:
+            return True
+        payloads = self._encode([{"t": UPDATE, "op": self._encode_update(u)} for u in updates])
+        revision = self._revision
+        assert revision is not None
+        try:
+            won = self._appender.append(revision, payloads)
+        except (SegmentSealedError, NoSuchSegmentError) as exc:
+            raise SynchronizerError(f"cannot update the state in {self.scope}/{self.stream}: {exc}") from None
+        if not won:
+            self.conflicts += 1
+            return False
+        # Our records are exactly the bytes after ``revision``: fold them locally.
+        state = self._state
+        offset = revision
+        for payload in payloads:
+            # Fold what readers will decode, not the caller's object (JSON may change types).
+            state = self._apply(state, self._decode_update(json.loads(payload)["op"]))
+            self.written_revisions.append(offset)
+            offset += wire.EVENT_HEADER_LEN + len(payload)
+        self._state = state
+        self.last_written_revision = revision
+        self._revision = offset
+        return True
+
+    def update(self, fn: Callable[[S], list[U] | U | None]) -> S:
+        """Apply ``fn``'s updates atomically and return the new state.
+
+        ``fn`` gets a copy of the current state and returns an update, a list of updates (written
+        as one atomic append) or None (nothing to change). When another writer appended first,
+        the state is re-read and ``fn`` called again, up to ``max_attempts`` times (with jittered
+        backoff); then SynchronizerConflictError.
+        """
+        for attempt in range(self.max_attempts):
+            self.fetch_updates()
+            if self._attempt(fn):
+                return copy.deepcopy(self._state)
+            self._sleep(attempt)
+        raise SynchronizerConflictError(self.scope, self.stream, self.max_attempts)
+
+    def compact(self) -> int:
+        """Write the full state and truncate the stream at it; returns the new head offset.
+
+        Readers (and fresh synchronizers) then start from that one record instead of the whole
+        history. Retried like :meth:`update` when other writers append meanwhile.
+        """
+        for attempt in range(self.max_attempts):
+            self.fetch_updates()
+            revision = self._revision
+            assert revision is not None
+            (payload,) = self._encode([{"t": FULL, "state": self._encode_state(self._state)}])
+            try:
+                won = self._appender.append(revision, [payload])
+            except (SegmentSealedError, NoSuchSegmentError) as exc:
+                raise SynchronizerError(f"cannot compact the state in {self.scope}/{self.stream}: {exc}") from None
+            if won:
+                self._revision = revision + wire.EVENT_HEADER_LEN + len(payload)
+                self.last_written_revision = revision
+                self._truncate(revision)
+                return revision
+            self.conflicts += 1
+            self._sleep(attempt)
+        raise SynchronizerConflictError(self.scope, self.stream, self.max_attempts)
+
+    def _truncate(self, offset: int) -> None:
+        """Truncate at ``offset`` unless a later compaction already moved the head past it."""
+        if self.head_offset() >= offset:
+            return
+        try:
+            self._controller.truncate_stream(self.scope, self.stream, {self.segment_id: offset})
+        except (InvalidStreamCutError, TruncatedStreamCutError):
+            if self.head_offset() < offset:
+                raise
+
+    def head_offset(self) -> int:
+        """Where the stream's readable data starts now (moves with each compaction)."""
+        return self._segments.get_segment_info(self.segment).start_offset
+
+    def close(self) -> None:
+        self._appender.close()
+
+    def __enter__(self) -> StateSynchronizer[S, U]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StateSynchronizer({self.scope}/{self.stream}, revision={self._revision})"
