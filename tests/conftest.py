@@ -58,3 +58,56 @@ def fresh_airflow_env(tmp_path: Path) -> Iterator[dict[str, str]]:
         AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
     )
     yield env
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole run (the operators reuse the active session)."""
+    from airflow_provider_pravega.spark.session import get_spark_session
+
+    session = get_spark_session(None, "pravega-tests", **{"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def read_stream():
+    """``read_stream(uri, scope, stream, expected=None, timeout=60)``: every event of a stream from
+    its head, read with the official client's reader group (until ``expected`` events arrived, or
+    until nothing new came for a few seconds)."""
+    import asyncio
+    import time
+    import uuid
+
+    def read(uri: str, scope: str, stream: str, expected: int | None = None, timeout: float = 60.0,
+             quiet_s: float = 3.0) -> list[bytes]:
+        import pravega_client
+
+        mgr = pravega_client.StreamManager(uri)
+
+        async def run() -> list[bytes]:
+            group = mgr.create_reader_group(f"rg-{uuid.uuid4().hex[:8]}", scope, stream)
+            reader = group.create_reader("r")
+            got: list[bytes] = []
+            deadline = time.monotonic() + timeout
+            last_new = time.monotonic()
+            while time.monotonic() < deadline:
+                if expected is not None and len(got) >= expected:
+                    break
+                if expected is None and time.monotonic() - last_new > quiet_s:
+                    break
+                try:
+                    sl = await asyncio.wait_for(reader.get_segment_slice_async(), quiet_s)
+                except asyncio.TimeoutError:
+                    continue
+                before = len(got)
+                got.extend(e.data() for e in sl)
+                reader.release_segment(sl)
+                if len(got) > before:
+                    last_new = time.monotonic()
+            reader.reader_offline()
+            return got
+
+        return asyncio.run(run())
+
+    return read

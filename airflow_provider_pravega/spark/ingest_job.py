@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("jsonl", "csv", "parquet", "text")
 MODES = ("exactly_once", "at_least_once")
-CRASH_ENV = "PRAVEGA_INGEST_CRASH_AT"  # fault injection for the crash-matrix tests only
+# Fault injection for the crash-matrix tests only: SIGKILL the driver at a named step, or pause it.
+CRASH_ENV = "PRAVEGA_INGEST_CRASH_AT"
+DELAY_ENV = "PRAVEGA_INGEST_DELAY_AT"  # "step:seconds"
 
 
 class BadRecordError(IngestError):
@@ -116,10 +118,14 @@ class IngestResult:
 
 
 def crash_point(step: str) -> None:
-    """Kill this process at a named protocol step when the crash-matrix tests ask for it."""
+    """Kill (or pause) this process at a named protocol step when the crash-matrix tests ask."""
     if os.environ.get(CRASH_ENV) == step:
         log.warning("fault injection: SIGKILL at %s", step)
         os.kill(os.getpid(), 9)
+    delay_step, _, seconds = os.environ.get(DELAY_ENV, "").partition(":")
+    if delay_step == step:
+        log.warning("fault injection: pausing %s s at %s", seconds, step)
+        time.sleep(float(seconds))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,6 +452,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     log.info("fingerprinting %d file(s)", len(files))
     identities = {f: file_identity(f) for f in files}
     recovered = coord.recover_stale_runs()
+    crash_point("before_run_record")
     run_id, plan = coord.start_run(identities, allow_changed_files=spec.allow_changed_files)
     result = IngestResult(run_id=run_id, files_skipped=sorted(plan.skipped), recovered_runs=recovered)
     if run_id is None:
@@ -547,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-writers", type=int)
     ap.add_argument("--stale-after", type=float, default=60.0)
     ap.add_argument("--master", default=None, help="Spark master (default: local mode on every core)")
+    ap.add_argument("--lease-ms", type=int, default=90_000, help="transaction lease (default 90000)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from airflow_provider_pravega.client import PravegaClient
@@ -559,7 +567,12 @@ def main(argv: list[str] | None = None) -> int:
         num_writers=args.num_writers, stale_after_s=args.stale_after,
     )
     spark = get_spark_session(None, "pravega-ingest", **({"spark.master": args.master} if args.master else {}))
-    with PravegaClient(args.controller_uri) as client:
+    scheme, _, rest = args.controller_uri.partition("://")
+    host, _, port = rest.rpartition(":")
+    config = PravegaConnectionConfig.from_connection_fields(
+        host=host, port=int(port), schema=scheme or None, extra={"transaction_lease_ms": args.lease_ms}
+    )
+    with PravegaClient(config) as client:
         try:
             result = run_ingest(client, spark, spec)
         except (IngestError, PravegaError) as exc:
