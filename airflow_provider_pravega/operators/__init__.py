@@ -1,0 +1,37 @@
+"""Pravega operators for Airflow DAGs: ``from airflow_provider_pravega.operators import ...``.
+
+Imports are lazy (PEP 562): Airflow's ProvidersManager imports this package while it reads
+``get_provider_info()`` during its own configuration start-up, when importing ``airflow.sdk``
+would be circular. To add an operator, add one line to ``_EXPORTS`` (class name -> module).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "PravegaCreateScopeOperator": "airflow_provider_pravega.operators.admin",
+    "PravegaCreateStreamOperator": "airflow_provider_pravega.operators.admin",
+    "PravegaDeleteScopeOperator": "airflow_provider_pravega.operators.admin",
+    "PravegaDeleteStreamOperator": "airflow_provider_pravega.operators.admin",
+    "PravegaScaleStreamOperator": "airflow_provider_pravega.operators.admin",
+    "PravegaSealStreamOperator": "airflow_provider_pravega.operators.admin",
+    "PravegaTransactionalIngestOperator": "airflow_provider_pravega.operators.ingest",
+    "PravegaTruncateStreamOperator": "airflow_provider_pravega.operators.admin",
+    "PravegaUpdateStreamOperator": "airflow_provider_pravega.operators.admin",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

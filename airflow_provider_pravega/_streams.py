@@ -1,0 +1,226 @@
+"""Stream positions for the Airflow layer: cut values given by DAG authors, XCom-friendly stream info,
+and "has new data arrived since this cut?".
+
+Shared by the admin operators, the sensors and the triggers, and free of Airflow imports so the
+triggers stay light. Cut *values* are what a DAG author writes or pulls from XCom: ``"head"``,
+``"tail"``, Pravega's stream-cut text (Java ``StreamCut.asText()``), the JSON form
+(``{"scope", "stream", "positions": {segment id: offset}, "text"}``), a plain mapping
+segment id -> offset, or any object with ``scope``/``stream``/``positions`` (the client's StreamCut).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from airflow_provider_pravega.client.errors import InvalidStreamCutError, NoSuchSegmentError
+from airflow_provider_pravega.protocol import naming
+from airflow_provider_pravega.protocol.streamcut import streamcut_to_text
+
+if TYPE_CHECKING:
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.client.admin import StreamInfo
+    from airflow_provider_pravega.client.config import PravegaConnectionConfig
+
+__all__ = [
+    "NewData",
+    "Positions",
+    "cut_text",
+    "find_new_data",
+    "parse_stream_cut",
+    "positions_from_json",
+    "positions_to_json",
+    "resolve_scope",
+    "resolve_stream_cut",
+    "stream_info_to_dict",
+]
+
+Positions = dict[int, int]
+Symbolic = Literal["head", "tail"]
+
+
+class ScopeNotSetError(ValueError):
+    """No scope was given to the task and its connection has no default scope."""
+
+
+def resolve_scope(scope: str | None, config: PravegaConnectionConfig, conn_id: str) -> str:
+    """The task's ``scope``, else the connection's default scope; an error names both places."""
+    chosen = scope.strip() if isinstance(scope, str) else scope
+    if chosen:
+        return chosen
+    if config.scope:
+        return config.scope
+    raise ScopeNotSetError(
+        f"no Pravega scope: pass scope=... to the task or set the default scope (extra 'scope') of "
+        f"connection {conn_id!r}"
+    )
+
+
+# ----------------------------------------------------------------------------------- cut values
+
+
+def cut_text(scope: str, stream: str, positions: Mapping[int, int]) -> str:
+    """Pravega's text form of a cut (what Java's ``StreamCut.from(text)`` reads)."""
+    return streamcut_to_text(scope, stream, positions)
+
+
+def positions_to_json(positions: Mapping[int, int]) -> dict[str, int]:
+    """JSON object keys must be strings: segment ids become decimal text."""
+    return {str(segment): int(offset) for segment, offset in sorted(positions.items())}
+
+
+def positions_from_json(data: Mapping[Any, Any], what: str = "positions") -> Positions:
+    out: Positions = {}
+    for segment, offset in data.items():
+        try:
+            seg, off = int(segment), int(offset)
+        except (TypeError, ValueError):
+            raise InvalidStreamCutError(
+                f"{what}: a cut maps segment ids to offsets (integers), got {segment!r}: {offset!r}"
+            ) from None
+        if seg < 0 or off < 0:
+            raise InvalidStreamCutError(f"{what}: segment {seg} has a negative id or offset ({off})")
+        out[seg] = off
+    return out
+
+
+def parse_stream_cut(value: Any, scope: str, stream: str, what: str = "stream_cut") -> Positions | Symbolic:
+    """Turn a DAG author's cut value into positions, or the symbolic ``"head"`` / ``"tail"``.
+
+    Everything :meth:`StreamCut.coerce <airflow_provider_pravega.client.streamcut.StreamCut.coerce>`
+    accepts (a StreamCut, ``"head"``, ``"tail"``, Java text, the JSON form as dict or text; a cut
+    of another stream is refused naming both), plus a bare mapping segment id -> offset (e.g. a
+    stream info's ``tail_positions``). ``UNBOUNDED`` means the head. ``what`` names the parameter.
+    """
+    from airflow_provider_pravega.client.streamcut import StreamCut, StreamCutMismatchError
+
+    if value is None:
+        raise InvalidStreamCutError(f"{what} is missing: give 'head', 'tail', a stream-cut text or a cut from XCom")
+    if isinstance(value, Mapping) and not ({"scope", "stream", "positions", "text", "bound"} & set(value)):
+        return positions_from_json(value, what)
+    try:
+        cut = StreamCut.coerce(value, scope, stream, unbounded="head", what=what)
+    except StreamCutMismatchError as exc:
+        raise StreamCutMismatchError(exc.expected, exc.actual, what) from None
+    except InvalidStreamCutError as exc:
+        raise InvalidStreamCutError(f"{what}: {exc}") from None
+    if cut.bound is not None:
+        return cut.bound
+    return dict(cut.positions)
+
+
+def resolve_stream_cut(client: PravegaClient, scope: str, stream: str, value: Any, what: str = "stream_cut") -> Positions:
+    """Like :func:`parse_stream_cut`, with ``head``/``tail`` read from the live stream."""
+    cut = parse_stream_cut(value, scope, stream, what)
+    if cut == "head":
+        return dict(client.admin.head(scope, stream))
+    if cut == "tail":
+        return dict(client.admin.tail(scope, stream))
+    return cut  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------ stream info
+
+
+def stream_info_to_dict(info: StreamInfo) -> dict[str, Any]:
+    """A stream's shape and positions as plain JSON (for XCom): head and tail cuts as Pravega text."""
+    config = info.config
+    scaling = config.scaling
+    retention = config.retention
+    return {
+        "scope": info.scope,
+        "stream": info.stream,
+        "sealed": info.sealed,
+        "segment_count": info.segment_count,
+        "segments": [
+            {"segment_id": s.segment_id, "epoch": s.epoch, "min_key": s.min_key, "max_key": s.max_key}
+            for s in info.active_segments
+        ],
+        "head": cut_text(info.scope, info.stream, info.head),
+        "tail": cut_text(info.scope, info.stream, info.tail),
+        "head_positions": positions_to_json(info.head),
+        "tail_positions": positions_to_json(info.tail),
+        "scaling": {
+            "policy": _SCALING_NAMES.get(scaling.kind, scaling.kind),
+            "min_segments": scaling.min_segments,
+            "target_rate": scaling.target_rate,
+            "scale_factor": scaling.scale_factor,
+        },
+        "retention": None if retention is None else {"type": retention.kind, "value": retention.value},
+        "tags": list(config.tags or ()),
+    }
+
+
+#: The controller client's policy kinds, spelled as the operators' ``scaling_policy`` parameter.
+_SCALING_NAMES = {
+    "fixed": "fixed",
+    "by_rate_in_events_per_sec": "by_event_rate",
+    "by_rate_in_kbytes_per_sec": "by_data_rate",
+}
+
+
+# -------------------------------------------------------------------------------------- new data
+
+
+@dataclass(frozen=True)
+class NewData:
+    """What arrived after ``previous``: ``grown`` maps segment id -> (from offset, to offset)."""
+
+    scope: str
+    stream: str
+    previous: Positions
+    tail: Positions
+    grown: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.grown)
+
+    @property
+    def new_bytes(self) -> int:
+        return sum(end - start for start, end in self.grown.values())
+
+    def to_event(self) -> dict[str, Any]:
+        """JSON payload: the previous cut, the new tail (both as text) and the grown ranges."""
+        return {
+            "scope": self.scope,
+            "stream": self.stream,
+            "previous_cut": cut_text(self.scope, self.stream, self.previous),
+            "cut": cut_text(self.scope, self.stream, self.tail),
+            "tail_positions": positions_to_json(self.tail),
+            "grown_segments": {str(s): [a, b] for s, (a, b) in sorted(self.grown.items())},
+            "new_bytes": self.new_bytes,
+        }
+
+
+def find_new_data(client: PravegaClient, scope: str, stream: str, previous: Mapping[int, int]) -> NewData:
+    """Compare the stream's tail with ``previous``, segment by segment, across scaling.
+
+    Without scaling the tail has the same segments as ``previous`` and a larger offset is new data
+    (one controller call and one segment-store call per segment). After a scale, every segment
+    between ``previous`` and the tail is checked: a sealed predecessor may have grown before it
+    was sealed, and a successor holds only new data; such segments' lengths are read from the
+    segment store.
+    """
+    previous = dict(previous)
+    tail = dict(client.admin.tail(scope, stream))
+    grown: dict[int, tuple[int, int]] = {}
+    if set(tail) == set(previous):
+        for segment, end in tail.items():
+            if end > previous[segment]:
+                grown[segment] = (previous[segment], end)
+        return NewData(scope, stream, previous, tail, grown)
+
+    between = client.controller.get_segments_between(scope, stream, previous, None) if previous else set()
+    for segment in sorted(between | set(tail) | set(previous)):
+        start = previous.get(segment, 0)
+        if segment in tail:
+            end = tail[segment]
+        else:
+            try:
+                end = client.segments.get_segment_info(naming.qualified_segment_name(scope, stream, segment)).length
+            except NoSuchSegmentError:
+                continue  # deleted by retention or truncation: nothing left to read there
+        if end > start:
+            grown[segment] = (start, end)
+    return NewData(scope, stream, previous, tail, grown)

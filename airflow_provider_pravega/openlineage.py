@@ -1,0 +1,123 @@
+"""OpenLineage datasets for Pravega streams (and the files that ingest/export operators touch).
+
+Operators call :func:`operator_lineage` from ``get_openlineage_facets_on_complete``. OpenLineage is
+imported only inside these functions: without the ``apache-airflow-providers-openlineage`` package
+they return None and nothing else changes.
+
+Naming follows OpenLineage's conventions: a stream is ``namespace="pravega://host:port"`` (the
+controller) and ``name="scope/stream"``; a local file is ``namespace="file"`` with its absolute path
+as the name; an object store file is ``namespace="s3://bucket"`` (``gs://``, ``abfss://``,
+``hdfs://host:port`` likewise) with the key as the name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from airflow_provider_pravega.client.config import PravegaConnectionConfig
+
+__all__ = [
+    "LIFECYCLE_CHANGES",
+    "file_dataset",
+    "operator_lineage",
+    "stream_dataset",
+    "stream_dataset_name",
+    "stream_namespace",
+]
+
+log = logging.getLogger(__name__)
+
+#: OpenLineage's dataset lifecycle changes (LifecycleStateChangeDatasetFacet) an operator may report.
+LIFECYCLE_CHANGES = ("ALTER", "CREATE", "DROP", "OVERWRITE", "RENAME", "TRUNCATE")
+
+
+def stream_namespace(config: PravegaConnectionConfig) -> str:
+    """``pravega://host:port`` of the controller (IPv6 hosts in brackets)."""
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    return f"pravega://{host}:{config.port}"
+
+
+def stream_dataset_name(scope: str, stream: str) -> str:
+    return f"{scope}/{stream}"
+
+
+def _facet_classes() -> Any:
+    """The OpenLineage facet module, or None when the OpenLineage provider is not installed."""
+    try:
+        from airflow.providers.common.compat.openlineage import facet
+        from airflow.providers.openlineage.extractors import OperatorLineage  # noqa: F401
+    except ImportError:
+        return None
+    if not isinstance(facet.Dataset, type):  # compat's no-op stand-in: no openlineage client library
+        return None
+    return facet
+
+
+def _dataset(namespace: str, name: str, lifecycle: str | None, facets: Mapping[str, Any] | None) -> Any:
+    facet = _facet_classes()
+    if facet is None:
+        return None
+    all_facets = dict(facets or {})
+    if lifecycle is not None:
+        if lifecycle not in LIFECYCLE_CHANGES:
+            raise ValueError(f"lifecycle must be one of {', '.join(LIFECYCLE_CHANGES)}, got {lifecycle!r}")
+        all_facets["lifecycleStateChange"] = facet.LifecycleStateChangeDatasetFacet(
+            lifecycleStateChange=facet.LifecycleStateChange[lifecycle]
+        )
+    return facet.Dataset(namespace=namespace, name=name, facets=all_facets)
+
+
+def stream_dataset(
+    config: PravegaConnectionConfig,
+    scope: str,
+    stream: str,
+    *,
+    lifecycle: str | None = None,
+    facets: Mapping[str, Any] | None = None,
+) -> Any:
+    """An OpenLineage ``Dataset`` for ``scope/stream`` on ``config``'s controller (None without OpenLineage).
+
+    ``lifecycle`` ("CREATE", "TRUNCATE", "DROP", ...) adds a LifecycleStateChangeDatasetFacet.
+    """
+    return _dataset(stream_namespace(config), stream_dataset_name(scope, stream), lifecycle, facets)
+
+
+def file_dataset(path: str, *, lifecycle: str | None = None, facets: Mapping[str, Any] | None = None) -> Any:
+    """An OpenLineage ``Dataset`` for a file path or URL (None without OpenLineage)."""
+    namespace, name = _file_identity(path)
+    return _dataset(namespace, name, lifecycle, facets)
+
+
+def _file_identity(path: str) -> tuple[str, str]:
+    parts = urlsplit(path)
+    if parts.scheme in ("", "file") or len(parts.scheme) == 1:  # one letter: a Windows drive
+        local = parts.path if parts.scheme == "file" else path
+        return "file", os.path.abspath(local)
+    if not parts.netloc:
+        raise ValueError(f"cannot name the dataset of {path!r}: a {parts.scheme}:// URL needs a bucket or host")
+    return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/") or "/"
+
+
+def operator_lineage(
+    *,
+    inputs: Iterable[Any] = (),
+    outputs: Iterable[Any] = (),
+    run_facets: Mapping[str, Any] | None = None,
+    job_facets: Mapping[str, Any] | None = None,
+) -> Any:
+    """An ``OperatorLineage`` of the given datasets (None entries dropped), or None without OpenLineage."""
+    if _facet_classes() is None:
+        return None
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    return OperatorLineage(
+        inputs=[d for d in inputs if d is not None],
+        outputs=[d for d in outputs if d is not None],
+        run_facets=dict(run_facets or {}),
+        job_facets=dict(job_facets or {}),
+    )

@@ -1,0 +1,145 @@
+"""A sensor that waits until Pravega transactions are committed, and fails loudly when they never will be."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
+
+from airflow_provider_pravega._streams import resolve_scope
+from airflow_provider_pravega.client.controller import TxnStatus
+from airflow_provider_pravega.hooks.pravega import PravegaHook
+from airflow_provider_pravega.triggers.transaction import (
+    _FAILED_DETAIL,
+    FAILED_STATES,
+    PravegaTransactionTrigger,
+    format_txn_id,
+    parse_txn_ids,
+)
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+__all__ = ["PravegaTransactionFailedError", "PravegaTransactionSensor"]
+
+
+class PravegaTransactionFailedError(AirflowFailException):
+    """A transaction is ABORTING, ABORTED or UNKNOWN: it will never commit, so retrying cannot help."""
+
+
+class PravegaTransactionSensor(BaseSensorOperator):
+    """Wait until every given transaction of a stream is COMMITTED.
+
+    Fails at once, naming the transaction and its state, when one is ABORTING, ABORTED or UNKNOWN
+    (no retries: such a transaction can never commit). Times out after ``timeout`` seconds.
+
+    :param stream: The stream the transactions belong to.
+    :param transaction_ids: One id or a list (templated; e.g. the ingest operator's XCom with
+        ``wait_for_commit=False``): ints, 32-hex-digit or decimal text, UUID text, or
+        ``TransactionInfo`` dicts.
+    :param scope: The stream's scope (default: the connection's default scope).
+    :param pravega_conn_id: The ``pravega`` connection.
+    :param deferrable: Wait in the triggerer (no worker slot) through
+        :class:`~airflow_provider_pravega.triggers.transaction.PravegaTransactionTrigger`.
+        Default: ``[operators] default_deferrable``.
+
+    ``poke_interval``, ``timeout``, ``mode`` ("poke"/"reschedule") and ``soft_fail`` are the usual
+    sensor arguments. XCom: the committed transaction ids (32 hex digits each).
+    """
+
+    template_fields: Sequence[str] = ("scope", "stream", "transaction_ids")
+    ui_color = "#d6ecfa"
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        transaction_ids: Any,
+        scope: str | None = None,
+        pravega_conn_id: str = PravegaHook.default_conn_name,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.stream = stream
+        self.transaction_ids = transaction_ids
+        self.scope = scope
+        self.pravega_conn_id = pravega_conn_id
+        self.deferrable = deferrable
+        self._committed: set[int] = set()
+
+    @cached_property
+    def hook(self) -> PravegaHook:
+        return PravegaHook(pravega_conn_id=self.pravega_conn_id)
+
+    def _scope(self) -> str:
+        return resolve_scope(self.scope, self.hook.get_config(), self.pravega_conn_id)
+
+    def _ids(self) -> list[int]:
+        try:
+            return parse_txn_ids(self.transaction_ids)
+        except (TypeError, ValueError) as exc:
+            raise AirflowFailException(f"{self.task_id}: bad transaction_ids: {exc}") from None
+
+    def poke(self, context: Context) -> bool | PokeReturnValue:
+        from airflow_provider_pravega.client.controller import ControllerClient
+
+        scope, ids = self._scope(), self._ids()
+        pending: dict[str, str] = {}
+        with ControllerClient(self.hook.get_config()) as controller:
+            for txn_id in ids:
+                if txn_id in self._committed:
+                    continue
+                state = controller.check_transaction_state(scope, self.stream, txn_id)
+                if state == TxnStatus.COMMITTED:
+                    self._committed.add(txn_id)
+                elif state in FAILED_STATES:
+                    raise PravegaTransactionFailedError(
+                        f"Pravega transaction {format_txn_id(txn_id)} on {scope}/{self.stream} is {state.value}: "
+                        f"{_FAILED_DETAIL[state]}"
+                    )
+                else:
+                    pending[format_txn_id(txn_id)] = state.value
+        if pending:
+            self.log.info("Waiting for transactions on %s/%s: %s", scope, self.stream, pending)
+            return False
+        committed = [format_txn_id(t) for t in ids]
+        self.log.info("All %d transactions on %s/%s are COMMITTED", len(committed), scope, self.stream)
+        return PokeReturnValue(is_done=True, xcom_value=committed)
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        done = self.poke(context)  # no need to defer when everything is already committed
+        if done:
+            return done.xcom_value if isinstance(done, PokeReturnValue) else None
+        self.defer(
+            trigger=PravegaTransactionTrigger(
+                scope=self._scope(),
+                stream=self.stream,
+                transaction_ids=[format_txn_id(t) for t in self._ids() if t not in self._committed],
+                pravega_conn_id=self.pravega_conn_id,
+                poll_interval=self.poke_interval,
+                end_time=time.time() + self.timeout,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> list[str]:
+        """Resume after the trigger: return the committed ids, or raise what went wrong."""
+        if not event:
+            raise AirflowFailException(f"{self.task_id}: the transaction trigger ended without an event")
+        status = event.get("status")
+        if status == "success":
+            committed = [format_txn_id(t) for t in self._ids()]
+            self.log.info("All %d transactions are COMMITTED", len(committed))
+            return committed
+        if status == "timeout":
+            raise AirflowSensorTimeout(f"{self.task_id}: {event.get('message')}")
+        raise PravegaTransactionFailedError(str(event.get("message") or event))

@@ -1,0 +1,151 @@
+"""PravegaStreamSensor through ``dag.test()`` against the embedded server: deferred until events are
+written, poke mode with a cut from XCom, timeout while deferred, and a sealed stream."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pendulum
+import pravega_client
+import pytest
+
+from airflow_provider_pravega._streams import cut_text
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.protocol.streamcut import streamcut_from_text
+
+START = pendulum.datetime(2024, 1, 1, tz="UTC")
+
+
+def _ensure_airflow_db() -> None:
+    """Create the SQLite metadata DB of the test AIRFLOW_HOME once (tests/conftest.py points at it)."""
+    from airflow import settings
+    from airflow.utils.db import initdb
+    from sqlalchemy import inspect
+
+    if not inspect(settings.engine).has_table("task_instance"):
+        initdb()
+
+
+def run_dag(dag: Any) -> Any:
+    """``dag.test()`` for a DAG defined in a test: register it as parsed, then run it in-process."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+    from airflow.utils.session import create_session
+
+    _ensure_airflow_db()
+    with create_session() as session:
+        DagBundlesManager().sync_bundles_to_db(session=session)
+    with create_session() as session:
+        update_dag_parsing_results_in_db(
+            "dags-folder", None, [LazyDeserializedDAG.from_dag(dag)], {}, None, set(), session=session
+        )
+    return dag.test()
+
+
+@pytest.fixture
+def pravega_conn(monkeypatch: pytest.MonkeyPatch, pravega_embedded: Any) -> None:
+    host, port = pravega_embedded.controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_PRAVEGA_DEFAULT", json.dumps({"conn_type": "pravega", "host": host, "port": int(port)})
+    )
+
+
+@pytest.fixture
+def client(pravega_controller_uri: str) -> Iterator[PravegaClient]:
+    with PravegaClient(pravega_controller_uri) as c:
+        yield c
+
+
+def write_events(controller_uri: str, scope: str, stream: str, count: int) -> int:
+    manager = pravega_client.StreamManager(controller_uri)  # must outlive the writer
+    writer = manager.create_writer(scope, stream)
+    size = 0
+    for i in range(count):
+        payload = f"sensor-event-{i}"
+        writer.write_event(payload, routing_key=f"k{i}")
+        size += 8 + len(payload)
+    writer.flush()
+    return size
+
+
+def test_stream_sensor_modes(
+    pravega_conn: None, pravega_controller_uri: str, client: PravegaClient, unique_name: Callable[[str], str]
+) -> None:
+    from airflow.sdk import DAG, task
+
+    from airflow_provider_pravega.sensors import PravegaStreamSensor
+
+    scope = unique_name("sns")
+    client.admin.create_scope(scope)
+    streams = {name: unique_name(name) for name in ("deferred", "xcom", "quiet", "sealed")}
+    for stream in streams.values():
+        client.admin.create_stream(scope, stream, 2)
+    client.admin.seal_stream(scope, streams["sealed"])
+    written: dict[str, int] = {}
+    results: dict[str, Any] = {}
+    errors: dict[str, tuple[str, str]] = {}
+
+    def record(context: Any) -> None:
+        exc = context["exception"]
+        errors[context["ti"].task_id] = (type(exc).__name__, str(exc))
+
+    common: dict[str, Any] = {"scope": scope, "poke_interval": 0.2, "timeout": 30, "on_failure_callback": record}
+
+    with DAG(unique_name("stream-sensor"), schedule=None, start_date=START) as dag:
+
+        @task
+        def write_later() -> None:
+            """Events arrive 2 s after the deferred sensor starts waiting."""
+            def write() -> None:
+                written["deferred"] = write_events(pravega_controller_uri, scope, streams["deferred"], 5)
+
+            threading.Timer(2.0, write).start()
+
+        @task
+        def cut_then_write() -> str:
+            with PravegaClient(pravega_controller_uri) as c:
+                cut = cut_text(scope, streams["xcom"], c.admin.tail(scope, streams["xcom"]))
+            written["xcom"] = write_events(pravega_controller_uri, scope, streams["xcom"], 3)
+            return cut
+
+        @task
+        def keep(name: str, value: Any) -> None:
+            results[name] = value
+
+        deferred = PravegaStreamSensor(task_id="deferred", stream=streams["deferred"], deferrable=True, **common)
+        write_later() >> deferred
+        keep("deferred", deferred.output)
+        from_xcom = PravegaStreamSensor(
+            task_id="from_xcom", stream=streams["xcom"], after_cut="{{ ti.xcom_pull(task_ids='cut_then_write') }}",
+            mode="reschedule", **common,
+        )
+        cut_then_write() >> from_xcom
+        keep("from_xcom", from_xcom.output)
+        PravegaStreamSensor(task_id="quiet", stream=streams["quiet"], deferrable=True, **{**common, "timeout": 1.5})
+        PravegaStreamSensor(task_id="sealed", stream=streams["sealed"], **common)
+
+    dag_run = run_dag(dag)
+    got = {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
+    assert got["deferred"] == "success" and got["from_xcom"] == "success", (got, errors)
+    assert got["quiet"] == "failed" and got["sealed"] == "failed", (got, errors)
+
+    deferred_event = results["deferred"]
+    assert deferred_event["status"] == "success" and deferred_event["new_bytes"] == written["deferred"]
+    assert sum(streamcut_from_text(deferred_event["previous_cut"]).positions.values()) == 0
+    assert client.admin.tail(scope, streams["deferred"]) == streamcut_from_text(deferred_event["cut"]).positions
+
+    assert results["from_xcom"]["new_bytes"] == written["xcom"]
+
+    assert errors["quiet"][0] == "AirflowSensorTimeout" and streams["quiet"] in errors["quiet"][1]
+    assert errors["sealed"][0] == "AirflowFailException" and "sealed" in errors["sealed"][1]
+
+
+def test_reschedule_mode_needs_a_fixed_cut() -> None:
+    from airflow_provider_pravega.sensors import PravegaStreamSensor
+
+    with pytest.raises(ValueError, match="reschedule mode"):
+        PravegaStreamSensor(task_id="s", stream="x", mode="reschedule")

@@ -1,0 +1,231 @@
+"""PravegaTransactionSensor against the embedded server, in poke, reschedule and deferrable modes.
+
+Every mode runs one DAG through ``dag.test()`` (which runs a deferred task's trigger in-process)
+with sensors for: committed transactions (by int, by UUID text, and a list templated from XCom),
+one committed while the sensor waits, one aborted while it waits, an aborted one, an unknown id,
+and a still-open one that must time out.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pendulum
+import pravega_client
+import pytest
+
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.client.controller import TransactionInfo
+
+START = pendulum.datetime(2024, 1, 1, tz="UTC")
+
+
+def _ensure_airflow_db() -> None:
+    """Create the SQLite metadata DB of the test AIRFLOW_HOME once (tests/conftest.py points at it)."""
+    from airflow import settings
+    from airflow.utils.db import initdb
+    from sqlalchemy import inspect
+
+    if not inspect(settings.engine).has_table("task_instance"):
+        initdb()
+
+
+def run_dag(dag: Any) -> Any:
+    """``dag.test()`` for a DAG defined in a test: register it as parsed, then run it in-process."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+    from airflow.utils.session import create_session
+
+    _ensure_airflow_db()
+    with create_session() as session:
+        DagBundlesManager().sync_bundles_to_db(session=session)
+    with create_session() as session:
+        update_dag_parsing_results_in_db(
+            "dags-folder", None, [LazyDeserializedDAG.from_dag(dag)], {}, None, set(), session=session
+        )
+    return dag.test()
+
+
+@pytest.fixture
+def pravega_conn(monkeypatch: pytest.MonkeyPatch, pravega_embedded: Any) -> None:
+    host, port = pravega_embedded.controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_PRAVEGA_DEFAULT", json.dumps({"conn_type": "pravega", "host": host, "port": int(port)})
+    )
+
+
+@pytest.fixture
+def client(pravega_controller_uri: str) -> Iterator[PravegaClient]:
+    with PravegaClient(pravega_controller_uri) as c:
+        yield c
+
+
+def official_committed_txn(controller_uri: str, scope: str, stream: str) -> int:
+    """A transaction written and committed with the official client's transactional writer."""
+    manager = pravega_client.StreamManager(controller_uri)
+    writer = manager.create_transaction_writer(scope, stream, random.randrange(1, 1 << 62))
+    txn = writer.begin_txn()
+    txn.write_event("committed by the official client")
+    txn.commit()
+    return txn.get_txn_id()
+
+
+@pytest.mark.parametrize("mode", ["poke", "reschedule", "deferrable"])
+def test_transaction_sensor_modes(
+    mode: str,
+    pravega_conn: None,
+    pravega_controller_uri: str,
+    client: PravegaClient,
+    unique_name: Callable[[str], str],
+) -> None:
+    from airflow.sdk import DAG, task
+
+    from airflow_provider_pravega.sensors import PravegaTransactionSensor
+
+    scope, stream = unique_name("txs"), unique_name("s")
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, stream, 2)
+    txns = client.transactions
+
+    official = official_committed_txn(pravega_controller_uri, scope, stream)
+    committed = [txns.begin(scope, stream).txn_id for _ in range(2)]
+    for t in committed:
+        txns.commit(scope, stream, t)
+    aborted = txns.begin(scope, stream).txn_id
+    txns.abort(scope, stream, aborted)
+    unknown = (random.getrandbits(64) << 32) | 7  # epoch 0, never begun
+    still_open = txns.begin(scope, stream, lease_ms=110_000).txn_id
+    late_commit = txns.begin(scope, stream, lease_ms=110_000).txn_id
+    late_abort = txns.begin(scope, stream, lease_ms=110_000).txn_id
+
+    errors: dict[str, tuple[str, str]] = {}
+    outputs: dict[str, Any] = {}
+
+    def record(context: Any) -> None:
+        exc = context["exception"]
+        errors[context["ti"].task_id] = (type(exc).__name__, str(exc))
+
+    sensor_args: dict[str, Any] = {
+        "scope": scope,
+        "stream": stream,
+        "poke_interval": 0.3,
+        "timeout": 30,
+        "mode": "poke" if mode == "deferrable" else mode,
+        "deferrable": mode == "deferrable",
+        "on_failure_callback": record,
+    }
+
+    with DAG(unique_name(f"txn-sensor-{mode}"), schedule=None, start_date=START) as dag:
+
+        @task
+        def ids() -> list[str]:
+            return [f"{t:032x}" for t in committed]
+
+        @task
+        def start_timers() -> None:
+            """Commit one transaction and abort another while their sensors wait."""
+            def finish() -> None:
+                with PravegaClient(pravega_controller_uri) as c:
+                    c.transactions.commit(scope, stream, late_commit, wait=False)
+
+            def cancel() -> None:
+                with PravegaClient(pravega_controller_uri) as c:
+                    c.transactions.abort(scope, stream, late_abort)
+
+            threading.Timer(1.5, finish).start()
+            threading.Timer(3.5, cancel).start()
+
+        @task
+        def keep(value: Any) -> None:
+            outputs["from_xcom"] = value
+
+        from_xcom = PravegaTransactionSensor(
+            task_id="from_xcom", transaction_ids="{{ ti.xcom_pull(task_ids='ids') }}", **sensor_args
+        )
+        ids() >> from_xcom
+        keep(from_xcom.output)
+        PravegaTransactionSensor(task_id="official_int", transaction_ids=official, **sensor_args)
+        PravegaTransactionSensor(task_id="uuid_text", transaction_ids=str(uuid.UUID(int=committed[0])), **sensor_args)
+        PravegaTransactionSensor(task_id="aborted", transaction_ids=f"{aborted:032x}", **sensor_args)
+        PravegaTransactionSensor(task_id="unknown", transaction_ids=unknown, **sensor_args)
+        PravegaTransactionSensor(
+            task_id="mixed", transaction_ids=[committed[1], aborted], **sensor_args
+        )
+        PravegaTransactionSensor(
+            task_id="still_open", transaction_ids=[official, still_open], **{**sensor_args, "timeout": 2}
+        )
+        late_ok = PravegaTransactionSensor(task_id="late_commit", transaction_ids=late_commit, **sensor_args)
+        late_bad = PravegaTransactionSensor(
+            task_id="late_abort", transaction_ids=late_abort, trigger_rule="all_done", **sensor_args
+        )
+        start_timers() >> late_ok >> late_bad
+
+    started = time.monotonic()
+    dag_run = run_dag(dag)
+    elapsed = time.monotonic() - started
+    got = {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
+
+    assert {t: got[t] for t in ("from_xcom", "official_int", "uuid_text", "late_commit")} == dict.fromkeys(
+        ("from_xcom", "official_int", "uuid_text", "late_commit"), "success"
+    ), (got, errors)
+    assert outputs["from_xcom"] == [f"{t:032x}" for t in committed]
+
+    assert {t: got[t] for t in ("aborted", "unknown", "mixed", "still_open", "late_abort")} == dict.fromkeys(
+        ("aborted", "unknown", "mixed", "still_open", "late_abort"), "failed"
+    ), (got, errors)
+    assert errors["aborted"][0] == "PravegaTransactionFailedError"
+    assert f"{aborted:032x}" in errors["aborted"][1] and "ABORTED" in errors["aborted"][1]
+    assert errors["unknown"][0] == "PravegaTransactionFailedError"
+    assert f"{unknown:032x}" in errors["unknown"][1] and "UNKNOWN" in errors["unknown"][1]
+    assert f"{aborted:032x}" in errors["mixed"][1] and "ABORTED" in errors["mixed"][1]
+    assert errors["late_abort"][0] == "PravegaTransactionFailedError"
+    assert f"{late_abort:032x}" in errors["late_abort"][1] and "ABORT" in errors["late_abort"][1]
+    assert errors["still_open"][0] == "AirflowSensorTimeout", errors["still_open"]
+    if mode == "deferrable":
+        assert f"{still_open:032x} is OPEN" in errors["still_open"][1]
+
+    # Failures are immediate (the timeout is 30 s; only the 2-second one waits).
+    assert elapsed < 30 * 0.9, elapsed
+    assert txns.status(scope, stream, still_open).value == "OPEN"
+    txns.abort(scope, stream, still_open)
+
+
+def test_transaction_ids_forms() -> None:
+    from airflow_provider_pravega.triggers.transaction import parse_txn_ids
+
+    txn = (3 << 96) | 0x1234
+    hex_id = f"{txn:032x}"
+    assert parse_txn_ids(txn) == [txn]
+    assert parse_txn_ids(hex_id) == [txn]
+    assert parse_txn_ids(str(txn)) == [txn]
+    assert parse_txn_ids("00000000000000000000000000000005") == [5]  # 32 characters: hex, even all digits
+    assert parse_txn_ids({"txn_id": f"{5:032x}"}) == [5]
+    assert parse_txn_ids(str(uuid.UUID(int=txn))) == [txn]
+    assert parse_txn_ids(f"0x{txn:x}") == [txn]
+    assert parse_txn_ids(json.dumps([hex_id, str(txn + 1)])) == [txn, txn + 1]
+    assert parse_txn_ids(repr([hex_id, hex_id])) == [txn]  # a rendered Python list; repeats dropped
+    info = TransactionInfo("s", "t", txn, ())
+    assert parse_txn_ids(info) == [txn] and parse_txn_ids([info.to_dict()]) == [txn]
+    for bad, message in (([], "empty"), ("zz", "not 32 hex digits"), (-1, "128-bit"), ({"id": 1}, "txn_id")):
+        with pytest.raises(ValueError, match=message):
+            parse_txn_ids(bad)
+    for bad in (True, 1.5, None):
+        with pytest.raises(TypeError, match="transaction id"):
+            parse_txn_ids(bad)
+
+
+def test_sensor_refuses_bad_ids_without_retrying(pravega_conn: None) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_pravega.sensors import PravegaTransactionSensor
+
+    sensor = PravegaTransactionSensor(task_id="bad", scope="s", stream="t", transaction_ids="not-an-id")
+    with pytest.raises(AirflowFailException, match="bad transaction_ids"):
+        sensor.poke({})
