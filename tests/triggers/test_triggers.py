@@ -332,3 +332,44 @@ def test_stream_trigger_resumes_from_the_cut_it_last_reported(
     missed = write_events(pravega_controller_uri, scope, stream, 7)
     resumed = asyncio.run(next_event(watcher())).payload
     assert resumed["previous_cut"] == first["cut"] and resumed["new_bytes"] == missed
+
+
+def test_stream_trigger_in_an_asset_watcher_is_registered_by_dag_parsing(unique_name: Callable[[str], str]) -> None:
+    """A DAG scheduled on an asset watched by the stream trigger parses, serializes, and its
+    trigger is stored by Airflow's DAG-parsing code the way the triggerer will load it."""
+    from airflow import settings
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+    from airflow.models.trigger import Trigger
+    from airflow.sdk import DAG, Asset, AssetWatcher, task
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+    from airflow.utils.db import initdb
+    from airflow.utils.session import create_session
+    from sqlalchemy import inspect, select
+
+    from airflow_provider_pravega.triggers import PravegaStreamTrigger
+
+    stream = unique_name("orders")
+    trigger = PravegaStreamTrigger(scope="shop", stream=stream, poll_interval=30)
+    orders = Asset(f"pravega://controller:9090/shop/{stream}", watchers=[AssetWatcher(name="orders_tail", trigger=trigger)])
+    with DAG(unique_name("on-new-orders"), schedule=[orders], is_paused_upon_creation=False) as dag:
+
+        @task
+        def handle() -> None: ...
+
+        handle()
+
+    if not inspect(settings.engine).has_table("task_instance"):
+        initdb()
+    with create_session() as session:
+        DagBundlesManager().sync_bundles_to_db(session=session)
+    with create_session() as session:
+        update_dag_parsing_results_in_db(
+            "dags-folder", None, [LazyDeserializedDAG.from_dag(dag)], {}, None, set(), session=session
+        )
+    with create_session() as session:
+        rows = session.scalars(
+            select(Trigger).where(Trigger.classpath == "airflow_provider_pravega.triggers.stream.PravegaStreamTrigger")
+        ).all()
+        stored = [row.kwargs for row in rows if row.kwargs.get("stream") == stream]
+    assert stored == [trigger.serialize()[1]]
