@@ -249,10 +249,17 @@ class PravegaDeleteScopeOperator(_PravegaOperator):
         self._dropped = []
         with self.client() as client:
             if self.delete_streams and client.admin.scope_exists(scope):
-                for stream in client.admin.list_streams(scope, include_internal=True):
+                for stream in client.admin.list_streams(scope):
                     if client.admin.delete_stream(scope, stream, seal=True):
                         self._dropped.append(stream)
                         self.log.info("Sealed and deleted stream %s/%s", scope, stream)
+                # Internal streams (reader groups, ...) left behind would keep the scope from going.
+                for stream in client.admin.list_streams(scope, include_internal=True):
+                    try:
+                        client.admin.delete_stream(scope, stream, seal=True)
+                        self.log.info("Deleted internal stream %s/%s", scope, stream)
+                    except PravegaError as exc:
+                        self.log.warning("Could not delete internal stream %s/%s: %s", scope, stream, exc)
             deleted = client.admin.delete_scope(scope)
         if not deleted:
             if self.fail_if_missing:
@@ -341,7 +348,9 @@ class PravegaCreateStreamOperator(_PravegaStreamOperator):
         else:
             self.log.info("Stream %s/%s already exists; left as it is", scope, self.stream)
             existing = info.config
-            if existing.scaling != scaling or existing.retention != retention or (tags is not None and list(existing.tags or ()) != tags):
+            if existing.scaling != scaling or existing.retention != retention or (
+                tags is not None and sorted(existing.tags or ()) != sorted(tags)
+            ):
                 self.log.warning(
                     "Stream %s/%s exists with another configuration (%s, retention %s, tags %s) than requested "
                     "(%s, retention %s, tags %s); use PravegaUpdateStreamOperator to change it",

@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
-from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
 from airflow_provider_pravega._streams import resolve_scope
 from airflow_provider_pravega.client.controller import TxnStatus
@@ -112,10 +112,19 @@ class PravegaTransactionSensor(BaseSensorOperator):
         self.log.info("All %d transactions on %s/%s are COMMITTED", len(committed), scope, self.stream)
         return PokeReturnValue(is_done=True, xcom_value=committed)
 
+    def _first_poke(self, context: Context) -> bool | PokeReturnValue:
+        """The check made before deferring, failing (or skipping, with soft_fail) as a poke would."""
+        try:
+            return self.poke(context)
+        except (AirflowFailException, AirflowSensorTimeout) as exc:
+            if self.soft_fail or self.never_fail:
+                raise AirflowSkipException(f"Skipping ({'soft_fail' if self.soft_fail else 'never_fail'}): {exc}") from exc
+            raise
+
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        done = self.poke(context)  # no need to defer when everything is already committed
+        done = self._first_poke(context)  # no need to defer when everything is already committed
         if done:
             return done.xcom_value if isinstance(done, PokeReturnValue) else None
         self.defer(

@@ -155,6 +155,7 @@ def test_transaction_sensor_modes(
         PravegaTransactionSensor(task_id="uuid_text", transaction_ids=str(uuid.UUID(int=committed[0])), **sensor_args)
         PravegaTransactionSensor(task_id="aborted", transaction_ids=f"{aborted:032x}", **sensor_args)
         PravegaTransactionSensor(task_id="unknown", transaction_ids=unknown, **sensor_args)
+        PravegaTransactionSensor(task_id="aborted_soft", transaction_ids=aborted, soft_fail=True, **sensor_args)
         PravegaTransactionSensor(
             task_id="mixed", transaction_ids=[committed[1], aborted], **sensor_args
         )
@@ -176,6 +177,7 @@ def test_transaction_sensor_modes(
         ("from_xcom", "official_int", "uuid_text", "late_commit"), "success"
     ), (got, errors)
     assert outputs["from_xcom"] == [f"{t:032x}" for t in committed]
+    assert got["aborted_soft"] == "skipped", (got, errors)
 
     assert {t: got[t] for t in ("aborted", "unknown", "mixed", "still_open", "late_abort")} == dict.fromkeys(
         ("aborted", "unknown", "mixed", "still_open", "late_abort"), "failed"
