@@ -1,0 +1,133 @@
+"""Crash matrix: the ingest driver is killed with SIGKILL at every step of the protocol and at
+random moments, a Spark task attempt dies mid-write, two copies run at once, and a job is paused
+past several transaction leases. After a rerun the stream holds every source record exactly once.
+
+The driver runs as its own process (``python -m airflow_provider_pravega.spark.ingest_job``), as an
+Airflow worker would run it; the kill points are fault-injection hooks in the job
+(``PRAVEGA_INGEST_CRASH_AT``), the random kills are plain SIGKILLs from the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+
+import pytest
+
+from airflow_provider_pravega.spark.ingest_job import CRASH_ENV, DELAY_ENV
+
+STALE_S = "3"
+
+
+def make_source(directory, files=4, per_file=400, keys=9) -> list[str]:
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(files):
+        with open(directory / f"d-{i}.jsonl", "w") as fh:
+            for n in range(per_file):
+                line = json.dumps({"sensor_id": f"k{n % keys}", "f": i, "n": n})
+                fh.write(line + "\n")
+                lines.append(line)
+    return lines
+
+
+def ingest_cmd(uri: str, scope: str, source, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "airflow_provider_pravega.spark.ingest_job", "--controller-uri", uri,
+            "--scope", scope, "--stream", "s", "--source", str(source), "--routing-key-field", "sensor_id",
+            "--create-stream", "--segments", "3", "--ingest-id", f"{scope}-ingest", "--stale-after", STALE_S,
+            "--master", "local[2,4]", *extra]
+
+
+def run(cmd: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_exactly_once(events: list[bytes], lines: list[str]) -> None:
+    got = Counter(e.decode() for e in events)
+    dup = {k: v for k, v in got.items() if v > 1}
+    assert not dup, f"{len(dup)} records duplicated, e.g. {list(dup)[:3]}"
+    missing = set(lines) - set(got)
+    assert not missing, f"{len(missing)} records missing, e.g. {sorted(missing)[:3]}"
+    assert set(got) == set(lines)
+    per_key = defaultdict(list)
+    for e in events:
+        rec = json.loads(e)
+        per_key[rec["sensor_id"]].append((rec["f"], rec["n"]))
+    assert all(v == sorted(v) for v in per_key.values()), "per-key source order broken"
+
+
+STEPS = ["before_run_record", "after_run_record", "after_tasks", "after_commit_record", "after_first_commit",
+         "after_commits"]
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_driver_killed_at_each_step_then_rerun_is_exactly_once(step, tmp_path, pravega_controller_uri, unique_name,
+                                                               read_stream):
+    scope = unique_name("crash")
+    lines = make_source(tmp_path / "in")
+    first = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"), {CRASH_ENV: step})
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    second = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    summary = json.loads(second.stdout.strip().splitlines()[-1])
+    if step in ("after_commit_record", "after_first_commit", "after_commits"):
+        # The killed run had reached its commit point: the rerun committed it, found nothing left.
+        assert summary["recovered_runs"] and summary["run_id"] is None
+    assert_exactly_once(read_stream(pravega_controller_uri, scope, "s", expected=len(lines)), lines)
+
+
+def test_task_attempt_dies_mid_write_and_is_retried(tmp_path, pravega_controller_uri, unique_name, read_stream):
+    scope = unique_name("task")
+    lines = make_source(tmp_path / "in")
+    r = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"), {CRASH_ENV: "task_mid_write"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_exactly_once(read_stream(pravega_controller_uri, scope, "s", expected=len(lines)), lines)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_driver_killed_at_a_random_moment(seed, tmp_path, pravega_controller_uri, unique_name, read_stream):
+    scope = unique_name("rnd")
+    lines = make_source(tmp_path / "in", files=6, per_file=1500)
+    proc = subprocess.Popen(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(random.Random(seed).uniform(2.0, 14.0))
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    for _ in range(2):  # a rerun; a second one must then find nothing left to do
+        r = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"))
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["run_id"] is None
+    assert_exactly_once(read_stream(pravega_controller_uri, scope, "s", expected=len(lines)), lines)
+
+
+def test_two_copies_at_once_write_each_record_once(tmp_path, pravega_controller_uri, unique_name, read_stream):
+    scope = unique_name("zombie")
+    lines = make_source(tmp_path / "in", files=4, per_file=800)
+    procs = [subprocess.Popen(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert 0 in codes, [o[1][-2000:] for o in outs]
+    assert_exactly_once(read_stream(pravega_controller_uri, scope, "s", expected=len(lines)), lines)
+    ran = [json.loads(o[0].strip().splitlines()[-1]) for o, c in zip(outs, codes) if c == 0]
+    assert sum(r["events"] for r in ran) == len(lines)
+
+
+def test_job_paused_past_several_leases_commits_everything(tmp_path, pravega_embedded_factory, unique_name,
+                                                           read_stream):
+    server = pravega_embedded_factory(txn_lease_cap_ms=1500)
+    scope = unique_name("lease")
+    lines = make_source(tmp_path / "in", files=2, per_file=300)
+    # Tasks are done (pre-committed); the driver waits 6 s (4 leases) before committing.
+    r = run(ingest_cmd(server.controller_uri, scope, tmp_path / "in", "--lease-ms", "1500"),
+            {DELAY_ENV: "after_tasks:6"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["transactions"] and all(t["status"] == "COMMITTED" for t in summary["transactions"])
+    assert_exactly_once(read_stream(server.controller_uri, scope, "s", expected=len(lines)), lines)
