@@ -114,6 +114,8 @@ class IngestResult:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["events_per_second"] = round(self.events_per_second, 1)
+        # What PravegaTransactionSensor takes (with wait_for_commit=False).
+        out["transaction_ids"] = [t["id"] for t in self.transactions]
         return out
 
 

@@ -50,3 +50,35 @@ def test_scheduled_intervals_then_backfill_ingest_each_record_once(tmp_path, spa
     assert all(r["tail_cut"] for r in results)
     events = read_stream(pravega_default_conn, scope, "readings", expected=len(lines))
     assert Counter(e.decode() for e in events) == Counter(lines)
+
+
+def test_ingest_without_waiting_then_deferrable_transaction_sensor(tmp_path, spark, run_dag, pravega_default_conn,
+                                                                   read_stream, unique_name):
+    from airflow.sdk import DAG
+
+    from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
+    from airflow_provider_pravega.sensors import PravegaTransactionSensor
+
+    (tmp_path / "in").mkdir()
+    lines = [json.dumps({"sensor_id": f"s{n % 3}", "n": n}) for n in range(120)]
+    (tmp_path / "in" / "a.jsonl").write_text("\n".join(lines) + "\n")
+    scope = unique_name("nowait")
+    with DAG(dag_id=f"nowait_{scope.replace('-', '_')}", schedule=None,
+             start_date=datetime(2026, 11, 1, tzinfo=timezone.utc)) as dag:
+        ingest = PravegaTransactionalIngestOperator(
+            task_id="ingest", scope=scope, stream="s", source=str(tmp_path / "in"), routing_key_field="sensor_id",
+            create_stream=True, stream_segments=2, wait_for_commit=False, num_writers=2, spark_conn_id=None,
+        )
+        wait = PravegaTransactionSensor(
+            task_id="wait", scope=scope, stream="s",
+            transaction_ids="{{ ti.xcom_pull(task_ids='ingest')['transaction_ids'] }}",
+            deferrable=True, poke_interval=0.5, timeout=60,
+        )
+        ingest >> wait
+    run = run_dag(dag)
+    states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+    assert states == {"ingest": "success", "wait": "success"}, states
+    summary = run.get_task_instance("ingest").xcom_pull(task_ids="ingest")
+    assert summary["transaction_ids"] and {t["status"] for t in summary["transactions"]} == {"COMMITTING"}
+    events = read_stream(pravega_default_conn, scope, "s", expected=len(lines))
+    assert Counter(e.decode() for e in events) == Counter(lines)
