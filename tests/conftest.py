@@ -39,6 +39,83 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
 
 
+# ------------------------------------------------------------------ which Pravega the tests talk to
+#
+# Tests that take ``pravega_controller_uri`` (and nothing embedded-specific such as
+# ``pravega_embedded``) are backend-neutral: they run against every selected backend — the
+# embedded server and real Pravega standalone (Maven Central, Java 17) — so a behaviour only our
+# server has cannot hide. ``auto`` (the default) adds standalone when it can run here.
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--pravega-backend", default=os.environ.get("PRAVEGA_BACKEND", "auto"),
+        choices=["auto", "embedded", "standalone", "both"],
+        help="Pravega for backend-neutral tests: auto (embedded, plus standalone when Java 17 and its jars or "
+             "Maven Central are available), embedded, standalone, or both (default: $PRAVEGA_BACKEND or auto)",
+    )
+
+
+def _selected_backends(config: pytest.Config) -> list[str]:
+    choice = config.getoption("--pravega-backend")
+    if choice == "embedded":
+        return ["embedded"]
+    if choice == "standalone":
+        return ["standalone"]
+    if choice == "both":
+        return ["embedded", "standalone"]
+    from backends.standalone import standalone_available
+
+    ok, reason = standalone_available()
+    if not ok:
+        config._pravega_standalone_skipped = reason  # type: ignore[attr-defined]
+        return ["embedded"]
+    return ["embedded", "standalone"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config._pravega_backends = _selected_backends(config)  # type: ignore[attr-defined]
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = [f"pravega backends: {', '.join(config._pravega_backends)}"]  # type: ignore[attr-defined]
+    skipped = getattr(config, "_pravega_standalone_skipped", None)
+    if skipped:
+        lines.append(f"pravega standalone not used: {skipped}")
+    return lines
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "pravega_controller_uri" in metafunc.fixturenames and "pravega_embedded" not in metafunc.fixturenames:
+        metafunc.parametrize("pravega_backend", metafunc.config._pravega_backends,  # type: ignore[attr-defined]
+                             indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def pravega_backend(request: pytest.FixtureRequest) -> str:
+    return getattr(request, "param", "embedded")
+
+
+@pytest.fixture(scope="session")
+def pravega_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Real Pravega standalone for the whole run (its controller URI)."""
+    from backends.standalone import PravegaStandalone
+
+    server = PravegaStandalone(work_dir=tmp_path_factory.mktemp("pravega-standalone"))
+    uri = server.start()
+    try:
+        yield uri
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pravega_controller_uri(request: pytest.FixtureRequest, pravega_backend: str) -> str:
+    if pravega_backend == "standalone":
+        return request.getfixturevalue("pravega_standalone")
+    return request.getfixturevalue("pravega_embedded").controller_uri
+
+
 @pytest.fixture(scope="session")
 def airflow_home() -> Path:
     """The temporary AIRFLOW_HOME of this test run (SQLite metadata DB inside it)."""
@@ -150,11 +227,11 @@ def run_dag():
 
 
 @pytest.fixture
-def pravega_default_conn(monkeypatch, pravega_embedded):
-    """``pravega_default`` pointed at the session's embedded server (AIRFLOW_CONN_* JSON)."""
+def pravega_default_conn(monkeypatch, pravega_controller_uri):
+    """``pravega_default`` pointed at the test's Pravega (AIRFLOW_CONN_* JSON); returns its URI."""
     import json
 
-    host, port = pravega_embedded.controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
+    host, port = pravega_controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
     monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_DEFAULT", json.dumps({"conn_type": "pravega", "host": host,
                                                                    "port": int(port)}))
-    return pravega_embedded.controller_uri
+    return pravega_controller_uri

@@ -742,12 +742,16 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         def names() -> list[str] | None:
             if scope not in self._state.scopes:
                 return None
-            # Like Pravega, internal streams (names starting with '_') are not listed.
-            return [
-                s.name
-                for s in self._state.streams_in_scope(scope)
-                if not s.name.startswith("_") and (tag is None or tag in (s.config.tags or ()))
-            ]
+            # Like Pravega 0.13: every user stream has a watermark stream "_MARK<name>" beside it,
+            # listed too (Pravega creates it; here it is only named, since nothing writes to it).
+            names: list[str] = []
+            for s in self._state.streams_in_scope(scope):
+                if s.name.startswith("_") or (tag is not None and tag not in (s.config.tags or ())):
+                    continue
+                names.append(s.name)
+                if tag is None:
+                    names.append(f"_MARK{s.name}")
+            return sorted(names)
 
         found = self._read(names)
         if found is None:

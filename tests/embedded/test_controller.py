@@ -359,7 +359,7 @@ def test_official_client_streams_policies_and_tags(ctl: Running) -> None:
     assert out["by_rate"] is True and out["by_events"] is True
     assert out["tags_rate"] == ["t1", "t2"] and out["tags_events"] == []
     assert out["update"] is True and out["tags_updated"] == ["t3"]
-    assert out["list"] == ["events", "fixed", "rate"]
+    assert out["list"] == ["_MARKevents", "_MARKfixed", "_MARKrate", "events", "fixed", "rate"]
     assert out["list_missing_scope"] == []
     # policies are stored as given and returned by getStreamConfiguration
     cfg = ctl.stub.getStreamConfiguration(info("sc", "events"))
@@ -455,7 +455,7 @@ def test_official_client_list_pagination_and_internal_streams(make) -> None:
     """,
     )
     assert sorted(out["scopes"]) == [f"scope{i}" for i in range(5)]
-    assert sorted(out["streams"]) == [f"st{i}" for i in range(5)]
+    assert sorted(out["streams"]) == sorted([f"st{i}" for i in range(5)] + [f"_MARKst{i}" for i in range(5)])
     assert r.stub.checkStreamExists(info("scope0", "_internal")).exists
 
 
@@ -879,7 +879,7 @@ def test_restart_keeps_state(make, backend: MemoryBackend) -> None:
         out['tags'] = m.get_stream_tags('sc', 'tagged')
     """,
     )
-    assert out == {"streams": ["st", "tagged"], "tags": ["a"]}
+    assert out == {"streams": ["_MARKst", "_MARKtagged", "st", "tagged"], "tags": ["a"]}
     # ids keep growing after a restart
     next_txn, _ = create_txn(r2, "sc", "st")
     assert next_txn > done_txn
