@@ -81,8 +81,14 @@ class PravegaTransactionSensor(BaseSensorOperator):
         return resolve_scope(self.scope, self.hook.get_config(), self.pravega_conn_id)
 
     def _ids(self) -> list[int]:
+        value = self.transaction_ids
+        if value is None or (isinstance(value, (list, tuple, set)) and not value) or (
+            isinstance(value, str) and value.strip() in ("", "[]", "()", "None")
+        ):
+            # Nothing to wait for: e.g. an ingest interval whose files were all ingested already.
+            return []
         try:
-            return parse_txn_ids(self.transaction_ids)
+            return parse_txn_ids(value)
         except (TypeError, ValueError) as exc:
             raise AirflowFailException(f"{self.task_id}: bad transaction_ids: {exc}") from None
 

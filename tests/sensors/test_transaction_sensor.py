@@ -231,3 +231,18 @@ def test_sensor_refuses_bad_ids_without_retrying(pravega_conn: None) -> None:
     sensor = PravegaTransactionSensor(task_id="bad", scope="s", stream="t", transaction_ids="not-an-id")
     with pytest.raises(AirflowFailException, match="bad transaction_ids"):
         sensor.poke({})
+
+
+def test_sensor_with_no_transactions_has_nothing_to_wait_for(pravega_conn: None) -> None:
+    """An ingest interval whose files were all ingested before commits nothing: its (rendered)
+    empty id list must let the DAG go on, in poke and deferrable modes alike."""
+    from airflow.sdk import PokeReturnValue
+
+    from airflow_provider_pravega.sensors import PravegaTransactionSensor
+
+    for empty in ([], "[]", "", None):
+        sensor = PravegaTransactionSensor(task_id="none", scope="s", stream="t", transaction_ids=empty,
+                                          deferrable=True)
+        done = sensor.poke({})
+        assert isinstance(done, PokeReturnValue) and done.is_done and done.xcom_value == []
+        assert sensor.execute({}) == []
