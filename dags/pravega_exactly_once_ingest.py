@@ -50,6 +50,8 @@ with DAG(
         routing_key_field="sensor_id",
         wait_for_commit=False,
         on_empty="succeed",
+        # How long a silent run counts as alive before a retry recovers it (the demo shortens it).
+        stale_after_s=float(os.environ.get("PRAVEGA_EXAMPLES_STALE_AFTER_S", "60")),
     )
     committed = PravegaTransactionSensor(
         task_id="wait_for_commit",

@@ -35,6 +35,8 @@ class PravegaTransactionalIngestOperator(BaseOperator):
     :param wait_for_commit: Wait until every transaction is COMMITTED (default). With False the
         operator returns once the commits are requested; pair it with PravegaTransactionSensor.
     :param num_writers: Transactions (Spark tasks) per run; default Spark's parallelism.
+    :param stale_after_s: A run of this ingest whose driver has not heartbeated for this long is
+        presumed dead and recovered by the next run (default 60 s; heartbeats come every few seconds).
     :param pravega_conn_id: The ``pravega`` connection.
     :param spark_conn_id: Spark connection (its host is the master URL); ``local[*]`` when missing.
     :param spark_conf: Extra Spark settings.
@@ -64,6 +66,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         allow_changed_files: bool = False,
         wait_for_commit: bool = True,
         num_writers: int | None = None,
+        stale_after_s: float = 60.0,
         pravega_conn_id: str = PravegaHook.default_conn_name,
         spark_conn_id: str | None = "spark_default",
         spark_conf: dict[str, Any] | None = None,
@@ -86,6 +89,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         self.allow_changed_files = allow_changed_files
         self.wait_for_commit = wait_for_commit
         self.num_writers = num_writers
+        self.stale_after_s = float(stale_after_s)
         self.pravega_conn_id = pravega_conn_id
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf or {}
@@ -106,7 +110,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
             ingest_id=self.ingest_id or f"{self.dag_id}.{self.task_id}", mode=self.mode,
             create_stream=self.create_stream, stream_segments=self.stream_segments, on_empty=self.on_empty,
             allow_changed_files=self.allow_changed_files, wait_for_commit=self.wait_for_commit,
-            num_writers=self.num_writers,
+            num_writers=self.num_writers, stale_after_s=self.stale_after_s,
         )
         spark = get_spark_session(self.spark_conn_id, f"pravega-ingest-{self.dag_id}.{self.task_id}", **self.spark_conf)
         with hook.get_client() as client:
