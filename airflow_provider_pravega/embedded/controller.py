@@ -689,34 +689,39 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
     @_rpc
     def truncateStream(self, request: pb.StreamCut, context: grpc.ServicerContext) -> pb.UpdateStreamStatus:
+        """Like Pravega 0.13: a sealed stream answers STREAM_SEALED; a cut that is not valid, or lies
+        (on any segment) before the current truncation point, answers FAILURE. Deliberate
+        difference: a cut past the end of a segment's data is refused (FAILURE) too — Pravega
+        accepts it, records a head beyond the data and leaves the segment untruncated."""
         scope, name = self._names(request.streamInfo)
         cut = dict(request.cut)
+        failure = pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.FAILURE)
         with self._gate(scope, name).exclusive():
             with self._lock:
                 stream = self._state.stream(scope, name)
                 if stream is None:
                     return self._update_status_for_missing(scope)
+                if stream.state == SEALED:
+                    return pb.UpdateStreamStatus(status=4)  # Pravega's STREAM_SEALED (not in our .proto)
                 problem = stream.cut_problem(cut)
                 if problem is not None:
-                    raise _Fail(grpc.StatusCode.INVALID_ARGUMENT, f"cannot truncate {scope}/{name}: {problem}")
+                    log.info("truncation of %s/%s refused: %s", scope, name, problem)
+                    return failure
                 old_head = stream.head_positions()
-                for sid in cut:
-                    for hid in old_head:
-                        if stream.is_before(sid, hid):
-                            raise _Fail(
-                                grpc.StatusCode.INVALID_ARGUMENT,
-                                f"cannot truncate {scope}/{name}: segment {sid} lies before the current "
-                                f"head (segment {hid}); a stream cannot be un-truncated",
-                            )
+                for sid, offset in cut.items():
+                    behind = [hid for hid in old_head if stream.is_before(sid, hid)]
+                    if behind or offset < old_head.get(sid, 0):
+                        log.info("truncation of %s/%s refused: segment %d at %d is behind the current head %s",
+                                 scope, name, sid, offset, old_head)
+                        return failure
             for sid, offset in cut.items():
                 info = self._backend.segment_info(qualified_segment_name(scope, name, sid))
                 if info is None:
                     raise RuntimeError(f"segment {sid} of {scope}/{name} is missing from the segment store")
                 if offset > info.length:
-                    raise _Fail(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"cannot truncate segment {sid} of {scope}/{name} at {offset}: it holds {info.length} bytes",
-                    )
+                    log.info("truncation of %s/%s refused: segment %d holds %d bytes, the cut says %d",
+                             scope, name, sid, info.length, offset)
+                    return failure
             head = {sid: max(offset, old_head.get(sid, 0)) for sid, offset in cut.items()}
             with self._lock:
                 stream = self._state.streams[(scope, name)]
@@ -791,6 +796,10 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
         def ranges() -> pb.SegmentRanges:
             stream = self._stream_or_fail(scope, name)
+            if stream.state == SEALED:
+                # Pravega 0.13 answers no current segments for a sealed stream (its last epoch
+                # stays readable through getEpochSegments / getSegmentsBetween).
+                return pb.SegmentRanges()
             return pb.SegmentRanges(segmentRanges=[self._range(stream, s) for s in stream.active_epoch.segment_ids])
 
         return self._read(ranges)
@@ -931,19 +940,20 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
     @_rpc
     def scale(self, request: pb.ScaleRequest, context: grpc.ServicerContext) -> pb.ScaleResponse:
         scope, name = self._names(request.streamInfo)
-        failed = pb.ScaleResponse(status=pb.ScaleResponse.PRECONDITION_FAILED)
         with self._gate(scope, name).exclusive():
             with self._lock:
                 stream = self._stream_or_fail(scope, name)
                 if stream.state != ACTIVE:
+                    # Pravega 0.13: the store's "illegal state" for a sealed stream becomes FAILURE.
                     log.info("scale of %s/%s refused: the stream is sealed", scope, name)
-                    return failed
-                problem = self._scale_problem(
+                    return pb.ScaleResponse(status=pb.ScaleResponse.FAILURE)
+                refusal = self._scale_problem(
                     stream, list(request.sealedSegments), [(r.start, r.end) for r in request.newKeyRanges]
                 )
-                if problem is not None:
+                if refusal is not None:
+                    status, problem = refusal
                     log.info("scale of %s/%s refused: %s", scope, name, problem)
-                    return failed
+                    return pb.ScaleResponse(status=status)
                 base_epoch = len(stream.epochs) - 1
                 new_epoch = base_epoch + 1
                 ranges = sorted((r.start, r.end) for r in request.newKeyRanges)
@@ -975,22 +985,32 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         return response
 
     @staticmethod
-    def _scale_problem(stream: StreamRecord, sealed: list[int], ranges: list[tuple[float, float]]) -> str | None:
-        """Why a manual scale is refused (PRECONDITION_FAILED), or None when it is acceptable."""
-        if not sealed:
-            return "no segments to seal"
-        if not ranges:
-            return "no new key ranges"
-        if len(set(sealed)) != len(sealed):
-            return "a segment is listed twice"
+    def _scale_problem(
+        stream: StreamRecord, sealed: list[int], ranges: list[tuple[float, float]]
+    ) -> tuple[int, str] | None:
+        """Why a manual scale is refused — (ScaleResponse status, reason) — or None when acceptable.
+
+        The status follows Pravega 0.13's submitScale: a segment to seal that is not in the active
+        epoch, or fewer segments than the scaling policy's minimum afterwards, is
+        PRECONDITION_FAILED; new ranges that do not exactly replace the sealed ones are invalid
+        input, which its controller answers with FAILURE.
+        """
+        precondition, invalid = pb.ScaleResponse.PRECONDITION_FAILED, pb.ScaleResponse.FAILURE
         for sid in sealed:
             if not stream.is_active_segment(sid):
-                return f"segment {sid} is not an active segment"
-        if len(stream.active_epoch.segment_ids) - len(sealed) + len(ranges) > MAX_SEGMENTS_PER_EPOCH:
-            return f"more than {MAX_SEGMENTS_PER_EPOCH} segments"
+                return precondition, f"segment {sid} is not an active segment"
+        if not sealed:
+            return invalid, "no segments to seal"
+        if not ranges:
+            return invalid, "no new key ranges"
+        if len(set(sealed)) != len(sealed):
+            return invalid, "a segment is listed twice"
+        after = len(stream.active_epoch.segment_ids) - len(sealed) + len(ranges)
+        if after > MAX_SEGMENTS_PER_EPOCH:
+            return invalid, f"more than {MAX_SEGMENTS_PER_EPOCH} segments"
         for lo, hi in ranges:
             if not 0.0 <= lo < hi <= 1.0:
-                return f"bad key range [{lo}, {hi})"
+                return invalid, f"bad key range [{lo}, {hi})"
 
         def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]] | None:
             out: list[tuple[float, float]] = []
@@ -1005,10 +1025,13 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
         new_union = union(ranges)
         if new_union is None:
-            return "the new key ranges overlap"
+            return invalid, "the new key ranges overlap"
         old_union = union([(stream.segments[s].min_key, stream.segments[s].max_key) for s in sealed])
         if new_union != old_union:
-            return f"the new key ranges {new_union} do not exactly cover the sealed ranges {old_union}"
+            return invalid, f"the new key ranges {new_union} do not exactly cover the sealed ranges {old_union}"
+        minimum = stream.config.min_num_segments
+        if after < minimum:
+            return precondition, f"{after} segments would be fewer than the scaling policy's minimum {minimum}"
         return None
 
     @_rpc

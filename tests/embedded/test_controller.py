@@ -645,8 +645,11 @@ def test_sealed_stream_refuses_transactions(ctl: Running) -> None:
     err = rpc_error(lambda: create_txn(ctl, "sc", "st"))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "sealed" in err.details()
     assert not ctl.stub.isSegmentValid(pb.SegmentId(streamInfo=info("sc", "st"), segmentId=0)).response
-    # sealed streams keep answering their segments; successors are empty (end of stream)
-    assert [s for s, _, _ in current(ctl, "sc", "st")] == [0]
+    # as Pravega 0.13: a sealed stream has no current segments, its last epoch still answers;
+    # successors are empty (end of stream)
+    assert current(ctl, "sc", "st") == []
+    epoch0 = ctl.stub.getEpochSegments(pb.GetEpochSegmentsRequest(streamInfo=info("sc", "st"), epoch=0))
+    assert [r.segmentId.segmentId for r in epoch0.segmentRanges] == [0]
     assert (
         list(ctl.stub.getSegmentsImmediatelyFollowing(pb.SegmentId(streamInfo=info("sc", "st"), segmentId=0)).segments)
         == []
@@ -706,21 +709,25 @@ def test_scale_split_and_merge(ctl: Running) -> None:
 
 
 def test_scale_preconditions(ctl: Running) -> None:
+    """Statuses as Pravega 0.13's submitScale: a segment outside the active epoch, or fewer segments
+    than the policy's minimum, is PRECONDITION_FAILED; ranges that do not exactly replace the sealed
+    ones, and a sealed stream, are FAILURE."""
     make_stream(ctl, "sc", "st", 2)
-    failed = pb.ScaleResponse.PRECONDITION_FAILED
-    assert scale(ctl, "sc", "st", [0], [(0.0, 0.4)]).status == failed  # does not cover [0, 0.5)
-    assert scale(ctl, "sc", "st", [0], [(0.0, 0.3), (0.2, 0.5)]).status == failed  # overlap
-    assert scale(ctl, "sc", "st", [0], [(0.0, 0.2), (0.3, 0.5)]).status == failed  # gap
-    assert scale(ctl, "sc", "st", [7], [(0.0, 0.5)]).status == failed  # not a segment
-    assert scale(ctl, "sc", "st", [], [(0.0, 0.5)]).status == failed
-    assert scale(ctl, "sc", "st", [0, 1], [(0.0, 0.5)]).status == failed
+    precondition, invalid = pb.ScaleResponse.PRECONDITION_FAILED, pb.ScaleResponse.FAILURE
+    assert scale(ctl, "sc", "st", [0], [(0.0, 0.4)]).status == invalid  # does not cover [0, 0.5)
+    assert scale(ctl, "sc", "st", [0], [(0.0, 0.3), (0.2, 0.5)]).status == invalid  # overlap
+    assert scale(ctl, "sc", "st", [0], [(0.0, 0.2), (0.3, 0.5)]).status == invalid  # gap
+    assert scale(ctl, "sc", "st", [7], [(0.0, 0.5)]).status == precondition  # not a segment
+    assert scale(ctl, "sc", "st", [], [(0.0, 0.5)]).status == invalid
+    assert scale(ctl, "sc", "st", [0, 1], [(0.0, 0.5)]).status == invalid
+    assert scale(ctl, "sc", "st", [0, 1], [(0.0, 1.0)]).status == precondition  # 1 < the fixed policy's 2
     assert current(ctl, "sc", "st") == [(0, 0.0, 0.5), (1, 0.5, 1.0)]
     ok = scale(ctl, "sc", "st", [0], [(0.0, 0.25), (0.25, 0.5)])
     assert ok.status == pb.ScaleResponse.STARTED
-    assert scale(ctl, "sc", "st", [0], [(0.0, 0.5)]).status == failed  # 0 is no longer active
+    assert scale(ctl, "sc", "st", [0], [(0.0, 0.5)]).status == precondition  # 0 is no longer active
     assert rpc_error(lambda: scale(ctl, "sc", "nope", [0], [(0.0, 1.0)])).code() == grpc.StatusCode.NOT_FOUND
     ctl.stub.sealStream(info("sc", "st"))
-    assert scale(ctl, "sc", "st", [1], [(0.5, 1.0)]).status == failed
+    assert scale(ctl, "sc", "st", [1], [(0.5, 1.0)]).status == invalid
 
 
 def test_rolling_transaction(ctl: Running) -> None:
@@ -806,23 +813,27 @@ def test_truncate_and_head(ctl: Running) -> None:
     assert truncate({0: 4, 1: 2}).status == pb.UpdateStreamStatus.SUCCESS
     assert head() == [(0, 4), (1, 2)]
     assert ctl.backend.segments[seg("sc", "st", 0)].start == 4
-    assert rpc_error(lambda: truncate({0: 4})).code() == grpc.StatusCode.INVALID_ARGUMENT  # does not cover [0.5, 1)
-    err = rpc_error(lambda: truncate({0: 99, 1: 2}))
-    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "holds 10 bytes" in err.details()
-    assert truncate({0: 1, 1: 3}).status == pb.UpdateStreamStatus.SUCCESS
-    assert head() == [(0, 4), (1, 3)], "truncation never moves the head back"
-    # after a scale, a cut on the new segments deletes the old ones
-    scale(ctl, "sc", "st", [0, 1], [(0.0, 1.0)])
-    new = S1 + 2
-    ctl.backend.append(seg("sc", "st", new), b"xyz")
-    assert truncate({new: 1}).status == pb.UpdateStreamStatus.SUCCESS
-    assert head() == [(new, 1)]
+    # As Pravega 0.13: a cut that is not valid, or behind the head on any segment, is FAILURE.
+    failure = pb.UpdateStreamStatus.FAILURE
+    assert truncate({0: 4}).status == failure  # does not cover [0.5, 1)
+    assert truncate({}).status == failure
+    assert truncate({0: 99, 1: 2}).status == failure  # past the end: a deliberate difference (Pravega accepts)
+    assert truncate({0: 1, 1: 3}).status == failure  # segment 0 behind its head at 4
+    assert head() == [(0, 4), (1, 2)]
+    assert truncate({0: 4, 1: 3}).status == pb.UpdateStreamStatus.SUCCESS
+    assert head() == [(0, 4), (1, 3)]
+    # after a scale (two segments stay: the fixed policy's minimum), a cut on the new segments
+    # deletes the old ones
+    assert scale(ctl, "sc", "st", [0, 1], [(0.0, 0.5), (0.5, 1.0)]).status == pb.ScaleResponse.STARTED
+    new_low, new_high = S1 + 2, S1 + 3
+    ctl.backend.append(seg("sc", "st", new_low), b"xyz")
+    assert truncate({new_low: 1, new_high: 0}).status == pb.UpdateStreamStatus.SUCCESS
+    assert head() == [(new_low, 1), (new_high, 0)]
     assert seg("sc", "st", 0) not in ctl.backend.segments and seg("sc", "st", 1) not in ctl.backend.segments
-    err = rpc_error(lambda: truncate({0: 4, 1: 3}))
-    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert truncate({0: 4, 1: 3}).status == failure
     assert not ctl.stub.isStreamCutValid(pb.StreamCut(streamInfo=info("sc", "st"), cut={0: 4, 1: 3})).response
     between = ctl.stub.getSegmentsBetween(pb.StreamCutRange(streamInfo=info("sc", "st")))
-    assert [s.segmentId for s in between.segments] == [new]
+    assert [s.segmentId for s in between.segments] == [new_low, new_high]
 
 
 def test_segments_between_cuts(ctl: Running) -> None:
