@@ -50,7 +50,9 @@ class StreamInfo:
     """A stream's positions and shape at one moment.
 
     ``head``/``tail`` map segment id -> offset: where reading from the beginning starts, and
-    where the data written so far ends. ``active_segments`` are the current (writable) segments.
+    where the data written so far ends. ``active_segments`` are the current (writable) segments;
+    for a sealed stream (``sealed``), the segments it ended with (Pravega itself then reports no
+    current segments).
     """
 
     scope: str
@@ -200,6 +202,19 @@ class StreamAdmin:
                     stream,
                     f"segment {segment_id} is already truncated at {head[segment_id]}, the cut says {offset}",
                 )
+        # Pravega 0.13 accepts a cut past the end of a segment's data: it records that head (so
+        # readers wait there for data that may never come) without truncating the segment.
+        # Refuse it here, where the lengths are known.
+        for segment_id, offset in positions.items():
+            try:
+                length = self._length(scope, stream, segment_id)
+            except NoSuchSegmentError:
+                continue  # not a segment of the stream (any more): the controller names the problem
+            if offset > length:
+                raise InvalidStreamCutError(
+                    f"cannot truncate {scope}/{stream} at {positions}: segment {segment_id} holds {length} "
+                    f"bytes, the cut says {offset} (beyond the end of the data)"
+                )
         self.controller.truncate_stream(scope, stream, positions)
 
     # ------------------------------------------------------------------------------- scaling
@@ -266,10 +281,11 @@ class StreamAdmin:
         return self.controller.get_segments_at_head(scope, stream)
 
     def tail(self, scope: str, stream: str) -> dict[int, int]:
-        """segment id -> current length, for the active segments (the end of the data so far)."""
+        """segment id -> current length, for the active segments (the end of the data so far);
+        for a sealed stream, the final lengths of the segments it ended with."""
         return {
             s.segment_id: self._length(scope, stream, s.segment_id)
-            for s in self.controller.get_current_segments(scope, stream)
+            for s in self.controller.get_last_segments(scope, stream)
         }
 
     def _length(self, scope: str, stream: str, segment_id: int) -> int:
@@ -282,7 +298,7 @@ class StreamAdmin:
     def stream_info(self, scope: str, stream: str) -> StreamInfo:
         config = self.controller.get_stream_configuration(scope, stream)
         head = self.controller.get_segments_at_head(scope, stream)
-        active = self.controller.get_current_segments(scope, stream)
+        active = self.controller.get_last_segments(scope, stream)
         tail: dict[int, int] = {}
         sealed_flags: list[bool] = []
         for seg in active:

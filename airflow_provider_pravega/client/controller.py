@@ -833,6 +833,13 @@ class ControllerClient:
                 f"cannot truncate {scope}/{stream} at {dict(cut)}: {exc.details}. A truncation cut needs "
                 f"one offset per segment covering the whole key space, at or after the current head."
             ) from None
+        if status == pb.UpdateStreamStatus.FAILURE:
+            # Pravega 0.13 answers FAILURE for a cut that is not valid or is behind the head.
+            raise InvalidStreamCutError(
+                f"controller {self.uri} refused to truncate {scope}/{stream} at {dict(cut)}: a truncation "
+                f"cut needs one offset per segment covering the whole key space, at or after the current "
+                f"head, and within each segment's data"
+            )
         self._check_update_status(status, scope, stream, "truncate")
 
     def is_stream_cut_valid(
@@ -856,6 +863,26 @@ class ControllerClient:
             "getCurrentSegments", self._stream_info(scope, stream), scope, stream
         )
         return _ranges(reply.segmentRanges)
+
+    def get_last_segments(self, scope: str, stream: str) -> list[SegmentRange]:
+        """The segments the stream ends with, ordered by key range: the current ones, or — for a
+        sealed stream, whose current segments Pravega 0.13 answers as none — those of its last
+        epoch (sealed, still readable; the tail of a sealed stream is their final lengths)."""
+        current = self.get_current_segments(scope, stream)
+        if current:
+            return current
+        # Every epoch creates at least one segment numbered with it, so the newest segment id
+        # between the head and the end names the last epoch. (Pravega refuses getSegmentsBetween
+        # with both cuts empty, so the head is given.)
+        between = self.get_segments_between(
+            scope, stream, self.get_segments_at_head(scope, stream), None
+        )
+        if not between:
+            return []
+        last_epoch = max(naming.segment_epoch(s) for s in between)
+        return sorted(
+            self.get_epoch_segments(scope, stream, last_epoch), key=lambda s: s.min_key
+        )
 
     def get_epoch_segments(
         self, scope: str, stream: str, epoch: int
@@ -1004,10 +1031,18 @@ class ControllerClient:
             raise self._missing(scope, stream) from None
         except (_InvalidArgument, _FailedPrecondition) as exc:
             raise ScaleError(f"{what} was refused: {exc.details}") from None
+        # Pravega 0.13 (submitScale): PRECONDITION_FAILED when a segment to seal is not active or
+        # the result has fewer segments than the scaling policy's minimum; FAILURE when the new
+        # ranges do not exactly replace the sealed ones (invalid input) or the stream is sealed.
         if reply.status == pb.ScaleResponse.PRECONDITION_FAILED:
             raise ScaleError(
-                f"{what} was refused: the sealed segments must be active and the new ranges must exactly "
-                f"cover their key ranges"
+                f"{what} was refused: every segment to seal must be active, and the stream must keep at "
+                f"least its scaling policy's minimum number of segments"
+            )
+        if reply.status == pb.ScaleResponse.FAILURE:
+            raise ScaleError(
+                f"{what} was refused: the new key ranges {ranges} must exactly cover the key ranges of "
+                f"segments {sealed} (no gap, no overlap), and the stream must not be sealed"
             )
         if reply.status != pb.ScaleResponse.STARTED:
             raise ControllerError(

@@ -213,12 +213,13 @@ class StreamCut:
 
     @classmethod
     def tail(cls, client: Any, scope: str, stream: str) -> StreamCut:
-        """The end of the data written so far: every current segment at its write offset."""
+        """The end of the data written so far: every current segment at its write offset (for a
+        sealed stream, the segments it ended with at their final lengths)."""
         controller = controller_of(client)
         segments = segments_of(client)
-        current = controller.get_current_segments(scope, stream)
+        current = controller.get_last_segments(scope, stream)
         if not current:
-            raise InvalidStreamCutError(f"the controller reports no current segments for {scope}/{stream}")
+            raise InvalidStreamCutError(f"the controller reports no segments at the end of {scope}/{stream}")
         positions = {
             seg.segment_id: segments.get_segment_info(
                 naming.qualified_segment_name(scope, stream, seg.segment_id)
