@@ -386,20 +386,24 @@ def test_truncated_start_cut(client: PravegaClient, pravega_controller_uri: str,
 
 
 def test_a_cut_mixing_epochs_gets_the_controllers_segments(client: PravegaClient, unique_name) -> None:
-    """Merge then split: the cut {3.#epoch.2, 1.#epoch.0} tiles the key space but segment 1 precedes
-    the merged segment on its keys, so nothing after the merge is between the head and that cut."""
+    """Split, merge, split: the cut {low.#epoch.3, b.#epoch.1} tiles the key space but segment b
+    precedes the merged segment on its keys, so nothing after the merge is between the start cut
+    on epoch 1 and that cut. (The stream starts with one segment: Pravega refuses a merge that
+    leaves fewer segments than the scaling policy's minimum.)"""
     scope, stream = unique_name("mixed"), "s"
     client.admin.create_scope(scope)
-    client.admin.create_stream(scope, stream, 2)
-    merged = client.admin.merge_segments(scope, stream, [0, 1])
+    client.admin.create_stream(scope, stream, 1)
+    a, b = client.admin.split_segment(scope, stream, 0)
+    merged = client.admin.merge_segments(scope, stream, [a.segment_id, b.segment_id])
     low, high = client.admin.split_segment(scope, stream, merged.segment_id)
-    length_1 = client.segments.get_segment_info(naming.qualified_segment_name(scope, stream, 1)).length
-    head = StreamCut.head(client, scope, stream)
-    mixed = StreamCut(scope, stream, {low.segment_id: 0, 1: length_1})
-    planned = plan_segment_ranges(client, head, mixed, include_empty=True)
-    assert {r.segment_id for r in planned} == {0, 1}
+    length_b = client.segments.get_segment_info(naming.qualified_segment_name(scope, stream, b.segment_id)).length
+    start = StreamCut(scope, stream, {a.segment_id: 0, b.segment_id: 0})
+    mixed = StreamCut(scope, stream, {low.segment_id: 0, b.segment_id: length_b})
+    planned = plan_segment_ranges(client, start, mixed, include_empty=True)
+    assert {r.segment_id for r in planned} == {a.segment_id, b.segment_id}
     assert {r.segment_id for r in planned} == client.controller.get_segments_between(
-        scope, stream, head.positions, mixed.positions
+        scope, stream, start.positions, mixed.positions
     )
-    everything = plan_segment_ranges(client, head, StreamCut.tail(client, scope, stream), include_empty=True)
-    assert [r.segment_id for r in everything] == [0, 1, merged.segment_id, low.segment_id, high.segment_id]
+    everything = plan_segment_ranges(client, start, StreamCut.tail(client, scope, stream), include_empty=True)
+    assert [r.segment_id for r in everything] == [a.segment_id, b.segment_id, merged.segment_id, low.segment_id,
+                                                  high.segment_id]
