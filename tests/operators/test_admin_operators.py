@@ -358,6 +358,10 @@ def test_scale_merge_explicit_and_retry_is_idempotent(
     scope, stream = unique_name("scale"), unique_name("s")
     client.admin.create_scope(scope)
     client.admin.create_stream(scope, stream, 2)
+    # Pravega refuses a scale leaving fewer segments than the policy's minimum (PRECONDITION_FAILED).
+    with pytest.raises(ScaleError, match="minimum number of segments"):
+        PravegaScaleStreamOperator(task_id="m", scope=scope, stream=stream, merge_segments=[0, 1]).execute({})
+    client.admin.update_stream(scope, stream, scaling=ScalingPolicy.fixed(1))
 
     merge = PravegaScaleStreamOperator(task_id="merge", scope=scope, stream=stream, merge_segments=[0, 1])
     first = merge.execute({})
