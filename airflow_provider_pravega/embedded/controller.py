@@ -894,7 +894,8 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
                             grpc.StatusCode.INVALID_ARGUMENT,
                             f"the 'from' stream cut is after the 'to' stream cut (segment {f} vs {t})",
                         )
-            segments = self._segments_between(stream, start, to_cut)
+            # Like Pravega 0.13, the 'to' cut's own segments are always part of the answer.
+            segments = self._segments_between(stream, start, to_cut) | set(to_cut)
             info = self._info(scope, name)
             return pb.StreamCutRangeResponse(
                 segments=[pb.SegmentId(streamInfo=info, segmentId=s) for s in sorted(segments)]
