@@ -190,38 +190,10 @@ def read_stream():
     return read
 
 
-def _ensure_airflow_db() -> None:
-    """Create the SQLite metadata DB of the test AIRFLOW_HOME once."""
-    from airflow import settings
-    from airflow.utils.db import initdb
-    from sqlalchemy import inspect
-
-    if not inspect(settings.engine).has_table("task_instance"):
-        initdb()
-
-
 @pytest.fixture
 def run_dag():
-    """``run_dag(dag, **dag_test_kwargs)``: ``dag.test()`` for a DAG defined in a test.
-
-    Airflow 3.3's ``dag.test()`` needs the DAG serialized in the metadata DB (normally the DAG
-    processor's job); a test module is in no DAG bundle, so it is written there directly.
-    """
-
-    def run(dag, **kwargs):
-        from airflow.dag_processing.bundles.manager import DagBundlesManager
-        from airflow.dag_processing.collection import update_dag_parsing_results_in_db
-        from airflow.serialization.serialized_objects import LazyDeserializedDAG
-        from airflow.utils.session import create_session
-
-        _ensure_airflow_db()
-        with create_session() as session:
-            DagBundlesManager().sync_bundles_to_db(session=session)
-        with create_session() as session:
-            update_dag_parsing_results_in_db(
-                "dags-folder", None, [LazyDeserializedDAG.from_dag(dag)], {}, None, set(), session=session
-            )
-        return dag.test(**kwargs)
+    """``run_dag(dag, **dag_test_kwargs)``: ``dag.test()`` for a DAG defined in a test."""
+    from airflow_provider_pravega.testing.dag_test import run_dag as run
 
     return run
 

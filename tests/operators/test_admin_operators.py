@@ -20,42 +20,12 @@ from airflow_provider_pravega.client.controller import RetentionPolicy, ScalingP
 from airflow_provider_pravega.client.errors import ScaleError
 from airflow_provider_pravega.protocol.naming import qualified_segment_name
 from airflow_provider_pravega.protocol.streamcut import streamcut_from_text
+from airflow_provider_pravega.testing.dag_test import run_dag
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
 
 
 # ------------------------------------------------------------------------- running DAGs for real
-
-
-def _ensure_airflow_db() -> None:
-    """Create the SQLite metadata DB of the test AIRFLOW_HOME once (tests/conftest.py points at it)."""
-    from airflow import settings
-    from airflow.utils.db import initdb
-    from sqlalchemy import inspect
-
-    if not inspect(settings.engine).has_table("task_instance"):
-        initdb()
-
-
-def run_dag(dag: Any) -> Any:
-    """``dag.test()`` for a DAG defined in a test: register it as parsed, then run it in-process.
-
-    ``dag.test()`` in Airflow 3.3 needs the DAG serialized in the metadata DB (normally the DAG
-    processor's job); the test module is not in a DAG bundle, so it is written there directly.
-    """
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
-    from airflow.serialization.serialized_objects import LazyDeserializedDAG
-    from airflow.utils.session import create_session
-
-    _ensure_airflow_db()
-    with create_session() as session:
-        DagBundlesManager().sync_bundles_to_db(session=session)
-    with create_session() as session:
-        update_dag_parsing_results_in_db(
-            "dags-folder", None, [LazyDeserializedDAG.from_dag(dag)], {}, None, set(), session=session
-        )
-    return dag.test()
 
 
 def states(dag_run: Any) -> dict[str, str]:

@@ -15,35 +15,9 @@ import pytest
 from airflow_provider_pravega._streams import cut_text
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.protocol.streamcut import streamcut_from_text
+from airflow_provider_pravega.testing.dag_test import run_dag
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
-
-
-def _ensure_airflow_db() -> None:
-    """Create the SQLite metadata DB of the test AIRFLOW_HOME once (tests/conftest.py points at it)."""
-    from airflow import settings
-    from airflow.utils.db import initdb
-    from sqlalchemy import inspect
-
-    if not inspect(settings.engine).has_table("task_instance"):
-        initdb()
-
-
-def run_dag(dag: Any) -> Any:
-    """``dag.test()`` for a DAG defined in a test: register it as parsed, then run it in-process."""
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
-    from airflow.serialization.serialized_objects import LazyDeserializedDAG
-    from airflow.utils.session import create_session
-
-    _ensure_airflow_db()
-    with create_session() as session:
-        DagBundlesManager().sync_bundles_to_db(session=session)
-    with create_session() as session:
-        update_dag_parsing_results_in_db(
-            "dags-folder", None, [LazyDeserializedDAG.from_dag(dag)], {}, None, set(), session=session
-        )
-    return dag.test()
 
 
 @pytest.fixture
