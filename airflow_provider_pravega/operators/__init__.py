@@ -17,6 +17,7 @@ _EXPORTS = {
     "PravegaDeleteStreamOperator": "airflow_provider_pravega.operators.admin",
     "PravegaScaleStreamOperator": "airflow_provider_pravega.operators.admin",
     "PravegaSealStreamOperator": "airflow_provider_pravega.operators.admin",
+    "PravegaStreamCutExportOperator": "airflow_provider_pravega.operators.export",
     "PravegaTransactionalIngestOperator": "airflow_provider_pravega.operators.ingest",
     "PravegaTruncateStreamOperator": "airflow_provider_pravega.operators.admin",
     "PravegaUpdateStreamOperator": "airflow_provider_pravega.operators.admin",

@@ -1,0 +1,901 @@
+"""Export what a Pravega stream received between two stream cuts to files, with PySpark.
+
+The driver decides the two cuts, plans the segment ranges between them
+(:func:`~airflow_provider_pravega.client.batch.plan_segment_ranges`, which follows successors
+across scaling) and records the cuts in a state synchronizer; Spark then reads every range in
+parallel straight from the segment store and writes the rows through its own writers:
+
+* one Spark partition per segment range (or per group of neighbouring ranges when
+  ``num_partitions`` is smaller), read in plan order and offset order by a ``mapInArrow``
+  function, so the rows and files of a re-run come out the same, with no shuffle and no sort;
+* rows are ``event`` (UTF-8 text, the top-level fields of a JSON object, or bytes) plus
+  ``segment_id`` and ``offset`` (where the event's header starts in its segment);
+* the output is written to a hidden sibling directory, its part files get names that depend only
+  on their partition (``part-00000.snappy.parquet``), a marker ``_PRAVEGA_EXPORT.json`` records the
+  cuts, and only then is the directory renamed into place: a failed run leaves nothing at the
+  final path.
+
+Repeatable scheduled runs: with an ``interval_key`` (the operator passes the data interval) the
+first export of an interval records (interval -> start cut, end cut); every later run of that
+interval, a retry or a backfill, reuses the record, so it reads the same ranges and writes the same
+bytes. ``start_cut="previous"`` tiles the stream: an interval starts where the latest recorded
+interval before it ends (the head for the first one), and an interval that is exported after later
+ones were recorded ends where the next recorded one starts. Without an interval key, ``previous``
+is where the last successful export of this export id ended; a run that fails leaves its cuts as
+pending and the next ``previous`` run exports exactly those again.
+
+An existing directory at the output path is replaced only when its marker says it holds the export
+of the same export id, interval and cuts (a re-run reproduces it); anything else there is an error.
+
+Run it without Airflow as ``python -m airflow_provider_pravega.spark.export_job --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import re
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow_provider_pravega.client.batch import (
+    SegmentRange,
+    plan_segment_ranges,
+    read_segment_range,
+    read_segment_range_batches,
+)
+from airflow_provider_pravega.client.config import PravegaConnectionConfig
+from airflow_provider_pravega.client.errors import (
+    InvalidStreamCutError,
+    PravegaError,
+    SegmentStoreError,
+    StreamNotFoundError,
+    TruncatedStreamCutError,
+)
+from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
+from airflow_provider_pravega.protocol import wire
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "EVENT_FORMATS",
+    "FORMATS",
+    "PREVIOUS",
+    "EventDecodeError",
+    "ExportError",
+    "ExportResult",
+    "ExportSpec",
+    "ExportState",
+    "OutputPathError",
+    "main",
+    "run_export",
+    "state_location",
+]
+
+FORMATS = ("parquet", "jsonl", "csv")
+EVENT_FORMATS = ("text", "json", "binary")
+ON_TRUNCATED = ("fail", "head")
+PREVIOUS = "previous"
+MARKER = "_PRAVEGA_EXPORT.json"
+_SPARK_FORMAT = {"parquet": "parquet", "jsonl": "json", "csv": "csv"}
+_PART_NAME = re.compile(r"^part-(\d+)-.*?(?:-c\d+)?(\.[A-Za-z0-9.]+)$")
+_WORKER_ERRORS = (
+    "EventDecodeError",
+    "SegmentRangeTruncatedError",
+    "NoSuchSegmentError",
+    "SegmentStoreUnreachableError",
+    "ControllerUnreachableError",
+    "SegmentStoreError",
+)
+
+
+class ExportError(PravegaError):
+    """An export that cannot be done as asked; nothing was written at the output path."""
+
+
+class OutputPathError(ExportError):
+    """The output path cannot be written, or already holds something this export must not replace."""
+
+
+class EventDecodeError(ExportError, ValueError):
+    """An event does not decode as ``event_format`` says (not UTF-8, not a JSON object)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What to export
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """What to export where. Cuts: ``"previous"`` (start only), ``"head"``, ``"tail"``, a stream-cut
+    text (Java ``StreamCut.asText()``), a StreamCut, or its JSON form (dict or string)."""
+
+    scope: str
+    stream: str
+    output_path: str
+    start_cut: Any = PREVIOUS
+    end_cut: Any = TAIL
+    format: str = "parquet"
+    event_format: str = "text"
+    export_id: str | None = None
+    interval_key: str | None = None
+    on_truncated: str = "fail"
+    num_partitions: int | None = None
+    #: Spark DDL schema of the JSON events (e.g. ``"sensor string, value double"``); inferred from
+    #: ``json_sample_events`` events spread over the ranges when not given.
+    json_schema: str | None = None
+    json_sample_events: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.event_format not in EVENT_FORMATS:
+            raise ValueError(f"event_format must be one of {', '.join(EVENT_FORMATS)}, got {self.event_format!r}")
+        if self.on_truncated not in ON_TRUNCATED:
+            raise ValueError(f"on_truncated must be 'fail' or 'head', got {self.on_truncated!r}")
+        if self.format == "csv" and self.event_format == "binary":
+            raise ValueError("CSV files cannot hold binary events: use format='parquet' or 'jsonl', or "
+                             "event_format='text'")
+        if not isinstance(self.output_path, str) or not self.output_path.strip().rstrip("/"):
+            raise ValueError(f"output_path must be a directory path or URL, got {self.output_path!r}")
+        if isinstance(self.end_cut, str) and self.end_cut.strip().lower() == PREVIOUS:
+            raise ValueError("end_cut cannot be 'previous' (only the start cut continues a previous export)")
+        if self.num_partitions is not None and (isinstance(self.num_partitions, bool) or self.num_partitions < 1):
+            raise ValueError(f"num_partitions must be at least 1, got {self.num_partitions!r}")
+        if self.json_sample_events < 1:
+            raise ValueError(f"json_sample_events must be at least 1, got {self.json_sample_events}")
+        if self.interval_key is not None and not str(self.interval_key).strip():
+            raise ValueError("interval_key must be a non-empty text (or None)")
+
+    @property
+    def effective_export_id(self) -> str:
+        return self.export_id or f"{self.scope}/{self.stream}"
+
+    @property
+    def continues_previous(self) -> bool:
+        return isinstance(self.start_cut, str) and self.start_cut.strip().lower() == PREVIOUS
+
+
+@dataclass
+class ExportResult:
+    """The XCom of an export (``to_dict``)."""
+
+    export_id: str
+    scope: str
+    stream: str
+    interval: str | None
+    start_cut: str
+    end_cut: str
+    output_path: str
+    format: str
+    event_format: str
+    events: int = 0
+    bytes: int = 0
+    files: list[str] = field(default_factory=list)
+    ranges: int = 0
+    reused_record: bool = False
+    replaced_output: bool = False
+    seconds: float = 0.0
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["events_per_second"] = round(self.events_per_second, 1)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The export's record in a state synchronizer
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExportState:
+    """Everything an export id remembers: recorded intervals, the last finished plain export and a
+    claimed-but-unfinished one. Cuts are kept as Pravega stream-cut texts."""
+
+    intervals: dict[str, dict[str, str]] = field(default_factory=dict)
+    last: dict[str, str] | None = None
+    pending: dict[str, str] | None = None
+
+
+def apply_update(state: ExportState, op: dict[str, Any]) -> ExportState:
+    """Fold one update. An interval is recorded once: the first record wins, forever."""
+    kind = op.get("op")
+    cuts = {"start": op.get("start"), "end": op.get("end")}
+    if kind == "interval":
+        state.intervals.setdefault(op["key"], {**cuts, "at": op.get("at", "")})
+    elif kind == "claim":
+        state.pending = {**cuts, "at": op.get("at", "")}
+    elif kind == "done":
+        state.last = cuts
+        state.pending = None
+    return state
+
+
+def state_location(spec: ExportSpec) -> tuple[str, str]:
+    """Where an export id keeps its state: a one-segment stream in the exported stream's scope
+    (not ``_``-prefixed: Pravega reserves those names)."""
+    digest = hashlib.sha1(spec.effective_export_id.encode()).hexdigest()[:20]
+    return spec.scope, f"export-state-{digest}"
+
+
+def open_export_state(client: Any, spec: ExportSpec) -> Any:
+    from airflow_provider_pravega.client.synchronizer import StateSynchronizer
+
+    scope, stream = state_location(spec)
+    return StateSynchronizer(client, scope, stream, ExportState(), apply_update)
+
+
+def interval_order(key: str) -> tuple[Any, ...]:
+    """Sort key of an interval: by its start (and end) instant when it reads as
+    ``"<ISO start>/<ISO end>"``, else by its text (after every dated interval)."""
+    start, _, end = key.partition("/")
+    try:
+        begin = datetime.fromisoformat(start.strip())
+        finish = datetime.fromisoformat(end.strip()) if end.strip() else begin
+        if begin.tzinfo is None:
+            begin = begin.replace(tzinfo=UTC)
+        if finish.tzinfo is None:
+            finish = finish.replace(tzinfo=UTC)
+        return (0, begin.timestamp(), finish.timestamp(), key)
+    except ValueError:
+        return (1, 0.0, 0.0, key)
+
+
+class _Replan(Exception):
+    """The state changed under a plan (another run recorded something): decide again."""
+
+
+@dataclass(frozen=True)
+class _Decision:
+    start: StreamCut
+    end: StreamCut
+    ranges: list[SegmentRange]
+    reused: bool
+    record: dict[str, Any] | None  # the update that claims the cuts (None: nothing to record)
+    basis: Any  # what the cuts were derived from; the record is written only if it still holds
+
+
+def _cut_text(cut: StreamCut) -> str:
+    return cut.to_text()
+
+
+def _from_record(spec: ExportSpec, text: str, what: str) -> StreamCut:
+    try:
+        return StreamCut.from_text(text, scope=spec.scope, stream=spec.stream)
+    except InvalidStreamCutError as exc:
+        raise ExportError(f"the recorded {what} of export {spec.effective_export_id!r} is unusable: {exc}") from None
+
+
+def _plan(client: Any, spec: ExportSpec, start: StreamCut, end: StreamCut) -> list[SegmentRange]:
+    """plan_segment_ranges, asked again while a scale is half done (a segment with successors
+    that is not sealed yet)."""
+    on_truncated = "head" if spec.on_truncated == "head" else "error"
+    for attempt in range(5):
+        try:
+            return plan_segment_ranges(client, start, end, on_truncated=on_truncated)
+        except SegmentStoreError as exc:
+            if "plan again" not in str(exc) or attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _decide(client: Any, spec: ExportSpec, state: ExportState, start_given: StreamCut | None,
+            end_given: StreamCut) -> _Decision:
+    """The cuts of this run from the current state (a recorded interval or pending claim is reused)."""
+    now = datetime.now(UTC).isoformat()
+    key = spec.interval_key
+    if key is not None:
+        record = state.intervals.get(key)
+        if record is not None:
+            start = _from_record(spec, record["start"], f"start cut of interval {key}")
+            end = _from_record(spec, record["end"], f"end cut of interval {key}")
+            try:
+                ranges = _plan(client, spec, start, end)
+            except TruncatedStreamCutError as exc:
+                raise TruncatedStreamCutError(
+                    spec.scope, spec.stream,
+                    f"interval {key} was recorded as starting at {record['start']}, and the stream was truncated "
+                    f"past it since; pass on_truncated='head' to export what is left of the interval",
+                ) from exc
+            return _Decision(start, end, ranges, True, None, None)
+        order = interval_order(key)
+        earlier = [k for k in state.intervals if interval_order(k) < order]
+        later = [k for k in state.intervals if interval_order(k) > order]
+        before = max(earlier, key=interval_order) if earlier else None
+        after = min(later, key=interval_order) if later else None
+        if start_given is not None:
+            start = start_given.resolve(client)
+        elif before is not None:
+            start = _from_record(spec, state.intervals[before]["end"], f"end cut of interval {before}")
+        else:
+            start = StreamCut.head(client, spec.scope, spec.stream)
+        if start_given is None and after is not None:
+            # A backfill of a gap: end where the next recorded interval starts, so no event is
+            # exported by two intervals.
+            end = _from_record(spec, state.intervals[after]["start"], f"start cut of interval {after}")
+            log.info("interval %s lies before the recorded interval %s: it ends where that one starts", key, after)
+        else:
+            end = end_given.resolve(client)
+        ranges = _plan(client, spec, start, end)
+        op = {"op": "interval", "key": key, "start": _cut_text(start), "end": _cut_text(end), "at": now}
+        return _Decision(start, end, ranges, False, op, (before, after))
+
+    if start_given is None:
+        if state.pending is not None:
+            start = _from_record(spec, state.pending["start"], "start cut of the unfinished previous export")
+            end = _from_record(spec, state.pending["end"], "end cut of the unfinished previous export")
+            log.info("the previous export of %s did not finish: exporting its cuts again", spec.effective_export_id)
+            return _Decision(start, end, _plan(client, spec, start, end), True, None, None)
+        if state.last is not None:
+            start = _from_record(spec, state.last["end"], "end cut of the previous export")
+        else:
+            start = StreamCut.head(client, spec.scope, spec.stream)
+        end = end_given.resolve(client)
+        ranges = _plan(client, spec, start, end)
+        op = {"op": "claim", "start": _cut_text(start), "end": _cut_text(end), "at": now}
+        return _Decision(start, end, ranges, False, op, (state.last, state.pending))
+    start, end = start_given.resolve(client), end_given.resolve(client)
+    return _Decision(start, end, _plan(client, spec, start, end), False, None, None)
+
+
+def _basis(spec: ExportSpec, state: ExportState) -> Any:
+    """What :func:`_decide` derived fresh cuts from, read from ``state`` (to detect a race)."""
+    if spec.interval_key is not None:
+        order = interval_order(spec.interval_key)
+        earlier = [k for k in state.intervals if interval_order(k) < order]
+        later = [k for k in state.intervals if interval_order(k) > order]
+        return (max(earlier, key=interval_order) if earlier else None,
+                min(later, key=interval_order) if later else None)
+    return (state.last, state.pending)
+
+
+def fix_cuts(client: Any, sync: Any, spec: ExportSpec, start_given: StreamCut | None,
+             end_given: StreamCut) -> _Decision:
+    """Decide this run's cuts and record them (conditionally: a run that raced another one
+    decides again from what the other recorded)."""
+    for _ in range(50):
+        state = sync.fetch()
+        decision = _decide(client, spec, state, start_given, end_given)
+        if decision.record is None:
+            return decision
+        op = decision.record
+
+        def claim(current: ExportState, op: dict[str, Any] = op, basis: Any = decision.basis) -> Any:
+            if spec.interval_key is not None and spec.interval_key in current.intervals:
+                raise _Replan()
+            if _basis(spec, current) != basis:
+                raise _Replan()
+            return op
+
+        try:
+            sync.update(claim)
+        except _Replan:
+            continue
+        return decision
+    raise ExportError(f"the state of export {spec.effective_export_id!r} kept changing while deciding the cuts")
+
+
+# ---------------------------------------------------------------------------------------------
+# Output location (Hadoop FileSystem through Spark's JVM: local paths, HDFS, S3A, ...)
+# ---------------------------------------------------------------------------------------------
+
+
+class OutputLocation:
+    """The final directory, its hidden temporary sibling and the moves between them."""
+
+    def __init__(self, spark: Any, path: str) -> None:
+        self.spark = spark
+        self.given = path.strip()
+        self.text = self.given.rstrip("/") or "/"
+        jvm = spark._jvm
+        self._Path = jvm.org.apache.hadoop.fs.Path
+        try:
+            self.final = self._Path(self.text)
+            self.fs = self.final.getFileSystem(spark._jsc.hadoopConfiguration())
+        except Exception as exc:  # py4j wraps the Java exception
+            raise OutputPathError(f"output path {self.given!r} is not usable: {_java_message(exc)}") from None
+        parent = self.final.getParent()
+        if parent is None:
+            raise OutputPathError(f"output path {self.given!r} must name a directory below a parent directory")
+        self.parent = parent
+        self.name = self.final.getName()
+        self.token = uuid.uuid4().hex[:12]
+        self.temp = self._Path(parent, f".{self.name}.pravega-export-{self.token}")
+
+    def child(self, base: Any, name: str) -> Any:
+        return self._Path(base, name)
+
+    def _fail(self, what: str, exc: BaseException | None = None) -> OutputPathError:
+        detail = f": {_java_message(exc)}" if exc is not None else ""
+        return OutputPathError(f"output path {self.given!r} is not writable ({what}{detail})")
+
+    def check_writable(self) -> None:
+        """Create the temporary directory and a file in it, then remove them: an unwritable path is
+        found now, before any state is recorded or any Spark task runs."""
+        try:
+            if self.fs.exists(self.final) and not self.fs.getFileStatus(self.final).isDirectory():
+                raise OutputPathError(f"output path {self.given!r} is a file; exports write a directory there")
+            if not self.fs.mkdirs(self.temp):
+                raise self._fail(f"cannot create {self.temp.toString()}")
+            stream = self.fs.create(self.child(self.temp, "_probe"), True)
+            stream.close()
+        except OutputPathError:
+            raise
+        except Exception as exc:
+            raise self._fail(f"cannot create {self.temp.toString()}", exc) from None
+        finally:
+            self.remove_temp()
+
+    def existing(self) -> dict[str, Any] | None:
+        """What is at the final path: None (nothing), {} (an empty directory) or the marker of an
+        earlier export; raises OutputPathError when it holds data no export wrote."""
+        if not self.fs.exists(self.final):
+            return None
+        if not self.fs.getFileStatus(self.final).isDirectory():
+            raise OutputPathError(f"output path {self.given!r} is a file; exports write a directory there")
+        marker = self.child(self.final, MARKER)
+        if self.fs.exists(marker):
+            try:
+                found = json.loads(self.read_text(marker))
+            except ValueError:
+                found = None
+            if not isinstance(found, dict) or not found:
+                raise OutputPathError(f"output path {self.given!r} has an unreadable {MARKER}; remove the "
+                                      f"directory or choose another path")
+            return found
+        if len(self.fs.listStatus(self.final)):
+            raise OutputPathError(
+                f"output path {self.given!r} already holds files that no export wrote (no {MARKER}); "
+                f"remove them or choose another path"
+            )
+        return {}
+
+    def read_text(self, path: Any) -> str:
+        stream = self.fs.open(path)
+        try:
+            reader = self.spark._jvm.java.io.BufferedReader(
+                self.spark._jvm.java.io.InputStreamReader(stream, "UTF-8"))
+            lines = []
+            while (line := reader.readLine()) is not None:
+                lines.append(line)
+            return "\n".join(lines)
+        finally:
+            stream.close()
+
+    def write_text(self, path: Any, text: str) -> None:
+        stream = self.fs.create(path, True)
+        try:
+            stream.write(bytearray(text.encode("utf-8")))
+        finally:
+            stream.close()
+
+    def finalize_parts(self) -> list[str]:
+        """Give the part files in the temporary directory names that depend only on their
+        partition; returns the new names in order."""
+        names = []
+        for status in self.fs.listStatus(self.temp):
+            name = status.getPath().getName()
+            match = _PART_NAME.match(name)
+            if match is None:
+                continue
+            new = f"part-{match.group(1)}{match.group(2)}"
+            if not self.fs.rename(status.getPath(), self.child(self.temp, new)):
+                raise self._fail(f"cannot rename {name} to {new}")
+            names.append(new)
+        success = self.child(self.temp, "_SUCCESS")
+        if self.fs.exists(success):
+            self.fs.delete(success, False)
+        return sorted(names)
+
+    def publish(self, replace: bool) -> None:
+        """Move the temporary directory to the final path (replacing what is there when asked)."""
+        trash = None
+        if self.fs.exists(self.final):
+            if not replace:
+                raise OutputPathError(f"output path {self.given!r} appeared while exporting; not replacing it")
+            trash = self._Path(self.parent, f".{self.name}.pravega-replaced-{self.token}")
+            if not self.fs.rename(self.final, trash):
+                raise self._fail(f"cannot move the previous output aside to {trash.toString()}")
+        if not self.fs.rename(self.temp, self.final):
+            if trash is not None:
+                self.fs.rename(trash, self.final)
+            raise self._fail(f"cannot rename {self.temp.toString()} to the output path")
+        if trash is not None:
+            self.fs.delete(trash, True)
+
+    def remove_temp(self) -> None:
+        try:
+            if self.fs.exists(self.temp):
+                self.fs.delete(self.temp, True)
+        except Exception as exc:  # best effort: it is a hidden directory
+            log.warning("could not remove the temporary directory %s: %s", self.temp.toString(), _java_message(exc))
+
+
+def _java_message(exc: BaseException | None) -> str:
+    """The first line of a Java exception's message (py4j adds a long stack trace)."""
+    if exc is None:
+        return ""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            return str(java.toString()).splitlines()[0]
+        except Exception:
+            pass
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark tasks
+# ---------------------------------------------------------------------------------------------
+
+
+def group_ranges(ranges: Sequence[SegmentRange], partitions: int | None) -> list[list[int]]:
+    """Indexes of ``ranges`` per Spark partition: one range each, or ``partitions`` runs of
+    neighbouring ranges of about equal bytes (plan order is kept, so is the row order)."""
+    if not ranges:
+        return []
+    if partitions is None or partitions >= len(ranges):
+        return [[i] for i in range(len(ranges))]
+    total = sum(r.length or 0 for r in ranges)
+    groups: list[list[int]] = []
+    current: list[int] = []
+    done = 0
+    for i, rng in enumerate(ranges):
+        size = rng.length or 0
+        left = len(ranges) - i  # ranges not placed yet, this one included
+        to_open = partitions - len(groups) - 1  # groups still to start after the current one
+        if current and to_open > 0:
+            target = total * (len(groups) + 1) / partitions  # where the current group should end
+            overshoot = done + size > target and abs(done + size - target) > abs(done - target)
+            if left <= to_open or overshoot:
+                groups.append(current)
+                current = []
+        current.append(i)
+        done += size
+    groups.append(current)
+    return groups
+
+
+def _read_schema(event_type: str) -> str:
+    """What the read tasks yield: the event, its segment id and the offset of its header."""
+    return f"event {event_type}, segment_id bigint, offset bigint"
+
+
+def make_reader(config: Any, ranges: Sequence[SegmentRange], groups: list[list[int]], text: bool,
+                counters: tuple[Any, Any]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The function ``mapInArrow`` runs: partition ``i`` reads the ranges of ``groups[i]`` in
+    order and yields one Arrow batch per segment-store reply (event, segment id, offset)."""
+    events_acc, bytes_acc = counters
+    plan = [[ranges[i] for i in group] for group in groups]
+
+    def read_partition(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        binary, int64, string = pa.binary(), pa.int64(), pa.string()
+        header = wire.EVENT_HEADER_LEN
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                for rng in plan[index]:
+                    count = size = 0
+                    for part in read_segment_range_batches(config, rng):
+                        payloads = part.payloads
+                        events = pa.array(payloads, binary)
+                        if text:
+                            try:
+                                events = events.cast(string)
+                            except pa.ArrowInvalid:
+                                _raise_not_utf8(rng, part)
+                        n = len(payloads)
+                        count += n
+                        # Payload bytes: the batch's span in the segment minus one header per event.
+                        size += part.offsets[-1] + header + len(payloads[-1]) - part.offsets[0] - header * n
+                        yield pa.RecordBatch.from_arrays(
+                            [events, pa.repeat(pa.scalar(rng.segment_id, int64), n), pa.array(part.offsets, int64)],
+                            ["event", "segment_id", "offset"],
+                        )
+                    events_acc.add(count)
+                    bytes_acc.add(size)
+
+    return read_partition
+
+
+def _raise_not_utf8(rng: SegmentRange, part: Any) -> None:
+    for payload, offset in zip(part.payloads, part.offsets, strict=True):
+        try:
+            payload.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EventDecodeError(
+                f"the event at offset {offset} of segment {rng.segment_name} is not UTF-8 text ({exc.reason} at "
+                f"byte {exc.start}); export it with event_format='binary'"
+            ) from None
+    raise EventDecodeError(f"an event of segment {rng.segment_name} is not UTF-8 text")
+
+
+def json_sample(config: Any, ranges: Sequence[SegmentRange], limit: int) -> list[str]:
+    """Up to ``limit`` events spread over the ranges (the first ones of each, in plan order):
+    deterministic for the same ranges, so a re-run infers the same schema."""
+    sample: list[str] = []
+    if not ranges:
+        return sample
+    per_range = max(1, -(-limit // len(ranges)))
+    for rng in ranges:
+        taken = 0
+        for event in read_segment_range(config, rng, chunk=min(1 << 20, max(64 * 1024, per_range * 2048))):
+            try:
+                text = event.payload.decode("utf-8")
+                value = json.loads(text)
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise EventDecodeError(
+                    f"the event at offset {event.offset} of segment {rng.segment_name} is not JSON ({exc}); export "
+                    f"it with event_format='text' or 'binary'"
+                ) from None
+            if not isinstance(value, dict):
+                raise EventDecodeError(
+                    f"the event at offset {event.offset} of segment {rng.segment_name} is JSON but not an object "
+                    f"({type(value).__name__}); event_format='json' makes one column per top-level field"
+                )
+            sample.append(text)
+            taken += 1
+            if taken >= per_range or len(sample) >= limit:
+                break
+        if len(sample) >= limit:
+            break
+    return sample
+
+
+def build_frame(spark: Any, config: Any, spec: ExportSpec, ranges: Sequence[SegmentRange],
+                counters: tuple[Any, Any]) -> Any:
+    """The rows to write: ``event`` (or the JSON fields), ``segment_id``, ``offset``, in plan order."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, MapType, StructType, _parse_datatype_string
+
+    groups = group_ranges(ranges, spec.num_partitions)
+    text = spec.event_format in ("text", "json")
+    reader = make_reader(config, ranges, groups, text, counters)
+    frame = spark.range(0, len(groups), 1, max(1, len(groups))).mapInArrow(
+        reader, _read_schema("string" if text else "binary"))
+    if spec.event_format != "json":
+        return frame  # already the output columns: no projection (each one copies every row)
+
+    if spec.json_schema:
+        try:
+            schema = _parse_datatype_string(spec.json_schema)
+        except Exception as exc:
+            raise ValueError(f"json_schema {spec.json_schema!r} is not a Spark DDL schema: {_java_message(exc)}") from None
+        if not isinstance(schema, StructType):
+            raise ValueError(f"json_schema must describe an object's fields, got {spec.json_schema!r}")
+    else:
+        sample = json_sample(config, ranges, spec.json_sample_events)
+        if sample:
+            schema = spark.read.json(spark.sparkContext.parallelize(sample, 1)).schema
+        else:
+            schema = StructType([])
+    names = [f.name for f in schema.fields]
+    seg_col, off_col = "segment_id", "offset"
+    if seg_col in names or off_col in names:
+        seg_col, off_col = "_pravega_segment_id", "_pravega_offset"
+        log.warning("the JSON events have a field named segment_id or offset: the event position columns are "
+                    "named %s and %s", seg_col, off_col)
+    parsed = frame.select(F.from_json("event", schema, {"mode": "FAILFAST"}).alias("j"), "segment_id", "offset")
+    columns = []
+    for f in schema.fields:
+        col = F.col("j").getField(f.name)
+        if spec.format == "csv" and isinstance(f.dataType, (StructType, ArrayType, MapType)):
+            col = F.to_json(col)  # CSV has no nested values: keep them as JSON text
+        columns.append(col.alias(f.name))
+    return parsed.select(*columns, F.col("segment_id").alias(seg_col), F.col("offset").alias(off_col))
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------------------------
+
+
+class _Progress(threading.Thread):
+    """Logs how many read tasks are done while Spark works."""
+
+    def __init__(self, spark: Any, label: str, every_s: float = 10.0) -> None:
+        super().__init__(name="pravega-export-progress", daemon=True)
+        self.spark, self.label, self.every_s = spark, label, every_s
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        tracker = self.spark.sparkContext.statusTracker()
+        while not self.stopped.wait(self.every_s):
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    log.info("%s: %d of %d tasks done (%d running)", self.label, info.numCompletedTasks,
+                             info.numTasks, info.numActiveTasks)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def _worker_failure(spec: ExportSpec, exc: BaseException) -> ExportError | None:
+    """A clear error for what a Spark task raised (py4j buries it in a stack trace)."""
+    text = str(exc)
+    for name in _WORKER_ERRORS:
+        for line in text.splitlines():
+            if f"{name}:" in line:
+                message = line.split(f"{name}:", 1)[1].strip()
+                error_type = EventDecodeError if name == "EventDecodeError" else ExportError
+                return error_type(f"exporting {spec.scope}/{spec.stream} failed in a Spark task: {name}: {message}")
+    if "Malformed records are detected in record parsing" in text or "MALFORMED_RECORD_IN_PARSING" in text:
+        return EventDecodeError(
+            f"an event of {spec.scope}/{spec.stream} does not match the JSON schema (not JSON, or a field of "
+            f"another type than in the sampled events); give json_schema, or export with event_format='text'"
+        )
+    return None
+
+
+def config_of(client: Any) -> PravegaConnectionConfig:
+    from airflow_provider_pravega.spark.ingest_job import config_of as ingest_config_of
+
+    return ingest_config_of(client)
+
+
+def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
+    """Export ``spec.scope/spec.stream`` between the spec's cuts to ``spec.output_path``."""
+    started = time.monotonic()
+    scope, stream = spec.scope, spec.stream
+    if not client.admin.stream_exists(scope, stream):
+        raise StreamNotFoundError(scope, stream)
+    start_given = None if spec.continues_previous else StreamCut.coerce(
+        spec.start_cut, scope, stream, unbounded=HEAD, what="start cut")
+    end_given = StreamCut.coerce(spec.end_cut, scope, stream, unbounded=TAIL, what="end cut")
+    output = OutputLocation(spark, spec.output_path)
+    output.check_writable()
+    existing = output.existing()
+    export_id = spec.effective_export_id
+    if existing and (existing.get("export_id"), existing.get("interval")) != (export_id, spec.interval_key):
+        raise OutputPathError(
+            f"output path {spec.output_path!r} holds the export {existing.get('export_id')!r} of interval "
+            f"{existing.get('interval')!r}, not {export_id!r} of {spec.interval_key!r}; remove it or choose another path"
+        )
+
+    with open_export_state(client, spec) as sync:
+        decision = fix_cuts(client, sync, spec, start_given, end_given)
+        start_text, end_text = _cut_text(decision.start), _cut_text(decision.end)
+        replace = existing is not None
+        if existing and (existing.get("start_cut"), existing.get("end_cut")) != (start_text, end_text):
+            raise OutputPathError(
+                f"output path {spec.output_path!r} holds an export of other cuts ({existing.get('start_cut')} .. "
+                f"{existing.get('end_cut')}) than this run's ({start_text} .. {end_text}); remove it or choose "
+                f"another path"
+            )
+        planned_bytes = sum(r.length or 0 for r in decision.ranges)
+        log.info("export %s%s of %s/%s: %d segment range(s), %d bytes, from %s to %s%s", export_id,
+                 f" interval {spec.interval_key}" if spec.interval_key else "", scope, stream, len(decision.ranges),
+                 planned_bytes, start_text, end_text, " (recorded cuts)" if decision.reused else "")
+        result = ExportResult(
+            export_id=export_id, scope=scope, stream=stream, interval=spec.interval_key, start_cut=start_text,
+            end_cut=end_text, output_path=spec.output_path, format=spec.format, event_format=spec.event_format,
+            ranges=len(decision.ranges), reused_record=decision.reused, replaced_output=replace,
+        )
+        sc = spark.sparkContext
+        counters = (sc.accumulator(0), sc.accumulator(0))
+        progress = _Progress(spark, f"export {export_id}")
+        try:
+            frame = build_frame(spark, config_of(client), spec, decision.ranges, counters)
+            writer = frame.write.mode("errorifexists").format(_SPARK_FORMAT[spec.format])
+            if spec.format == "csv":  # RFC 4180 quoting ("" inside quotes), readable by any CSV reader
+                writer = writer.option("header", True).option("escape", '"')
+            progress.start()
+            try:
+                writer.save(output.temp.toString())
+            except Exception as exc:
+                clear = _worker_failure(spec, exc)
+                if clear is not None:
+                    raise clear from None
+                raise
+            finally:
+                progress.stop()
+            result.events = int(counters[0].value)
+            result.bytes = int(counters[1].value)
+            if result.bytes + wire.EVENT_HEADER_LEN * result.events != planned_bytes:
+                log.warning("task counters (%d events, %d bytes) do not add up to the %d bytes planned (a task "
+                            "ran twice?); counting the output instead", result.events, result.bytes, planned_bytes)
+                reader = spark.read.format(_SPARK_FORMAT[spec.format])
+                if spec.format == "csv":
+                    reader = reader.option("header", True).option("multiLine", True).option("escape", '"')
+                result.events = reader.load(output.temp.toString()).count()
+                result.bytes = planned_bytes - wire.EVENT_HEADER_LEN * result.events
+            names = output.finalize_parts()
+            marker = {
+                "export_id": export_id, "scope": scope, "stream": stream, "interval": spec.interval_key,
+                "start_cut": start_text, "end_cut": end_text, "format": spec.format,
+                "event_format": spec.event_format, "events": result.events, "bytes": result.bytes, "files": names,
+            }
+            output.write_text(output.child(output.temp, MARKER), json.dumps(marker, indent=1, sort_keys=True) + "\n")
+            output.publish(replace)
+        except BaseException:
+            output.remove_temp()
+            raise
+        if spec.interval_key is None:  # where the next "previous" starts (intervals have their records)
+            sync.update(lambda _state: {"op": "done", "start": start_text, "end": end_text})
+        _maybe_compact(sync)
+
+    result.files = [f"{output.text}/{name}" for name in names]
+    result.seconds = time.monotonic() - started
+    log.info("export %s: %d events (%d bytes) to %d file(s) at %s in %.1f s (%.0f events/s)", export_id,
+             result.events, result.bytes, len(names), spec.output_path, result.seconds, result.events_per_second)
+    return result
+
+
+def _maybe_compact(sync: Any, limit: int = 1 << 20) -> None:
+    """Keep the state stream short: fold its history into one record once it passes ``limit`` bytes."""
+    try:
+        revision = sync.revision
+        if revision is not None and revision - sync.head_offset() > limit:
+            sync.compact()
+    except PravegaError as exc:  # housekeeping only
+        log.warning("could not compact the export state: %s", exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m airflow_provider_pravega.spark.export_job",
+                                 description="Export a Pravega stream between two stream cuts to files with PySpark.")
+    ap.add_argument("--controller-uri", required=True)
+    ap.add_argument("--scope", required=True)
+    ap.add_argument("--stream", required=True)
+    ap.add_argument("--output-path", required=True)
+    ap.add_argument("--start-cut", default=PREVIOUS, help="previous (default), head, tail or a stream-cut text")
+    ap.add_argument("--end-cut", default=TAIL, help="tail (default), head or a stream-cut text")
+    ap.add_argument("--format", default="parquet", choices=FORMATS)
+    ap.add_argument("--event-format", default="text", choices=EVENT_FORMATS)
+    ap.add_argument("--export-id")
+    ap.add_argument("--interval", help="interval key, e.g. 2026-11-20T00:00:00+00:00/2026-11-21T00:00:00+00:00")
+    ap.add_argument("--on-truncated", default="fail", choices=ON_TRUNCATED)
+    ap.add_argument("--num-partitions", type=int)
+    ap.add_argument("--json-schema")
+    ap.add_argument("--master", default=None, help="Spark master (default: local mode on every core)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.spark.session import get_spark_session
+
+    try:
+        spec = ExportSpec(
+            scope=args.scope, stream=args.stream, output_path=args.output_path, start_cut=args.start_cut,
+            end_cut=args.end_cut, format=args.format, event_format=args.event_format, export_id=args.export_id,
+            interval_key=args.interval, on_truncated=args.on_truncated, num_partitions=args.num_partitions,
+            json_schema=args.json_schema,
+        )
+    except ValueError as exc:
+        print(f"export failed: {exc}", file=sys.stderr)
+        return 2
+    spark = get_spark_session(None, "pravega-export", **({"spark.master": args.master} if args.master else {}))
+    with PravegaClient(args.controller_uri) as client:
+        try:
+            result = run_export(client, spark, spec)
+        except (PravegaError, ValueError) as exc:
+            print(f"export failed: {exc}", file=sys.stderr)
+            return 1
+    print(json.dumps(result.to_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
