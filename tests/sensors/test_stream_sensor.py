@@ -90,7 +90,10 @@ def test_stream_sensor_modes(
         def keep(name: str, value: Any) -> None:
             results[name] = value
 
-        deferred = PravegaStreamSensor(task_id="deferred", stream=streams["deferred"], deferrable=True, **common)
+        # after_cut="head" (the empty stream's start), not the default tail-at-start: on a loaded
+        # machine the sensor may start after the delayed write, and must still count those events.
+        deferred = PravegaStreamSensor(task_id="deferred", stream=streams["deferred"], after_cut="head",
+                                       deferrable=True, **common)
         write_later() >> deferred
         keep("deferred", deferred.output)
         from_xcom = PravegaStreamSensor(
