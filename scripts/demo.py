@@ -79,8 +79,8 @@ def read_stream(uri: str, expected: int, timeout: float = 120) -> list[bytes]:
     return asyncio.run(run())
 
 
-def xcom(env: dict[str, str], dag_id: str, task_id: str, day: str) -> dict | None:
-    """The return value of a task of the run for ``day`` (read from the metadata DB)."""
+def xcoms(env: dict[str, str], dag_id: str, task_id: str, day: str) -> list:
+    """The return values of a task in every run for ``day``, oldest first (from the metadata DB)."""
     code = f"""
 import json
 from airflow.models.dagrun import DagRun
@@ -89,7 +89,7 @@ from airflow.utils.session import create_session
 with create_session() as s:
     runs = [r for r in s.query(DagRun).filter(DagRun.dag_id == {dag_id!r}) if str(r.logical_date.date()) == {day!r}]
     runs.sort(key=lambda r: r.start_date or r.logical_date)
-    value = None
+    values = []
     for run in runs:
         row = s.query(XComModel).filter(XComModel.dag_id == {dag_id!r}, XComModel.run_id == run.run_id,
                                         XComModel.task_id == {task_id!r}, XComModel.key == "return_value").first()
@@ -97,15 +97,16 @@ with create_session() as s:
             value = row.value
             while isinstance(value, (bytes, str)):
                 value = json.loads(value)
-    print(json.dumps(value))
+            values.append(value)
+    print(json.dumps(values))
 """
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
-        return None
+        return []
     try:
         return json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return None
+        return []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,16 +185,26 @@ def main(argv: list[str] | None = None) -> int:
         duplicates = sum(c - 1 for c in counts.values() if c > 1)
 
         print()
-        print(f"{'day':12} {'source':>8} {'stream':>8} {'duplicates':>10} {'events/s':>9}  transactions")
+        print(f"{'day':12} {'source':>8} {'stream':>8} {'duplicates':>10} {'events/s':>9}  runs of the ingest task")
         for day in days + [crash_day]:
-            summary = xcom(env, INGEST_DAG, "ingest", day) or {}
-            txns = summary.get("transaction_ids") or []
-            waited = xcom(env, INGEST_DAG, "wait_for_commit", day)
-            state = "COMMITTED" if waited is not None else "?"
+            summaries = xcoms(env, INGEST_DAG, "ingest", day)
+            committed = [set(v or []) for v in xcoms(env, INGEST_DAG, "wait_for_commit", day)]
+            runs = []
+            for summary in summaries:
+                txns = summary.get("transaction_ids") or []
+                done = sum(1 for t in txns if any(t in c for c in committed))
+                what = f"{summary.get('events', 0)} events, {done}/{len(txns)} transactions COMMITTED"
+                if summary.get("recovered_runs"):
+                    what += f", recovered {len(summary['recovered_runs'])} killed run(s)"
+                if not txns and summary.get("files_skipped"):
+                    what = f"nothing new ({len(summary['files_skipped'])} files already ingested)"
+                runs.append(what)
+            if day == crash_day:
+                runs.insert(0, "killed after its commit point")
             dups = sum(c - 1 for e, c in counts.items() if c > 1 and json.loads(e)["reading_id"].startswith(day))
-            rate = summary.get("events_per_second") or 0
+            rate = max((s.get("events_per_second") or 0 for s in summaries), default=0)
             print(f"{day:12} {len(source_lines[day]):>8} {per_day[day]:>8} {dups:>10} {rate:>9,.0f}  "
-                  f"{len(txns)} x {state}")
+                  + "; ".join(runs))
             if per_day[day] != len(source_lines[day]):
                 failures.append(f"{day}: {per_day[day]} events in the stream, {len(source_lines[day])} in the source")
         missing = set(ln for v in source_lines.values() for ln in v) - set(counts)
