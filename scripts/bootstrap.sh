@@ -38,6 +38,24 @@ if ! [[ "$java_major" =~ ^[0-9]+$ ]] || ((java_major < 17)); then
   Or point JAVA_HOME at a JDK/JRE 17+ installation."
 fi
 
+# --- Chromium for tests/ui (the connection form in a real browser) -----------------------------
+# Debian's chromium, driven by Playwright (Playwright's own browser download does not work
+# offline). Optional: without it the UI test skips and says why; nothing here stops the bootstrap.
+chromium_bin="/usr/bin/chromium"
+if [[ ! -x "$chromium_bin" ]]; then
+    if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing Debian's chromium for tests/ui (apt-get, about a minute)"
+        if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; then
+            echo "bootstrap: warning: 'apt-get install chromium' failed; tests/ui will be skipped" >&2
+        fi
+    else
+        echo "bootstrap: no $chromium_bin: tests/ui will be skipped. To run them, install Chromium:
+  Debian/Ubuntu (as root): apt-get update && apt-get install -y chromium" >&2
+    fi
+fi
+# --- end of Chromium for tests/ui --------------------------------------------------------------
+
 # --- Python 3.11 (the official pravega client has wheels for CPython 3.10/3.11 only) ----------
 venv_is_usable() {
     [[ -x "$venv/bin/python" ]] &&
