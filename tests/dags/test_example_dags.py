@@ -107,3 +107,29 @@ def test_export_dag_tiles_the_stream_and_reruns_identically(tmp_path, monkeypatc
     run = run_dag(dag, logical_date=datetime.fromisoformat(days[1]).replace(tzinfo=timezone.utc))
     assert {str(ti.state) for ti in run.get_task_instances()} == {"success"}
     assert rows(days[1]) == before and len(before) == 40
+
+
+def test_event_driven_dag_exports_the_new_range(tmp_path, monkeypatch, spark, run_dag, pravega_default_conn):
+    """Run by hand (no asset event) it exports head → tail; with an event, the event's two cuts."""
+    import pravega_client
+
+    from airflow_provider_pravega.client import PravegaClient
+
+    monkeypatch.setenv("PRAVEGA_EXAMPLES_DATA", str(tmp_path / "data"))
+    dag = load_dag(DAGS / "pravega_on_new_readings.py", "pravega_on_new_readings")
+    watcher = dag.timetable.asset_condition.objects[0].watchers[0] if hasattr(dag.timetable, "asset_condition") else None
+    with PravegaClient(pravega_default_conn) as client:
+        client.admin.create_scope("iot")
+        if client.admin.stream_exists("iot", "readings"):
+            client.admin.delete_stream("iot", "readings", seal=True)
+        client.admin.create_stream("iot", "readings", 2)
+    manager = pravega_client.StreamManager(pravega_default_conn)
+    writer = manager.create_writer("iot", "readings", 100)
+    for n in range(25):
+        writer.write_event(json.dumps({"reading_id": f"r{n}", "sensor_id": f"s{n % 3}"}), f"s{n % 3}")
+    writer.flush()
+    run = run_dag(dag)
+    assert {str(ti.state) for ti in run.get_task_instances()} == {"success"}
+    (out,) = [p for p in (tmp_path / "data" / "export" / "on-new-readings").iterdir() if p.is_dir()]
+    assert spark.read.json(str(out)).count() == 25
+    assert watcher is None or watcher.trigger is not None

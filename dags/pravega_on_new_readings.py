@@ -1,0 +1,45 @@
+"""A DAG that runs whenever new sensor readings arrive in the stream (event-driven, no schedule).
+
+``PravegaStreamTrigger`` watches the tail of ``iot/readings`` in the triggerer; each time it moves
+past the last seen stream cut, the asset event carries the cut before and after the new data, and
+this DAG exports exactly that range (the same stream-cut export as the daily DAG, but bounded by
+the event's cuts instead of an interval).
+"""
+
+from __future__ import annotations
+
+import os
+
+from airflow.sdk import DAG, Asset, AssetWatcher, task
+
+from airflow_provider_pravega.triggers import PravegaStreamTrigger
+
+DATA = os.environ.get("PRAVEGA_EXAMPLES_DATA", "/data")
+
+readings = Asset(
+    "pravega://pravega:9090/iot/readings",
+    watchers=[AssetWatcher(name="iot_readings_tail",
+                           trigger=PravegaStreamTrigger(scope="iot", stream="readings", poll_interval=30))],
+)
+
+with DAG(dag_id="pravega_on_new_readings", schedule=[readings], tags=["pravega", "example"]) as dag:
+
+    @task
+    def export_new_range(**context) -> dict:
+        """Export the events between the asset event's cuts (head → tail when run by hand)."""
+        from airflow_provider_pravega.hooks.pravega import PravegaHook
+        from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
+        from airflow_provider_pravega.spark.session import get_spark_session
+
+        events = context.get("triggering_asset_events", {}).get(readings) or []
+        payload = events[-1].extra.get("payload", {}) if events else {}
+        start, end = payload.get("previous_cut", "head"), payload.get("cut", "tail")
+        run_id = context["run_id"].replace(":", "_").replace("+", "_")
+        spec = ExportSpec(scope="iot", stream="readings", start_cut=start, end_cut=end,
+                          output_path=f"{DATA}/export/on-new-readings/{run_id}", format="jsonl",
+                          export_id="pravega_on_new_readings")
+        with PravegaHook().get_client() as client:
+            result = run_export(client, get_spark_session("spark_default", "pravega-on-new-readings"), spec)
+        return result if isinstance(result, dict) else result.to_dict()
+
+    export_new_range()
