@@ -122,6 +122,11 @@ def test_head_to_tail_across_two_scalings_holds_every_event_once(tmp_path, clien
                                                                           len(written))
     assert StreamCut.from_text(result.end_cut) == StreamCut.tail(client, scope, "s")
     assert siblings(out) == []
+    # Parquet layout: required columns; no min/max for the opaque payload, but for the positions.
+    meta = pq.ParquetFile(parts(out)[0]).metadata
+    assert [meta.schema.column(i).max_definition_level for i in range(3)] == [0, 0, 0]
+    assert meta.row_group(0).column(0).statistics is None or not meta.row_group(0).column(0).statistics.has_min_max
+    assert meta.row_group(0).column(2).statistics.has_min_max
 
 
 def test_formats_and_event_formats(tmp_path, client, spark, pravega_controller_uri, unique_name):
@@ -409,3 +414,61 @@ def test_command_line(tmp_path, client, spark, pravega_controller_uri, unique_na
                  "--output-path", str(tmp_path / "x")]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "x")
+
+
+def test_read_range_arrow_matches_the_event_reader_at_any_chunk_size(client, pravega_controller_uri, unique_name):
+    """The export's own framing (Arrow slices of each reply, read-ahead thread) against the client's
+    event reader: same events and offsets, also when events straddle replies or exceed a reply."""
+    import threading
+
+    from airflow_provider_pravega.client.batch import (
+        SegmentRange,
+        SegmentRangeTruncatedError,
+        plan_segment_ranges,
+        read_segment_range,
+    )
+    from airflow_provider_pravega.client.errors import SegmentStoreError
+    from airflow_provider_pravega.spark.export_job import read_range_arrow
+
+    scope = unique_name("arrow")
+    make_stream(client, scope, segments=1)
+    manager = pravega_client.StreamManager(pravega_controller_uri)
+    writer = manager.create_writer(scope, "s")
+    sizes = [0, 1, 7, 8, 9, 100, 3000, 5, 70_000, 2, 300]
+    for i, size in enumerate(sizes * 3):
+        writer.write_event_bytes(bytes([65 + i % 26]) * size)
+    writer.flush()
+    (rng,) = plan_segment_ranges(client, StreamCut.head(client, scope, "s"), StreamCut.tail(client, scope, "s"))
+    expected = [(e.payload, e.offset) for e in read_segment_range(client, rng)]
+    assert len(expected) == len(sizes) * 3
+    for chunk in (64, 1000, 4096, 65_536, 8 * 1024 * 1024):
+        got = []
+        total = 0
+        for events, offsets, payload_bytes in read_range_arrow(client.segments, rng, chunk=chunk):
+            got.extend(zip(events.to_pylist(), offsets.tolist(), strict=True))
+            total += payload_bytes
+        assert got == expected, chunk
+        assert total == sum(len(p) for p, _ in expected)
+
+    def drain(r, **kw):
+        return [e for batch, _, _ in read_range_arrow(client.segments, r, **kw) for e in batch.to_pylist()]
+
+    assert drain(SegmentRange(scope, "s", rng.segment_id, 5, 5)) == []
+    third = expected[2][1]
+    with pytest.raises(SegmentStoreError, match="ends inside an event"):
+        drain(SegmentRange(scope, "s", rng.segment_id, 0, third + 3))
+    with pytest.raises(SegmentStoreError, match="no valid event header"):
+        drain(SegmentRange(scope, "s", rng.segment_id, third + 1, rng.end_offset))
+    # Stopping early stops the read-ahead thread.
+    before = threading.active_count()
+    batches = read_range_arrow(client.segments, rng, chunk=64)
+    next(batches)
+    batches.close()
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before
+    # Data truncated away after planning: the same error as the client's reader.
+    client.admin.truncate_stream(scope, "s", {rng.segment_id: expected[5][1]})
+    with pytest.raises(SegmentRangeTruncatedError, match="now starts at offset"):
+        drain(rng)
