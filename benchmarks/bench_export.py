@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -60,8 +61,9 @@ def write_events(uri: str, scope: str, stream: str, events: int, size: int, segm
 
 def warm_up() -> None:
     """Pool initializer: import everything before anything is timed."""
-    import airflow_provider_pravega.client
-    import airflow_provider_pravega.client.batch  # noqa: F401
+    import importlib
+
+    importlib.import_module("airflow_provider_pravega.client.batch")
 
 
 def read_raw(uri: str, ranges: list) -> tuple[int, int, float]:
@@ -135,7 +137,7 @@ class CpuMeter:
             out[kind] = out.get(kind, 0.0) + t.user + t.system + t.children_user + t.children_system
         return out
 
-    def __enter__(self) -> CpuMeter:
+    def __enter__(self) -> Self:
         self._before = self.sample()
         return self
 

@@ -130,7 +130,11 @@ class PravegaStreamCutExportOperator(BaseOperator):
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The stream as input and the output directory as output (None without OpenLineage)."""
         try:
-            from airflow_provider_pravega.openlineage import file_dataset, operator_lineage, stream_dataset
+            from airflow_provider_pravega.openlineage import (
+                file_dataset,
+                operator_lineage,
+                stream_dataset,
+            )
         except ImportError:
             return None
         config = PravegaHook(self.pravega_conn_id).get_config()

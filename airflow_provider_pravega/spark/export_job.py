@@ -35,6 +35,7 @@ Run it without Airflow as ``python -m airflow_provider_pravega.spark.export_job 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -50,6 +51,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from py4j.protocol import Py4JError
 
 from airflow_provider_pravega.client.batch import (
     DEFAULT_READ_CHUNK,
@@ -427,7 +430,7 @@ class OutputLocation:
         try:
             self.final = self._Path(self.text)
             self.fs = self.final.getFileSystem(spark._jsc.hadoopConfiguration())
-        except Exception as exc:  # py4j wraps the Java exception
+        except Py4JError as exc:  # an invalid URI, an unknown scheme, a missing filesystem library
             raise OutputPathError(f"output path {self.given!r} is not usable: {_java_message(exc)}") from None
         parent = self.final.getParent()
         if parent is None:
@@ -454,9 +457,7 @@ class OutputLocation:
                 raise self._fail(f"cannot create {self.temp.toString()}")
             stream = self.fs.create(self.child(self.temp, "_probe"), True)
             stream.close()
-        except OutputPathError:
-            raise
-        except Exception as exc:
+        except Py4JError as exc:  # permission denied, a parent that is a file, a read-only filesystem
             raise self._fail(f"cannot create {self.temp.toString()}", exc) from None
         finally:
             self.remove_temp()
@@ -546,7 +547,7 @@ class OutputLocation:
         try:
             if self.fs.exists(self.temp):
                 self.fs.delete(self.temp, True)
-        except Exception as exc:  # best effort: it is a hidden directory
+        except Py4JError as exc:  # best effort: it is a hidden directory
             log.warning("could not remove the temporary directory %s: %s", self.temp.toString(), _java_message(exc))
 
 
@@ -556,10 +557,8 @@ def _java_message(exc: BaseException | None) -> str:
         return ""
     java = getattr(exc, "java_exception", None)
     if java is not None:
-        try:
+        with contextlib.suppress(Py4JError, IndexError):
             return str(java.toString()).splitlines()[0]
-        except Exception:
-            pass
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -670,7 +669,7 @@ def _read_ahead(segments: Any, rng: SegmentRange, end: int, chunk: int, depth: i
                 if not put(data):
                     return
             put(_DONE)
-        except BaseException as exc:  # handed to the reading thread, which raises it
+        except BaseException as exc:  # noqa: BLE001 - handed to the reading thread, which raises it
             put(exc)
 
     worker = threading.Thread(target=fetch, name=f"pravega-read-{rng.segment_id}", daemon=True)
@@ -795,9 +794,9 @@ def json_sample(config: Any, ranges: Sequence[SegmentRange], limit: int) -> list
     if not ranges:
         return sample
     per_range = max(1, -(-limit // len(ranges)))
+    chunk = min(1 << 20, max(64 * 1024, per_range * 2048))
     for rng in ranges:
-        taken = 0
-        for event in read_segment_range(config, rng, chunk=min(1 << 20, max(64 * 1024, per_range * 2048))):
+        for taken, event in enumerate(read_segment_range(config, rng, chunk=chunk), start=1):
             try:
                 text = event.payload.decode("utf-8")
                 value = json.loads(text)
@@ -812,7 +811,6 @@ def json_sample(config: Any, ranges: Sequence[SegmentRange], limit: int) -> list
                     f"({type(value).__name__}); event_format='json' makes one column per top-level field"
                 )
             sample.append(text)
-            taken += 1
             if taken >= per_range or len(sample) >= limit:
                 break
         if len(sample) >= limit:
@@ -844,9 +842,11 @@ def build_frame(spark: Any, config: Any, spec: ExportSpec, ranges: Sequence[Segm
         return frame  # already the output columns: no projection (each one copies every row)
 
     if spec.json_schema:
+        from pyspark.errors import PySparkException
+
         try:
             schema = _parse_datatype_string(spec.json_schema)
-        except Exception as exc:
+        except (ValueError, PySparkException, Py4JError) as exc:
             raise ValueError(f"json_schema {spec.json_schema!r} is not a Spark DDL schema: {_java_message(exc)}") from None
         if not isinstance(schema, StructType):
             raise ValueError(f"json_schema must describe an object's fields, got {spec.json_schema!r}")

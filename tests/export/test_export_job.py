@@ -18,7 +18,10 @@ import pytest
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import StreamCutOrderError
-from airflow_provider_pravega.client.errors import StreamNotFoundError, TruncatedStreamCutError
+from airflow_provider_pravega.client.errors import (
+    StreamNotFoundError,
+    TruncatedStreamCutError,
+)
 from airflow_provider_pravega.client.streamcut import StreamCut, StreamCutMismatchError
 from airflow_provider_pravega.spark.export_job import (
     MARKER,
@@ -164,6 +167,16 @@ def test_formats_and_event_formats(tmp_path, client, spark, pravega_controller_u
     fewer = run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / "one"), num_partitions=1, **cuts))
     assert len(fewer.files) == 1 and fewer.events == 50
 
+    # A given JSON schema: only its fields, with its types; a bad one is refused before any task.
+    run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / "schema"), event_format="json",
+                                         json_schema="n int, sensor string", **cuts))
+    typed = exported_rows(tmp_path / "schema")
+    assert set(typed[0]) == {"n", "sensor", "segment_id", "offset"} and sorted(r["n"] for r in typed) == list(range(50))
+    with pytest.raises(ValueError, match="not a Spark DDL schema"):
+        run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / "bad-schema"), event_format="json",
+                                             json_schema="n int,, oops(", **cuts))
+    assert not (tmp_path / "bad-schema").exists() and siblings(tmp_path / "bad-schema") == []
+
 
 def test_intervals_tile_the_stream_and_reruns_are_byte_identical(tmp_path, client, spark, pravega_controller_uri,
                                                                  unique_name):
@@ -199,7 +212,7 @@ def test_intervals_tile_the_stream_and_reruns_are_byte_identical(tmp_path, clien
 
     # Other formats reproduce too (parquet was checked above).
     for fmt in ("jsonl", "csv"):
-        a = run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / f"{fmt}-a"), export_id=f"f-{fmt}",
+        run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / f"{fmt}-a"), export_id=f"f-{fmt}",
                                                  interval_key=DAY1, format=fmt))
         write(pravega_controller_uri, scope, "s", f"more-{fmt}", 10)
         b = run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / f"{fmt}-b"), export_id=f"f-{fmt}",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pravega_client
@@ -38,7 +38,7 @@ def events_in(path: Path) -> list[str]:
 
 
 def day(text: str) -> datetime:
-    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
 def test_daily_runs_tile_the_stream_and_a_rerun_reproduces_its_day(tmp_path, spark, run_dag, pravega_default_conn,
