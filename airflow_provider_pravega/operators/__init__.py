@@ -7,8 +7,7 @@ would be circular. To add an operator, add one line to ``_EXPORTS`` (class name 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from airflow_provider_pravega._lazy import lazy_exports
 
 _EXPORTS = {
     "PravegaCreateScopeOperator": "airflow_provider_pravega.operators.admin",
@@ -26,13 +25,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

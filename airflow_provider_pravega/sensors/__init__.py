@@ -5,8 +5,7 @@ Imports are lazy (PEP 562) for the reason given in ``airflow_provider_pravega.op
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from airflow_provider_pravega._lazy import lazy_exports
 
 _EXPORTS = {
     "PravegaStreamSensor": "airflow_provider_pravega.sensors.stream",
@@ -17,13 +16,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
