@@ -84,8 +84,8 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     exit 0
 fi
 rm -f "$stamp"
-echo "bootstrap: installing airflow-provider-pravega[test] into $venv (a few minutes the first time)"
+echo "bootstrap: installing airflow-provider-pravega[test,bench] into $venv (a few minutes the first time)"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[test]"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[test,bench]"
 echo "$want" >"$stamp"
 echo "bootstrap: done"
