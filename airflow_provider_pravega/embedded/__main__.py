@@ -1,15 +1,27 @@
-"""``python -m airflow_provider_pravega.embedded`` / ``pravega-embedded``: run the embedded server."""
+"""``python -m airflow_provider_pravega.embedded`` / ``pravega-embedded``: run the embedded server.
+
+``pravega-embedded hash-password`` prints a password hash for the auth file (Pravega's format); the
+password is read from stdin or a prompt, never from the command line (where ``ps`` would show it).
+"""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import logging
 import signal
 import sys
 import threading
 from pathlib import Path
 
-from airflow_provider_pravega.embedded.server import EmbeddedPravega, EmbeddedServerError, ServerSettings
+from airflow_provider_pravega.embedded import auth
+from airflow_provider_pravega.embedded.server import (
+    EmbeddedPravega,
+    EmbeddedServerError,
+    ServerSettings,
+    insecure_bind_warning,
+    is_loopback,
+)
 
 
 def _port(text: str) -> int:
@@ -38,18 +50,54 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shorten every transaction lease to at most this many ms (for tests)")
     p.add_argument("--tail-wait", type=float, default=5.0, help="seconds a read at the tail waits for data")
     p.add_argument("--no-fsync", action="store_true", help="acknowledge before data reaches the disk (unsafe)")
+    p.add_argument("--auth-file", type=Path, default=None,
+                   help="Pravega password file (username:password-hash:acl per line); every controller call "
+                        "then needs Basic credentials and every segment-store request a delegation token")
+    p.add_argument("--token-ttl-s", type=int, default=auth.DEFAULT_TOKEN_TTL_S,
+                   help=f"lifetime of delegation tokens in seconds (default {auth.DEFAULT_TOKEN_TTL_S})")
+    p.add_argument("--token-signing-key-file", type=Path, default=None,
+                   help="file holding the token signing key (default: a random key per start)")
+    p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate: serve TLS only on both ports")
+    p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     p.add_argument("--log-level", default="WARNING")
     return p
 
 
+def hash_password_main(argv: list[str]) -> int:
+    """Print the hash of a password read from stdin (piped) or a prompt (terminal, asked twice)."""
+    p = argparse.ArgumentParser(
+        prog="pravega-embedded hash-password",
+        description="Print a Pravega password-file hash of a password read from stdin or a prompt.",
+    )
+    p.parse_args(argv)
+    if sys.stdin.isatty():
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Again: ") != password:
+            print("pravega-embedded: the passwords differ", file=sys.stderr)
+            return 2
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        print("pravega-embedded: empty password", file=sys.stderr)
+        return 2
+    print(auth.hash_password(password))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["hash-password"]:
+        return hash_password_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ServerSettings(
         data_dir=args.data_dir, host=args.host, port=args.port, segment_store_port=args.segment_store_port,
         advertise_host=args.advertise_host, lease_cap_ms=args.txn_lease_cap_ms, tail_wait_s=args.tail_wait,
-        fsync=not args.no_fsync,
+        fsync=not args.no_fsync, auth_file=args.auth_file, token_ttl_s=args.token_ttl_s,
+        token_signing_key_file=args.token_signing_key_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
     )
+    if not is_loopback(args.host) and args.auth_file is None:
+        print(f"pravega-embedded: WARNING: {insecure_bind_warning(args.host)}", file=sys.stderr, flush=True)
     server = EmbeddedPravega(settings)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -61,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(
         f"Pravega embedded server ready: controller {server.controller_uri} "
-        f"segment-store {server.segment_store_endpoint} data-dir {args.data_dir}",
+        f"segment-store {server.segment_store_endpoint} data-dir {args.data_dir} "
+        f"auth {'on' if settings.auth_enabled else 'off'} tls {'on' if settings.tls_enabled else 'off'}",
         flush=True,
     )
     try:

@@ -45,6 +45,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from airflow_provider_pravega.embedded import auth
+from airflow_provider_pravega.embedded.auth import Authenticator, Permission, TokenAuthority
 from airflow_provider_pravega.embedded.backend import SegmentBackend
 from airflow_provider_pravega.embedded.controller_log import MetadataLog
 from airflow_provider_pravega.embedded.controller_state import (
@@ -223,7 +225,15 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         segment_store_port: int,
         data_dir: Path,
         config: ControllerConfig | None = None,
+        *,
+        authenticator: Authenticator | None = None,
+        tokens: TokenAuthority | None = None,
     ) -> None:
+        if (authenticator is None) != (tokens is None):
+            raise ValueError("authentication needs both an authenticator and a token authority")
+        self._authenticator = authenticator  # None: no authentication (every call allowed, tokens "")
+        self._tokens = tokens
+        self._caller = threading.local()  # the authenticated account of the RPC this thread serves
         self._backend = backend
         self._ss_host = segment_store_host
         self._ss_port = segment_store_port

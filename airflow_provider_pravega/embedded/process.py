@@ -40,6 +40,11 @@ class EmbeddedPravegaProcess:
         txn_lease_cap_ms: int | None = None,
         extra_args: Sequence[str] = (),
         startup_timeout_s: float = 60.0,
+        auth_file: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        token_ttl_s: int | None = None,
+        token_signing_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.host = host
@@ -47,6 +52,11 @@ class EmbeddedPravegaProcess:
         self.segment_store_port = segment_store_port
         self.txn_lease_cap_ms = txn_lease_cap_ms
         self.extra_args = list(extra_args)
+        self.auth_file = Path(auth_file) if auth_file is not None else None
+        self.tls_cert = Path(tls_cert) if tls_cert is not None else None
+        self.tls_key = Path(tls_key) if tls_key is not None else None
+        self.token_ttl_s = token_ttl_s
+        self.token_signing_key_file = Path(token_signing_key_file) if token_signing_key_file is not None else None
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen[str] | None = None
         self.controller_uri = ""
@@ -65,6 +75,16 @@ class EmbeddedPravegaProcess:
         ]
         if self.txn_lease_cap_ms is not None:
             cmd += ["--txn-lease-cap-ms", str(self.txn_lease_cap_ms)]
+        if self.auth_file is not None:
+            cmd += ["--auth-file", str(self.auth_file)]
+        if self.token_ttl_s is not None:
+            cmd += ["--token-ttl-s", str(self.token_ttl_s)]
+        if self.token_signing_key_file is not None:
+            cmd += ["--token-signing-key-file", str(self.token_signing_key_file)]
+        if self.tls_cert is not None:
+            cmd += ["--tls-cert", str(self.tls_cert)]
+        if self.tls_key is not None:
+            cmd += ["--tls-key", str(self.tls_key)]
         return cmd + self.extra_args
 
     def start(self) -> EmbeddedPravegaProcess:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import ssl
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from airflow_provider_pravega.embedded import storage as st
+from airflow_provider_pravega.embedded.auth import Permission, TokenAuthority, TokenCheckFailed
 from airflow_provider_pravega.embedded.storage import SegmentStorage
 from airflow_provider_pravega.protocol import wire
 
@@ -41,8 +43,12 @@ class SegmentStoreServer:
         port: int = 0,
         *,
         tail_wait_s: float = 5.0,
+        tokens: TokenAuthority | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.storage = storage
+        self.tokens = tokens  # None: no authentication, delegation tokens are ignored (as before)
+        self.ssl_context = ssl_context
         self.host = host
         self.port = port
         self.tail_wait_s = tail_wait_s
@@ -68,7 +74,8 @@ class SegmentStoreServer:
             self._loop = loop
             try:
                 self._server = loop.run_until_complete(
-                    loop.create_server(lambda: _Connection(self), self.host, self.port, reuse_address=True)
+                    loop.create_server(lambda: _Connection(self), self.host, self.port, reuse_address=True,
+                                       ssl=self.ssl_context)
                 )
                 self.port = self._server.sockets[0].getsockname()[1]
             except BaseException as exc:  # port in use, bad host

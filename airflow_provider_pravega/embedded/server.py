@@ -8,6 +8,7 @@ use; the official ``pravega`` client connects to ``controller_uri`` as it would 
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import logging
 import os
 import tempfile
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+from airflow_provider_pravega.embedded import auth, tls
 from airflow_provider_pravega.embedded.controller import ControllerConfig, EmbeddedController
 from airflow_provider_pravega.embedded.segment_store import SegmentStoreServer
 from airflow_provider_pravega.embedded.storage import SegmentStorage
@@ -43,6 +45,19 @@ class ServerSettings:
     tail_wait_s: float = 5.0
     fsync: bool = True
     checkpoint_bytes: int = 256 * 1024 * 1024
+    auth_file: Path | None = None  # Pravega password file; None = no authentication (as before)
+    token_ttl_s: int = auth.DEFAULT_TOKEN_TTL_S
+    token_signing_key_file: Path | None = None  # None = a random key per start
+    tls_cert: Path | None = None  # PEM certificate (chain); with tls_key, both endpoints serve TLS only
+    tls_key: Path | None = None
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.auth_file is not None
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert is not None
 
 
 class EmbeddedPravega:
@@ -59,7 +74,8 @@ class EmbeddedPravega:
 
     @property
     def controller_uri(self) -> str:
-        return f"tcp://{self._client_host()}:{self.controller_port}"
+        scheme = "tls" if self.settings.tls_enabled else "tcp"
+        return f"{scheme}://{self._client_host()}:{self.controller_port}"
 
     @property
     def segment_store_endpoint(self) -> str:
@@ -70,17 +86,49 @@ class EmbeddedPravega:
         s = self.settings
         if s.advertise_host:
             return s.advertise_host
-        return "127.0.0.1" if s.host in ("0.0.0.0", "", "::") else s.host
+        host = "127.0.0.1" if s.host in ("0.0.0.0", "", "::") else s.host
+        if s.tls_enabled and is_loopback(host):
+            # The official client (rustls/webpki) can verify a certificate only for a DNS name, never
+            # for an IP address: with TLS, hand out 'localhost' (the certificate must name it).
+            return "localhost"
+        return host
+
+    def _security(self) -> tuple[auth.Authenticator | None, auth.TokenAuthority | None, tls.ServerTLS | None]:
+        """Load the auth file, token key and certificates before anything listens (fail early)."""
+        s = self.settings
+        authenticator = tokens = None
+        if s.auth_file is not None:
+            try:
+                authenticator = auth.Authenticator(auth.load_auth_file(s.auth_file))
+                tokens = (auth.TokenAuthority.from_key_file(s.token_signing_key_file, s.token_ttl_s)
+                          if s.token_signing_key_file else auth.TokenAuthority.random(s.token_ttl_s))
+            except (auth.AuthFileError, ValueError) as exc:
+                raise EmbeddedServerError(str(exc)) from None
+        elif s.token_signing_key_file is not None:
+            raise EmbeddedServerError("a token signing key file was given without an auth file")
+        server_tls = None
+        if (s.tls_cert is None) != (s.tls_key is None):
+            raise EmbeddedServerError("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
+        if s.tls_cert is not None and s.tls_key is not None:
+            try:
+                server_tls = tls.ServerTLS.load(s.tls_cert, s.tls_key)
+            except tls.TLSConfigError as exc:
+                raise EmbeddedServerError(str(exc)) from None
+        return authenticator, tokens, server_tls
 
     def start(self) -> EmbeddedPravega:
         s = self.settings
+        authenticator, tokens, server_tls = self._security()
         data_dir = Path(s.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_data_dir(data_dir)
         try:
             self.storage = SegmentStorage(data_dir / "segments", fsync=s.fsync, checkpoint_bytes=s.checkpoint_bytes)
             self.storage.open()
-            self.segment_store = SegmentStoreServer(self.storage, s.host, s.segment_store_port, tail_wait_s=s.tail_wait_s)
+            self.segment_store = SegmentStoreServer(
+                self.storage, s.host, s.segment_store_port, tail_wait_s=s.tail_wait_s,
+                tokens=tokens, ssl_context=server_tls.ssl_context() if server_tls else None,
+            )
             try:
                 self.segment_store.start()
             except OSError as exc:
@@ -89,13 +137,18 @@ class EmbeddedPravega:
                 ) from exc
             config = ControllerConfig(max_lease_ms=s.max_lease_ms, lease_cap_ms=s.lease_cap_ms)
             self.controller = EmbeddedController(
-                self.storage, self._client_host(), self.segment_store.port, data_dir, config
+                self.storage, self._client_host(), self.segment_store.port, data_dir, config,
+                authenticator=authenticator, tokens=tokens,
             )
             self.controller.recover()
             self._grpc = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="pravega-ctl"))
             controller_pb2_grpc.add_ControllerServiceServicer_to_server(self.controller, self._grpc)
             try:
-                self.controller_port = self._grpc.add_insecure_port(f"{s.host}:{s.port}")
+                address = f"{s.host}:{s.port}"
+                if server_tls is not None:
+                    self.controller_port = self._grpc.add_secure_port(address, server_tls.grpc_credentials())
+                else:
+                    self.controller_port = self._grpc.add_insecure_port(address)
             except RuntimeError as exc:
                 raise EmbeddedServerError(f"cannot listen for the controller on {s.host}:{s.port}: {exc}") from exc
             if not self.controller_port:
@@ -106,8 +159,12 @@ class EmbeddedPravega:
         except BaseException:
             self.stop()
             raise
-        if s.host not in ("127.0.0.1", "localhost", "::1"):
-            log.warning("the embedded Pravega server listens on %s without authentication", s.host)
+        if not is_loopback(s.host) and not s.auth_enabled:
+            log.warning(insecure_bind_warning(s.host))
+        if s.tls_enabled and _is_ip(self._client_host()):
+            log.warning("TLS is on but clients are told to reach %s, an IP address: the official Pravega client "
+                        "cannot verify a certificate for an IP address; give --advertise-host with a DNS name",
+                        self._client_host())
         return self
 
     def stop(self) -> None:
@@ -141,6 +198,28 @@ class EmbeddedPravega:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def insecure_bind_warning(host: str) -> str:
+    return (f"the embedded Pravega server listens on {host or 'all interfaces'} WITHOUT authentication: anyone who "
+            "can reach it can read, write and delete every stream (give --auth-file, and --tls-cert/--tls-key)")
 
 
 @contextmanager

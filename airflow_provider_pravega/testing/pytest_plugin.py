@@ -8,17 +8,33 @@ for replies, so it could never be answered by a server inside the test process.
 - ``pravega_embedded_factory``: extra servers with their own settings (short transaction leases,
   a given data directory for restart and crash tests); all are stopped after the test.
 - ``unique_name``: Pravega-valid unique names.
+- ``pravega_secure_embedded``: one server per module with authentication and TLS on (see
+  :class:`SecureServer` for its users); ``pravega_secure_embedded_factory(token_ttl_s=..., tls=...)``
+  starts more, e.g. with short-lived tokens or without TLS.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from airflow_provider_pravega.embedded.auth import auth_file_line
 from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
+from airflow_provider_pravega.testing.tls import TestPKI, make_test_pki
+
+# Test-only accounts of the secure server: username -> (password, Pravega ACL).
+# 'admin' may do everything; 'reader' may read everything; 'writer-iot' may read and write in scope
+# 'iot' only (the scope itself and everything in it). Pravega matches an ACL entry against the whole
+# resource string, so 'prn::/' alone would cover only the list of scopes: hence 'prn::*'.
+SECURE_USERS: dict[str, tuple[str, str]] = {
+    "admin": ("admin-Pa55word", "prn::*,READ_UPDATE"),
+    "reader": ("reader-Pa55word", "prn::*,READ"),
+    "writer-iot": ("writer-Pa55word", "prn::/scope:iot,READ_UPDATE;prn::/scope:iot/*,READ_UPDATE"),
+}
 
 
 @pytest.fixture(scope="session")
@@ -56,3 +72,95 @@ def pravega_embedded_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedP
 @pytest.fixture
 def unique_name() -> Callable[[str], str]:
     return lambda prefix: f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@dataclass
+class SecureServer:
+    """A running embedded server with authentication (and TLS unless asked otherwise).
+
+    ``passwords`` holds the plain test passwords (the server only has their hashes);
+    ``client_env(user)`` is the environment the official client reads credentials and the CA from.
+    """
+
+    process: EmbeddedPravegaProcess
+    auth_file: Path
+    pki: TestPKI | None
+    passwords: dict[str, str]
+    acls: dict[str, str]
+    token_ttl_s: int | None
+    users: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.users = list(self.passwords)
+
+    @property
+    def controller_uri(self) -> str:
+        return self.process.controller_uri
+
+    @property
+    def segment_store_endpoint(self) -> str:
+        return self.process.segment_store_endpoint
+
+    @property
+    def tls(self) -> bool:
+        return self.pki is not None
+
+    @property
+    def ca_cert(self) -> Path | None:
+        return self.pki.ca_cert if self.pki else None
+
+    def client_env(self, user: str | None = None, password: str | None = None) -> dict[str, str]:
+        """``pravega_client_*`` variables for the official client (Basic auth as ``user``)."""
+        env: dict[str, str] = {}
+        if user is not None:
+            env.update(pravega_client_auth_method="Basic", pravega_client_auth_username=user,
+                       pravega_client_auth_password=self.passwords[user] if password is None else password)
+        if self.pki is not None:
+            env["pravega_client_tls_cert_path"] = str(self.pki.ca_cert)
+        return env
+
+
+def _start_secure(base: Path, *, token_ttl_s: int | None, tls: bool, extra_users: dict[str, tuple[str, str]] | None,
+                  **settings: object) -> SecureServer:
+    base.mkdir(parents=True, exist_ok=True)
+    users = dict(SECURE_USERS)
+    users.update(extra_users or {})
+    auth_file = base / "passwd"
+    auth_file.write_text("".join(auth_file_line(u, pw, acl) + "\n" for u, (pw, acl) in users.items()))
+    pki = make_test_pki(base / "pki") if tls else None
+    process = EmbeddedPravegaProcess(
+        base / "data", auth_file=auth_file, token_ttl_s=token_ttl_s,
+        tls_cert=pki.server_cert if pki else None, tls_key=pki.server_key if pki else None,
+        **settings,  # type: ignore[arg-type]
+    )
+    process.start()
+    return SecureServer(process, auth_file, pki, {u: pw for u, (pw, _a) in users.items()},
+                        {u: acl for u, (_p, acl) in users.items()}, token_ttl_s)
+
+
+@pytest.fixture(scope="module")
+def pravega_secure_embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureServer]:
+    server = _start_secure(tmp_path_factory.mktemp("pravega-secure"), token_ttl_s=None, tls=True, extra_users=None)
+    try:
+        yield server
+    finally:
+        server.process.stop()
+
+
+@pytest.fixture
+def pravega_secure_embedded_factory(tmp_path: Path) -> Iterator[Callable[..., SecureServer]]:
+    """``start(token_ttl_s=None, tls=True, extra_users=None, **EmbeddedPravegaProcess kwargs)``."""
+    started: list[SecureServer] = []
+
+    def start(*, token_ttl_s: int | None = None, tls: bool = True,
+              extra_users: dict[str, tuple[str, str]] | None = None, **settings: object) -> SecureServer:
+        server = _start_secure(tmp_path / f"pravega-secure-{len(started)}", token_ttl_s=token_ttl_s, tls=tls,
+                               extra_users=extra_users, **settings)
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in reversed(started):
+            server.process.stop()

@@ -1,0 +1,102 @@
+"""Throw-away certificates for TLS tests: a CA and a server certificate for localhost/127.0.0.1.
+
+RSA 2048 with SHA-256 and version-3 extensions (basic constraints, key usage, SANs), because the
+official client's TLS stack (rustls/webpki) refuses certificates without SANs or with a CA used as
+an end-entity certificate. Valid for one day.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+
+@dataclass(frozen=True)
+class TestPKI:
+    """Paths of the PEM files :func:`make_test_pki` wrote."""
+
+    __test__ = False  # not a pytest test class
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "airflow-provider-pravega tests"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def make_test_pki(directory: str | os.PathLike[str], *, hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
+                  ca_name: str = "pravega-test-ca") -> TestPKI:
+    """Write ``ca.pem``, ``server.pem`` and ``server-key.pem`` (unencrypted, mode 0600) into
+    ``directory`` and return their paths. ``hosts`` become the server certificate's SANs."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.timezone.utc)
+    not_before, not_after = now - dt.timedelta(minutes=5), now + dt.timedelta(days=1)
+
+    ca_key = _key()
+    ca_subject = _name(ca_name)
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_subject)
+        .issuer_name(ca_subject)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                     crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    server_key = _key()
+    sans: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(hosts[0]))
+        .issuer_name(ca_subject)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=True,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                                     crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    pki = TestPKI(out / "ca.pem", out / "server.pem", out / "server-key.pem")
+    pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    pki.server_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    key_pem = server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption())
+    fd = os.open(pki.server_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key_pem)
+    return pki
