@@ -51,6 +51,9 @@ class PravegaClient:
             raise TypeError(
                 f"PravegaClient needs a controller URI or a PravegaConnectionConfig, got {type(config_or_uri).__name__}"
             )
+        if isinstance(config_or_uri, str) and config_or_uri.strip().lower().startswith("tls://"):
+            # A TLS URI alone: trust the system CAs (a config can name a trust store and credentials).
+            config_or_uri = PravegaConnectionConfig.from_connection_fields(host=config_or_uri.strip())
         self.config: PravegaConnectionConfig | None = (
             config_or_uri
             if isinstance(config_or_uri, PravegaConnectionConfig)
@@ -59,7 +62,8 @@ class PravegaClient:
         self.controller: ControllerClient = ControllerClient(
             config_or_uri, timeout_s=timeout_s
         )
-        self.pool: ConnectionPool = ConnectionPool()
+        # Segment-store connections: TLS as the config says; tokens from this client's controller.
+        self.pool: ConnectionPool = ConnectionPool(config=self.config)
         self.segments: SegmentStoreClient = SegmentStoreClient(
             self.controller, self.pool
         )

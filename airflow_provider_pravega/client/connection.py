@@ -22,7 +22,9 @@ import dataclasses
 import itertools
 import logging
 import os
+import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -30,15 +32,18 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
+from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.controller import ControllerClient, Endpoint
 from airflow_provider_pravega.client.errors import (
     AuthenticationError,
     ConditionalAppendFailedError,
     ControllerUnreachableError,
+    DelegationTokenError,
     NoSuchSegmentError,
     PravegaError,
+    PravegaTLSError,
     SegmentSealedError,
     SegmentStoreError,
     SegmentStoreUnreachableError,
@@ -74,8 +79,11 @@ def raise_for_reply(
     *,
     endpoint: Endpoint | str | None = None,
     segment: str | None = None,
+    request: wire.Request | None = None,
+    user: str | None = None,
 ) -> None:
-    """Raise the exception matching an error reply; return for any other reply."""
+    """Raise the exception matching an error reply; return for any other reply. ``request`` and
+    ``user`` only make the message of a refused delegation token more precise."""
     if not getattr(reply, "IS_FAILURE", False) and not isinstance(
         reply, wire.ConditionalCheckFailed
     ):
@@ -102,8 +110,16 @@ def raise_for_reply(
             start_offset=reply.start_offset,
         )
     if isinstance(reply, wire.AuthTokenCheckFailed):
-        raise AuthenticationError(
-            "segment store", f"{where or ''} error code {reply.error_code}"
+        if reply.error_code == wire.AUTH_TOKEN_EXPIRED:
+            detail = "the delegation token expired and a fresh one was refused too"
+        else:
+            detail = (
+                "the delegation token was refused (check failed: the user lacks this permission on the "
+                "stream, or the token was altered or is for another stream)"
+            )
+        raise DelegationTokenError(
+            f"segment store{(' ' + where) if where else ''}", user, _action_of(request), f"segment {name}",
+            f"{detail}; error code {reply.error_code}",
         )
     if isinstance(reply, wire.ConditionalCheckFailed):
         raise ConditionalAppendFailedError(
@@ -123,6 +139,37 @@ def raise_for_reply(
         segment=name,
         endpoint=where,
     )
+
+
+_WRITE_REQUESTS = frozenset(
+    {"SetupAppend", "CreateSegment", "SealSegment", "TruncateSegment", "DeleteSegment", "MergeSegments",
+     "CreateTransientSegment", "UpdateSegmentAttribute", "UpdateSegmentPolicy", "CreateTableSegment",
+     "DeleteTableSegment", "UpdateTableEntries", "RemoveTableKeys"}
+)
+
+
+def _action_of(request: wire.Request | None) -> str:
+    if request is None:
+        return "use the segment"
+    name = type(request).__name__
+    kind = "write" if name in _WRITE_REQUESTS else "read"
+    return f"{kind} ({name})"
+
+
+def _segment_of(request: wire.Request) -> str | None:
+    for field in ("segment", "segment_name", "target"):
+        value = getattr(request, field, None)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+class TokenSource(Protocol):
+    """Where a connection gets the delegation token of a segment's stream (SegmentStoreClient)."""
+
+    def current_token(self, segment: str) -> str | None: ...
+
+    def renewed_token(self, segment: str, stale: str) -> str | None: ...
 
 
 # ----------------------------------------------------------------------------------- connection
@@ -156,14 +203,23 @@ class SegmentStoreConnection:
         *,
         timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        tls: tuple[PravegaConnectionConfig, ssl.SSLContext] | None = None,
+        tokens: TokenSource | None = None,
+        user: str | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.tokens = tokens
+        self.user = user
         self._decoder = wire.FrameDecoder("reply")
         self._ready: collections.deque[wire.Reply] = collections.deque()
         self.failed = False
+        # OpenSSL forbids using one connection from two threads at once (an append session reads
+        # acks in one thread while another sends): with TLS every socket operation holds this lock.
+        self._io_lock: threading.Lock | None = None
+        self._timeout = timeout_s
         try:
-            self.sock = socket.create_connection(
+            raw = socket.create_connection(
                 (endpoint.host, endpoint.port), timeout=connect_timeout_s
             )
         except OSError as exc:
@@ -171,11 +227,36 @@ class SegmentStoreConnection:
                 f"cannot connect to segment store {endpoint}: {exc.strerror or exc}",
                 endpoint=str(endpoint),
             ) from None
+        self.sock: socket.socket = raw
+        if tls is not None:
+            from airflow_provider_pravega.client.security import wrap_client_socket
+
+            config, context = tls
+            try:
+                self.sock = wrap_client_socket(
+                    raw, config, context, endpoint.host, f"segment store {endpoint}", connect_timeout_s
+                )
+            except BaseException:
+                raw.close()
+                raise
+            self._io_lock = threading.Lock()
         try:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.sock.settimeout(timeout_s)
             self.send(wire.Hello(wire.WIRE_VERSION, wire.OLDEST_COMPATIBLE_VERSION))
-            hello = self.recv()
+            try:
+                hello = self.recv()
+            except SegmentStoreUnreachableError:
+                if tls is None:
+                    from airflow_provider_pravega.client.security import speaks_tls
+
+                    if speaks_tls(endpoint.host, endpoint.port, min(2.0, connect_timeout_s)):
+                        raise PravegaTLSError(
+                            f"segment store {endpoint}",
+                            "the segment store speaks TLS but the connection is plaintext; use a tls:// URI "
+                            "(turn the connection's 'tls' on) and set 'trust_store' to the CA certificate",
+                        ) from None
+                raise
             if not isinstance(hello, wire.Hello):
                 raise SegmentStoreError(
                     f"segment store {endpoint} answered Hello with {type(hello).__name__}",
@@ -197,9 +278,26 @@ class SegmentStoreConnection:
     def send(self, cmd: wire.Command) -> None:
         self.send_bytes(wire.encode(cmd))
 
+    @property
+    def tls(self) -> bool:
+        return self._io_lock is not None
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """How long a blocking send or receive may wait."""
+        self._timeout = timeout_s
+        if self._io_lock is None:
+            self.sock.settimeout(timeout_s)
+        else:
+            with self._io_lock:
+                self.sock.settimeout(timeout_s)
+
     def send_bytes(self, data: bytes | bytearray | memoryview) -> None:
         try:
-            self.sock.sendall(data)
+            if self._io_lock is None:
+                self.sock.sendall(data)
+            else:
+                with self._io_lock:
+                    self.sock.sendall(data)
         except OSError as exc:
             self.failed = True
             raise SegmentStoreUnreachableError(
@@ -209,7 +307,12 @@ class SegmentStoreConnection:
 
     def send_parts(self, parts: list[bytes | bytearray | memoryview]) -> None:
         try:
-            _send_parts(self.sock, parts)
+            if self._io_lock is None:
+                _send_parts(self.sock, parts)
+            else:  # an SSL socket has no sendmsg
+                with self._io_lock:
+                    for part in parts:
+                        self.sock.sendall(part)
         except OSError as exc:
             self.failed = True
             raise SegmentStoreUnreachableError(
@@ -217,11 +320,36 @@ class SegmentStoreConnection:
                 endpoint=str(self.endpoint),
             ) from None
 
+    def recv_some(self) -> bytes:
+        """The next bytes from the server (b"" at its end), waiting up to the timeout; raises
+        TimeoutError or OSError like ``socket.recv``."""
+        if self._io_lock is None:
+            return self.sock.recv(self.RECV_SIZE)
+        sock = self.sock
+        deadline = time.monotonic() + self._timeout
+        while True:
+            with self._io_lock:
+                sock.settimeout(0.0)
+                try:
+                    return sock.recv(self.RECV_SIZE)
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+                    pass
+                finally:
+                    if sock.fileno() >= 0:
+                        sock.settimeout(self._timeout)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no data from segment store {self.endpoint} within {self._timeout:g} s")
+            try:
+                select.select([sock], [], [], min(remaining, 1.0))
+            except (ValueError, OSError) as exc:  # closed by another thread
+                raise OSError(f"connection to segment store {self.endpoint} was closed") from exc
+
     def recv(self) -> wire.Reply:
         """The next reply frame (blocking up to the socket timeout)."""
         while not self._ready:
             try:
-                data = self.sock.recv(self.RECV_SIZE)
+                data = self.recv_some()
             except TimeoutError:
                 self.failed = True
                 raise SegmentStoreUnreachableError(
@@ -251,7 +379,35 @@ class SegmentStoreConnection:
         return self._ready.popleft()
 
     def call(self, request: wire.Request) -> wire.Reply:
-        """Send ``request`` and return its reply (which may be an error reply: see raise_for_reply)."""
+        """Send ``request`` and return its reply (which may be an error reply: see raise_for_reply).
+
+        With a token source, a request carrying a delegation token is sent with the current token
+        of its stream (so callers holding an old one still work), and when the segment store says
+        the token expired (AuthTokenCheckFailed code 1), a fresh token is fetched and the request
+        sent once more.
+        """
+        token = getattr(request, "delegation_token", None)
+        if not token or self.tokens is None:
+            return self._exchange(request)
+        segment = _segment_of(request)
+        if segment is None:
+            return self._exchange(request)
+        current = self.tokens.current_token(segment)
+        if current and current != token:
+            request = dataclasses.replace(request, delegation_token=current)  # type: ignore[type-var]
+            token = current
+        reply = self._exchange(request)
+        if type(reply) is wire.AuthTokenCheckFailed and reply.error_code == wire.AUTH_TOKEN_EXPIRED:
+            fresh = self.tokens.renewed_token(segment, token)
+            if fresh and fresh != token:
+                log.info("delegation token for %s expired; retrying with a fresh one", segment)
+                request = dataclasses.replace(  # type: ignore[type-var]
+                    request, delegation_token=fresh, request_id=next_request_id()
+                )
+                reply = self._exchange(request)
+        return reply
+
+    def _exchange(self, request: wire.Request) -> wire.Reply:
         self.send(request)
         want = wire.request_id_of(request)
         while True:
@@ -278,11 +434,18 @@ class SegmentStoreConnection:
 
     def abort(self) -> None:
         """Close and wake any thread blocked in recv on this socket (close alone does not)."""
+        lock = self._io_lock
+        held = lock.acquire(timeout=1.0) if lock is not None else False
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.close()
+            try:
+                # For TLS, shut down the TCP socket underneath (no close_notify exchange to wait for).
+                socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.close()
+        finally:
+            if held and lock is not None:
+                lock.release()
 
 
 class ConnectionPool:
@@ -298,10 +461,21 @@ class ConnectionPool:
         timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         max_idle_per_endpoint: int = 8,
+        config: PravegaConnectionConfig | None = None,
+        tokens: TokenSource | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.max_idle = max_idle_per_endpoint
+        #: Connections use TLS (with this configuration's trust store) when it has TLS on.
+        self.config = config
+        self._tls: tuple[PravegaConnectionConfig, ssl.SSLContext] | None = None
+        if config is not None and config.tls_enabled:
+            from airflow_provider_pravega.client.security import client_ssl_context
+
+            self._tls = (config, client_ssl_context(config))
+        #: Supplies current delegation tokens to the connections (set by SegmentStoreClient).
+        self.tokens = tokens
         self._idle: dict[Endpoint, list[SegmentStoreConnection]] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -310,7 +484,12 @@ class ConnectionPool:
     def connect(self, endpoint: Endpoint) -> SegmentStoreConnection:
         """A new dedicated connection (e.g. for an append session), not taken from the pool."""
         return SegmentStoreConnection(
-            endpoint, timeout_s=self.timeout_s, connect_timeout_s=self.connect_timeout_s
+            endpoint,
+            timeout_s=self.timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            tls=self._tls,
+            tokens=self.tokens,
+            user=self.config.username if self.config is not None else None,
         )
 
     def _take(self, endpoint: Endpoint) -> SegmentStoreConnection | None:
@@ -399,8 +578,10 @@ class SegmentStoreClient:
         self, controller: ControllerClient, pool: ConnectionPool | None = None
     ) -> None:
         self.controller = controller
-        self.pool = pool or ConnectionPool()
+        self.pool = pool or ConnectionPool(config=controller.config)
         self._own_pool = pool is None
+        if self.pool.tokens is None:
+            self.pool.tokens = self
 
     def close(self) -> None:
         if self._own_pool:
@@ -419,6 +600,21 @@ class SegmentStoreClient:
         scope, stream, _ = self.locate(segment)
         return self.controller.get_delegation_token(scope, stream)
 
+    # TokenSource: what the pool's connections ask before sending a request that carries a token.
+    def current_token(self, segment: str) -> str | None:
+        try:
+            scope, stream, _ = self.locate(segment)
+        except ValueError:
+            return None
+        return self.controller.get_delegation_token(scope, stream)
+
+    def renewed_token(self, segment: str, stale: str) -> str | None:
+        try:
+            scope, stream, _ = self.locate(segment)
+        except ValueError:
+            return None
+        return self.controller.renew_delegation_token(scope, stream, stale)
+
     def forget_endpoint(self, segment: str) -> None:
         scope, stream, segment_id = self.locate(segment)
         self.controller.invalidate_uri(scope, stream, segment_id)
@@ -436,10 +632,9 @@ class SegmentStoreClient:
         last: Exception | None = None
         for attempt in range(3):
             endpoint = self.endpoint_for(segment)
+            request = build(next_request_id(), token)
             try:
-                reply = self.pool.call(
-                    endpoint, build(next_request_id(), token), attempts=2
-                )
+                reply = self.pool.call(endpoint, request, attempts=2)
             except SegmentStoreUnreachableError as exc:
                 last = exc
                 self.forget_endpoint(segment)
@@ -448,7 +643,9 @@ class SegmentStoreClient:
                 self.forget_endpoint(segment)
                 continue
             if check:
-                raise_for_reply(reply, endpoint=endpoint, segment=segment)
+                raise_for_reply(
+                    reply, endpoint=endpoint, segment=segment, request=request, user=self.controller.username
+                )
             return reply
         assert last is not None
         raise last
@@ -517,6 +714,7 @@ _FINAL_ERRORS = (
     SegmentSealedError,
     SegmentTruncatedError,
     AuthenticationError,
+    PravegaTLSError,
 )
 
 # AppendBlockEnd as sent: header (type, length), writer id (2 x u64), size_of_whole_events, data length
@@ -611,14 +809,15 @@ class AppendSession:
         endpoint = self.segments.endpoint_for(self.segment)
         conn = self.segments.pool.connect(endpoint)
         try:
-            reply = conn.call(
-                wire.SetupAppend(
-                    next_request_id(), self.writer_id, self.segment, self._token
-                )
-            )
+            self._token = self.segments.token_for(self.segment)  # cached; renewed near expiry
+            request = wire.SetupAppend(next_request_id(), self.writer_id, self.segment, self._token)
+            reply = conn.call(request)
             if isinstance(reply, wire.WrongHost):
                 self.segments.forget_endpoint(self.segment)
-            raise_for_reply(reply, endpoint=endpoint, segment=self.segment)
+            raise_for_reply(
+                reply, endpoint=endpoint, segment=self.segment, request=request,
+                user=self.segments.controller.username,
+            )
             if not isinstance(reply, wire.AppendSetup):
                 raise SegmentStoreError(
                     f"segment store {endpoint} answered SetupAppend for {self.segment} with {type(reply).__name__}",
@@ -631,7 +830,7 @@ class AppendSession:
         self._conn = conn
         self.endpoint = endpoint
         # Appends wait on acks in the reader thread; a long socket timeout only bounds a stuck send.
-        conn.sock.settimeout(max(conn.timeout_s, 60.0))
+        conn.set_timeout(max(conn.timeout_s, 60.0))
         self._reader = threading.Thread(
             target=self._read_acks,
             args=(conn,),
@@ -671,7 +870,7 @@ class AppendSession:
 
     def _read_acks(self, conn: SegmentStoreConnection) -> None:
         """Reader thread: consume replies of one connection until it closes."""
-        sock = conn.sock
+        recv_some = conn.recv_some
         decoder = conn._decoder
         pending = list(conn._ready)
         conn._ready.clear()
@@ -680,7 +879,7 @@ class AppendSession:
                 self._on_replies(conn, pending)
                 pending = []
             try:
-                data = sock.recv(SegmentStoreConnection.RECV_SIZE)
+                data = recv_some()
             except TimeoutError:
                 if self._conn is not conn:
                     return

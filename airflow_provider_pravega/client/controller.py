@@ -9,7 +9,6 @@ status to a return value or to one of the exceptions in :mod:`.errors`.
 
 from __future__ import annotations
 
-import base64
 import enum
 import re
 import socket
@@ -23,11 +22,13 @@ import grpc
 
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import (
-    AuthenticationError,
     ControllerError,
     ControllerUnreachableError,
     InvalidNameError,
     InvalidStreamCutError,
+    PravegaAuthenticationError,
+    PravegaPermissionError,
+    PravegaTLSError,
     ScaleError,
     ScopeNotEmptyError,
     ScopeNotFoundError,
@@ -37,6 +38,14 @@ from airflow_provider_pravega.client.errors import (
     TransactionLeaseError,
     TransactionNotFoundError,
     TransactionStateError,
+)
+from airflow_provider_pravega.client.security import (
+    TokenCache,
+    basic_auth_metadata,
+    certificate_name,
+    read_trust_store,
+    speaks_tls,
+    tls_handshake,
 )
 from airflow_provider_pravega.protocol import controller_pb2 as pb
 from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
@@ -424,17 +433,15 @@ class ControllerClient:
         self.timeout_s = float(timeout_s)
         self.connect_timeout_s = float(min(connect_timeout_s, timeout_s))
         self.long_timeout_s = float(max(long_timeout_s, timeout_s))
-        self._metadata: tuple[tuple[str, str], ...] = ()
-        if self.config is not None and self.config.auth_enabled:
-            raw = f"{self.config.username}:{self.config.password or ''}".encode()
-            self._metadata = (
-                ("authorization", "Basic " + base64.b64encode(raw).decode("ascii")),
-            )
+        # Sent with every RPC; never logged (repr shows the URI only).
+        self._metadata: tuple[tuple[str, str], ...] = basic_auth_metadata(self.config)
+        self.username: str | None = self.config.username if self.config is not None else None
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._stub: pb_grpc.ControllerServiceStub | None = None
         self._uri_cache: dict[tuple[str, str, int], Endpoint] = {}
-        self._token_cache: dict[tuple[str, str], str] = {}
+        #: Delegation tokens per (scope, stream), refreshed before their JWT expiry.
+        self.tokens = TokenCache(self._fetch_delegation_token)
         self._closed = False
 
     # ------------------------------------------------------------------------------ plumbing
@@ -456,13 +463,24 @@ class ControllerClient:
             self._channel = None
             self._stub = None
 
-    def _probe(self) -> None:
-        """A plain TCP connect, so a dead controller is reported in seconds, not after gRPC's backoff."""
+    def _probe(self) -> str | None:
+        """A plain TCP connect (with TLS: a full handshake), so a dead controller or a TLS mismatch
+        is reported in seconds, not after gRPC's backoff. Returns the name the server certificate
+        carries when TLS is on and host names are not validated (for gRPC's target-name override)."""
         try:
+            if self._tls and self.config is not None:
+                cert = tls_handshake(
+                    self.config, self._host, self._port, self.connect_timeout_s,
+                    where=f"controller {self.uri}",
+                )
+                return None if self.config.validate_hostname else certificate_name(cert)
             with socket.create_connection(
                 (self._host, self._port), timeout=self.connect_timeout_s
             ):
                 pass
+            return None
+        except PravegaTLSError:
+            raise
         except TimeoutError:
             raise ControllerUnreachableError(
                 self.uri, f"no TCP connection within {self.connect_timeout_s:g} s"
@@ -480,7 +498,7 @@ class ControllerClient:
             if self._closed:
                 raise ControllerError(f"controller client for {self.uri} is closed")
             if self._stub is None:
-                self._probe()
+                name_override = self._probe()
                 target = (
                     f"[{self._host}]:{self._port}"
                     if ":" in self._host
@@ -494,6 +512,10 @@ class ControllerClient:
                     ("grpc.max_reconnect_backoff_ms", 2000),
                 ]
                 if self._tls:
+                    if name_override:
+                        # validate_hostname=False: the chain is still verified against the trust
+                        # store; gRPC checks the certificate against its own name instead of ours.
+                        options.append(("grpc.ssl_target_name_override", name_override))
                     self._channel = grpc.secure_channel(
                         target, self._tls_credentials(), options=options
                     )
@@ -506,15 +528,7 @@ class ControllerClient:
         root: bytes | None = None
         trust = self.config.effective_trust_store() if self.config is not None else None
         if trust:
-            try:
-                with open(trust, "rb") as f:
-                    root = f.read()
-            except IsADirectoryError:
-                root = None  # a CA directory: gRPC uses the system roots
-            except OSError as exc:
-                raise ControllerUnreachableError(
-                    self.uri, f"cannot read the TLS trust store {trust}: {exc}"
-                ) from None
+            root = read_trust_store(trust)  # a file, or every file of a CA directory
         return grpc.ssl_channel_credentials(root_certificates=root)
 
     def _call(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
@@ -528,19 +542,18 @@ class ControllerClient:
             code = exc.code() if hasattr(exc, "code") else None
             details = (exc.details() if hasattr(exc, "details") else "") or ""
             if code == grpc.StatusCode.UNAVAILABLE:
-                raise ControllerUnreachableError(
-                    self.uri, f"{method}: {details or 'unavailable'}"
-                ) from None
+                raise self._unavailable(method, details) from None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise ControllerUnreachableError(
                     self.uri, f"no answer to {method} within {deadline:g} s"
                 ) from None
-            if code in (
-                grpc.StatusCode.UNAUTHENTICATED,
-                grpc.StatusCode.PERMISSION_DENIED,
-            ):
-                raise AuthenticationError(
-                    "controller", f"{method}: {details}"
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                raise PravegaAuthenticationError(
+                    self.uri, self.username, method, details
+                ) from None
+            if code == grpc.StatusCode.PERMISSION_DENIED:
+                raise PravegaPermissionError(
+                    f"controller at {self.uri}", self.username, method, _resource_of(request), details
                 ) from None
             if code == grpc.StatusCode.NOT_FOUND:
                 raise _NotFound(details) from None
@@ -551,6 +564,20 @@ class ControllerClient:
             raise ControllerError(
                 f"controller {self.uri} failed {method}: {code.name if code else 'error'}: {details}"
             ) from None
+
+    def _unavailable(self, method: str, details: str) -> Exception:
+        """UNAVAILABLE: a dead controller, or a TLS mismatch that the handshake probe cannot see
+        (a plaintext channel to a TLS controller)."""
+        lowered = details.lower()
+        if self._tls and any(w in lowered for w in ("handshake", "certificate", "ssl", "tls")):
+            return PravegaTLSError(f"controller {self.uri}", f"{method}: {details}")
+        if not self._tls and speaks_tls(self._host, self._port, min(2.0, self.connect_timeout_s)):
+            return PravegaTLSError(
+                f"controller {self.uri}",
+                "the controller speaks TLS but the connection is plaintext; use a tls:// URI (turn the "
+                "connection's 'tls' on) and set 'trust_store' to the CA certificate",
+            )
+        return ControllerUnreachableError(self.uri, f"{method}: {details or 'unavailable'}")
 
     def _missing(self, scope: str, stream: str | None = None) -> Exception:
         """Whether the scope or only the stream is missing (the controller's NOT_FOUND does not say)."""
@@ -989,17 +1016,22 @@ class ControllerClient:
             self._uri_cache.pop(key, None)
 
     def get_delegation_token(self, scope: str, stream: str) -> str:
-        """Token for segment-store requests; empty when authentication is off."""
+        """Token for segment-store requests on ``scope/stream`` (cached; fetched again shortly before
+        its JWT expiry); empty when this client has no credentials."""
         if not self._metadata:
             return ""
-        key = (scope, stream)
-        token = self._token_cache.get(key)
-        if token is None:
-            token = self._stream_call(
-                "getDelegationToken", self._stream_info(scope, stream), scope, stream
-            ).delegationToken
-            self._token_cache[key] = token
-        return token
+        return self.tokens.get(scope, stream)
+
+    def renew_delegation_token(self, scope: str, stream: str, stale: str | None = None) -> str:
+        """A fresh token after the segment store reported ``stale`` expired."""
+        if not self._metadata:
+            return ""
+        return self.tokens.renew(scope, stream, stale)
+
+    def _fetch_delegation_token(self, scope: str, stream: str) -> str:
+        return self._stream_call(
+            "getDelegationToken", self._stream_info(scope, stream), scope, stream
+        ).delegationToken
 
     # --------------------------------------------------------------------------------- scale
 
@@ -1222,6 +1254,24 @@ class ControllerClient:
         raise ControllerError(
             f"controller {self.uri} could not renew transaction {txn_id:032x} on {scope}/{stream} (ping status {status})"
         )
+
+
+def _resource_of(request: Any) -> str:
+    """The scope or stream a controller request is about, for error messages."""
+    fields = getattr(getattr(request, "DESCRIPTOR", None), "fields_by_name", {})
+    for name in ("streamInfo",):
+        if name in fields:
+            info = getattr(request, name)
+            return f"stream {info.scope}/{info.stream}"
+    if "scope" in fields:
+        scope = request.scope
+        if isinstance(scope, str):
+            return f"scope {scope}"
+        return f"scope {getattr(scope, 'scope', scope)}"
+    if "segmentId" in fields and hasattr(request.segmentId, "streamInfo"):
+        info = request.segmentId.streamInfo
+        return f"stream {info.scope}/{info.stream}"
+    return "the cluster (all scopes)"
 
 
 def _cut_map(cut: Mapping[int, int]) -> dict[int, int]:

@@ -39,6 +39,69 @@ class AuthenticationError(PravegaError, PermissionError):
         )
 
 
+class PravegaAuthenticationError(AuthenticationError):
+    """The controller did not accept who we are: wrong password, unknown user, or no credentials.
+
+    Never retried (a retry cannot fix a password). ``user`` is the login sent (None: none was
+    sent), ``rpc`` the call that was refused; the password itself is never part of the message.
+    """
+
+    def __init__(self, uri: str, user: str | None, rpc: str, detail: str = "") -> None:
+        self.uri = uri
+        self.user = user
+        self.rpc = rpc
+        self.detail = detail
+        who = f"user {user!r}" if user else "a client without credentials"
+        extra = f": {detail}" if detail else ""
+        hint = (
+            "Check the connection's login and password."
+            if user
+            else "The controller requires authentication: set login and password on the connection."
+        )
+        PravegaError.__init__(
+            self,
+            f"Pravega controller at {uri} refused to authenticate {who} for {rpc}{extra}. {hint}",
+        )
+        self.where = "controller"
+
+
+class PravegaPermissionError(AuthenticationError):
+    """Authenticated, but not allowed to do this on this resource (controller PERMISSION_DENIED, or a
+    segment store that refused the delegation token). Never retried."""
+
+    def __init__(
+        self, where: str, user: str | None, action: str, resource: str, detail: str = ""
+    ) -> None:
+        self.where = where
+        self.user = user
+        self.action = action
+        self.resource = resource
+        self.detail = detail
+        who = f"user {user!r}" if user else "this client"
+        extra = f" ({detail})" if detail else ""
+        PravegaError.__init__(
+            self,
+            f"Pravega {where} denied {who} permission to {action} on {resource}{extra}. Grant the user "
+            f"the needed permission (READ to read, READ_UPDATE to write or change) on that scope/stream, "
+            f"or use a connection whose user has it.",
+        )
+
+
+class DelegationTokenError(PravegaPermissionError):
+    """The segment store refused the delegation token the controller issued (signature check failed,
+    token for another stream, or still expired after one refresh)."""
+
+
+class PravegaTLSError(ControllerUnreachableError):
+    """The TLS settings of the connection do not match the server: TLS against a plaintext server,
+    plaintext against a TLS server, or a certificate that the trust store does not vouch for."""
+
+    def __init__(self, uri: str, reason: str) -> None:
+        self.uri = uri
+        self.reason = reason
+        PravegaError.__init__(self, f"TLS problem with Pravega at {uri}: {reason}")
+
+
 class ScopeNotFoundError(PravegaError, LookupError):
     def __init__(self, scope: str) -> None:
         self.scope = scope

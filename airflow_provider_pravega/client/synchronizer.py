@@ -47,6 +47,7 @@ from airflow_provider_pravega.client.errors import (
     InvalidStreamCutError,
     NoSuchSegmentError,
     PravegaError,
+    PravegaTLSError,
     SegmentSealedError,
     SegmentStoreError,
     SegmentStoreUnreachableError,
@@ -130,6 +131,8 @@ class _ConditionalAppender:
         while True:
             try:
                 return self._setup()
+            except PravegaTLSError:
+                raise  # a TLS mismatch does not heal by retrying
             except (SegmentStoreUnreachableError, ControllerUnreachableError) as exc:
                 if time.monotonic() + delay > deadline:
                     raise SegmentStoreUnreachableError(
