@@ -13,15 +13,21 @@ ContinuationToken{1: string}); the names are private, the wire format is Pravega
 
 from __future__ import annotations
 
-import base64
 import time
-from pathlib import Path
 from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
+from airflow_provider_pravega.client.errors import PravegaTLSError
+from airflow_provider_pravega.client.security import (
+    basic_auth_metadata,
+    certificate_name,
+    read_trust_store,
+    speaks_tls,
+    tls_handshake,
+)
 
 LIST_SCOPES_METHOD = "/io.pravega.controller.stream.api.grpc.v1.ControllerService/listScopes"
 _MAX_PAGES = 10_000
@@ -33,6 +39,18 @@ class ControllerProbeError(RuntimeError):
 
 class ControllerProbeTimeout(ControllerProbeError):
     """The controller did not answer within the deadline."""
+
+
+class ControllerProbeAuthError(ControllerProbeError):
+    """The controller refused the credentials (UNAUTHENTICATED) or the permission (PERMISSION_DENIED)."""
+
+
+class ControllerProbePermissionError(ControllerProbeAuthError):
+    """The credentials were accepted, but the user may not list scopes."""
+
+
+class ControllerProbeTLSError(ControllerProbeError):
+    """TLS settings and server do not match (plaintext vs TLS, untrusted certificate, host name)."""
 
 
 def _scope_messages() -> tuple[type[Any], type[Any], type[Any]]:
@@ -68,29 +86,31 @@ def _scope_messages() -> tuple[type[Any], type[Any], type[Any]]:
 _ContinuationToken, _ScopesRequest, _ScopesResponse = _scope_messages()
 
 
-def _read_trust_store(path: str) -> bytes:
-    """PEM bytes of a CA file, or of every file in a CA directory (as the official client reads it)."""
-    target = Path(path)
-    if target.is_dir():
-        return b"".join(p.read_bytes() for p in sorted(target.iterdir()) if p.is_file())
-    return target.read_bytes()
-
-
-def _open_channel(config: PravegaConnectionConfig) -> grpc.Channel:
+def _open_channel(config: PravegaConnectionConfig, timeout: float) -> grpc.Channel:
+    """A gRPC channel as the connection says. With TLS, a handshake is made first, so a mismatch
+    or an untrusted certificate is reported with its reason instead of gRPC's generic UNAVAILABLE."""
     target = config.controller_uri.split("://", 1)[1]
     if not config.tls_enabled:
         return grpc.insecure_channel(target)
+    try:
+        cert = tls_handshake(config, config.host, config.port, timeout, where=f"controller {config.controller_uri}")
+    except PravegaTLSError as err:
+        raise ControllerProbeTLSError(str(err)) from None
+    except OSError as err:
+        raise ControllerProbeError(f"cannot connect to {config.controller_uri}: {err.strerror or err}") from None
+    options: list[tuple[str, Any]] = []
+    if not config.validate_hostname:
+        name = certificate_name(cert)
+        if name:  # the chain was verified; only the host-name match is given up
+            options.append(("grpc.ssl_target_name_override", name))
     trust_store = config.effective_trust_store()
-    roots = _read_trust_store(trust_store) if trust_store else None
-    return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots))
+    roots = read_trust_store(trust_store) if trust_store else None
+    return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
 
 
 def _metadata(config: PravegaConnectionConfig) -> list[tuple[str, str]]:
     """The authorization header the official client sends with Basic credentials."""
-    if not config.auth_enabled:
-        return []
-    token = base64.b64encode(f"{config.username}:{config.password or ''}".encode()).decode()
-    return [("authorization", f"Basic {token}")]
+    return list(basic_auth_metadata(config))
 
 
 def list_scopes(config: PravegaConnectionConfig, timeout: float) -> list[str]:
@@ -101,7 +121,7 @@ def list_scopes(config: PravegaConnectionConfig, timeout: float) -> list[str]:
     """
     deadline = time.monotonic() + timeout
     scopes: list[str] = []
-    channel = _open_channel(config)
+    channel = _open_channel(config, timeout)
     try:
         call = channel.unary_unary(
             LIST_SCOPES_METHOD,
@@ -139,9 +159,31 @@ def _error_from_status(config: PravegaConnectionConfig, timeout: float, err: grp
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return ControllerProbeError(f"the server does not implement Pravega's listScopes ({details})")
     if code == grpc.StatusCode.UNAUTHENTICATED:
-        return ControllerProbeError(f"the controller rejected the credentials ({details})")
+        who = f"user {config.username!r}" if config.username else "a client without credentials (no login set)"
+        return ControllerProbeAuthError(
+            f"the controller refused to authenticate {who} ({details}); check the connection's login and password"
+        )
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return ControllerProbePermissionError(
+            f"user {config.username!r} may not list scopes ({details}); the credentials are valid but the user "
+            f"needs READ permission on the cluster (prn::/) for this check"
+        )
+    if code == grpc.StatusCode.UNAVAILABLE and not config.tls_enabled:
+        if speaks_tls(config.host, config.port, min(2.0, timeout)):
+            return ControllerProbeTLSError(
+                f"the controller at {config.host}:{config.port} speaks TLS but the connection is plaintext; use "
+                f"tls:// (turn the connection's 'tls' on) and set 'trust_store' to the CA certificate"
+            )
     name = code.name if code is not None else "error"
     return ControllerProbeError(f"listScopes failed with {name} ({details})")
 
 
-__all__ = ["ControllerProbeError", "ControllerProbeTimeout", "LIST_SCOPES_METHOD", "list_scopes"]
+__all__ = [
+    "ControllerProbeAuthError",
+    "ControllerProbeError",
+    "ControllerProbePermissionError",
+    "ControllerProbeTLSError",
+    "ControllerProbeTimeout",
+    "LIST_SCOPES_METHOD",
+    "list_scopes",
+]

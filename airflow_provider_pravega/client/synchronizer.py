@@ -106,13 +106,17 @@ class _ConditionalAppender:
         conn = self.segments.pool.connect(endpoint)
         try:
             token = self.segments.token_for(self.segment)
-            reply = conn.call(wire.SetupAppend(next_request_id(), self.writer_id, self.segment, token))
+            request = wire.SetupAppend(next_request_id(), self.writer_id, self.segment, token)
+            reply = conn.call(request)
             if isinstance(reply, wire.WrongHost):
                 self.segments.forget_endpoint(self.segment)
                 raise SegmentStoreUnreachableError(
                     f"segment store {endpoint} does not own {self.segment}", segment=self.segment
                 )
-            raise_for_reply(reply, endpoint=endpoint, segment=self.segment)
+            raise_for_reply(
+                reply, endpoint=endpoint, segment=self.segment, request=request,
+                user=self.segments.controller.username,
+            )
             if not isinstance(reply, wire.AppendSetup):
                 raise SegmentStoreError(
                     f"segment store {endpoint} answered SetupAppend for {self.segment} with {type(reply).__name__}",

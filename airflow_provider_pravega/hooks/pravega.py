@@ -6,6 +6,8 @@ Like the Kafka provider's hooks it only translates configuration; the Pravega se
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import socket
 import ssl
 import time
@@ -14,7 +16,12 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from airflow_provider_pravega.client.config import PravegaConfigError, PravegaConnectionConfig
-from airflow_provider_pravega.client.controller_probe import ControllerProbeError, list_scopes
+from airflow_provider_pravega.client.controller_probe import (
+    ControllerProbeError,
+    ControllerProbePermissionError,
+    ControllerProbeTLSError,
+    list_scopes,
+)
 
 __all__ = ["PravegaConfigError", "PravegaConnectionConfig", "PravegaHook"]
 
@@ -50,7 +57,9 @@ class PravegaHook(BaseHook):
         :raises PravegaConfigError: a field of the connection has a value that cannot work.
         """
         if self._config is None:
-            self._config = self.config_from_connection(self.get_connection(self.pravega_conn_id))
+            config = self.config_from_connection(self.get_connection(self.pravega_conn_id))
+            mask_credentials(config)
+            self._config = config
         return self._config
 
     @classmethod
@@ -72,9 +81,25 @@ class PravegaHook(BaseHook):
             extra=conn.extra,
         )
 
+    #: Seconds allowed for checking credentials before an official StreamManager is built.
+    credential_check_timeout: float = 8.0
+
     def get_conn(self) -> Any:
-        """An official ``pravega_client.StreamManager`` for this connection's controller."""
-        return self.get_config().create_stream_manager()
+        """An official ``pravega_client.StreamManager`` for this connection's controller.
+
+        With credentials or TLS, the controller is asked first through this provider's fail-fast
+        client, so a wrong password, a TLS mismatch or an untrusted certificate is raised in
+        seconds (PravegaAuthenticationError / PravegaTLSError ...) instead of after the official
+        client's minute of retries. The credentials reach the official client through its
+        ``pravega_client_auth_*`` environment variables, set only while the StreamManager is being
+        built (under a process-wide lock) and restored right after: the official client copies them
+        into its configuration then and never reads them again, so no other connection of this
+        process sees them.
+        """
+        config = self.get_config()
+        if config.auth_enabled or config.tls_enabled:
+            check_credentials(config, self.credential_check_timeout)
+        return config.create_stream_manager()
 
     def get_client(self) -> Any:
         """This provider's :class:`~airflow_provider_pravega.client.PravegaClient` (admin,
@@ -160,10 +185,16 @@ class PravegaHook(BaseHook):
         timeout = min(self.controller_call_timeout, remaining)
         if timeout <= 0.5:
             return False, f"The Pravega controller at {uri} accepted TCP but no time was left to call it"
-        if config.tls_enabled and not config.validate_hostname:
-            return self._check_tls_without_verification(config, timeout)
         try:
             scopes = list_scopes(config, timeout)
+        except ControllerProbePermissionError as err:
+            return True, f"Connected to Pravega controller at {uri}; the credentials were accepted, but {err}"
+        except ControllerProbeTLSError as err:
+            if config.tls_enabled and not config.validate_hostname and "CERTIFICATE_VERIFY_FAILED" in str(err):
+                # The official client skips certificate checks here; this client cannot (gRPC verifies
+                # the chain), so only the TLS handshake can be checked.
+                return self._check_tls_without_verification(config, timeout)
+            return False, f"{uri} accepted a TCP connection, but the controller call failed: {err}"
         except ControllerProbeError as err:
             return False, f"{uri} accepted a TCP connection, but the controller call failed: {err}"
         noun = "scope" if len(scopes) == 1 else "scopes"
@@ -189,6 +220,53 @@ class PravegaHook(BaseHook):
             f"TLS handshake ({version}) with {config.controller_uri} succeeded; the controller was not "
             "asked because certificate checks are off (validate_hostname=false)"
         )
+
+
+def mask_credentials(config: PravegaConnectionConfig) -> None:
+    """Register the password (and the Basic header built from it) with Airflow's secrets masker, so
+    that neither appears in task logs even if some library logs it."""
+    if not config.password:
+        return
+    basic = base64.b64encode(f"{config.username}:{config.password}".encode()).decode("ascii")
+    try:
+        asyncio.get_running_loop()
+        in_event_loop = True
+    except RuntimeError:
+        in_event_loop = False
+    try:
+        if in_event_loop:
+            # mask_secret also tells the supervisor synchronously, which must not happen inside an event
+            # loop (a triggerer); there the connection's password was masked by aget_connection already,
+            # so only this process's masker learns the derived value.
+            from airflow.sdk.log import _secrets_masker  # type: ignore[attr-defined]
+
+            _secrets_masker().add_mask(config.password, None)
+            _secrets_masker().add_mask(basic, None)
+        else:
+            from airflow.sdk.log import mask_secret
+
+            mask_secret(config.password)
+            mask_secret(basic)
+    except Exception:  # noqa: BLE001 - masking is best effort outside a configured Airflow
+        pass
+
+
+def check_credentials(config: PravegaConnectionConfig, timeout: float) -> None:
+    """Ask the controller once with this provider's fail-fast client (one listScopes, or
+    checkScopeExists of the default scope): raises PravegaAuthenticationError, PravegaTLSError or
+    ControllerUnreachableError within ``timeout`` seconds. A PERMISSION_DENIED answer means the
+    credentials were accepted, which is all this checks."""
+    from airflow_provider_pravega.client.controller import ControllerClient
+    from airflow_provider_pravega.client.errors import PravegaPermissionError
+
+    with ControllerClient(config, timeout_s=timeout, connect_timeout_s=min(3.0, timeout)) as controller:
+        try:
+            if config.scope:
+                controller.scope_exists(config.scope)
+            else:
+                controller.list_scopes()
+        except PravegaPermissionError:
+            pass
 
 
 def _connection_type_info() -> dict[str, Any]:
