@@ -47,6 +47,8 @@ FORMATS = ("jsonl", "csv", "parquet", "text")
 MODES = ("exactly_once", "at_least_once")
 # Fault injection for the crash-matrix tests only: SIGKILL the driver at a named step, or pause it.
 CRASH_ENV = "PRAVEGA_INGEST_CRASH_AT"
+#: Where the command line takes the password from (never from argv).
+PASSWORD_ENV = "PRAVEGA_PASSWORD"
 DELAY_ENV = "PRAVEGA_INGEST_DELAY_AT"  # "step:seconds"
 
 
@@ -248,14 +250,16 @@ def first_bad_line(path: str, spec: IngestSpec) -> tuple[int, str]:
 
 RESULT_SCHEMA = "txn string, events long, bytes long, error string, bad_file string"
 
-_WORKER_CLIENTS: dict[tuple[int, str], Any] = {}
+_WORKER_CLIENTS: dict[tuple[int, PravegaConnectionConfig], Any] = {}
 
 
 def _worker_client(config: PravegaConnectionConfig) -> Any:
     """One PravegaClient per Python worker process (sockets do not survive fork)."""
     from airflow_provider_pravega.client import PravegaClient
 
-    key = (os.getpid(), repr(config) + config.controller_uri)
+    # The config itself is the key (frozen, hashable, compares every field incl. credentials); its
+    # repr hides the password, so two configs differing only there must not share a client.
+    key = (os.getpid(), config)
     client = _WORKER_CLIENTS.get(key)
     if client is None:
         client = _WORKER_CLIENTS[key] = PravegaClient(config)
@@ -264,7 +268,8 @@ def _worker_client(config: PravegaConnectionConfig) -> Any:
 
 @dataclass(frozen=True)
 class TaskContext:
-    """Everything a write task needs (pickled into the task)."""
+    """Everything a write task needs (pickled into the task's closure; with credentials, the config
+    carries the password to the executors - its repr hides it, and nothing here prints it)."""
 
     config: PravegaConnectionConfig
     spec: IngestSpec
@@ -557,6 +562,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stale-after", type=float, default=60.0)
     ap.add_argument("--master", default=None, help="Spark master (default: local mode on every core)")
     ap.add_argument("--lease-ms", type=int, default=90_000, help="transaction lease (default 90000)")
+    ap.add_argument("--username", help="Pravega user (Basic authentication); the password comes from --password-env")
+    ap.add_argument("--password-env", default=PASSWORD_ENV, metavar="NAME",
+                    help=f"environment variable holding the password (default {PASSWORD_ENV}); never pass it in argv")
+    ap.add_argument("--password-file", metavar="PATH", help="file holding the password (first line); alternative to the env")
+    ap.add_argument("--trust-store", help="CA certificate (PEM file or directory) for a tls:// controller URI")
+    ap.add_argument("--no-validate-hostname", action="store_true",
+                    help="with TLS, do not match the certificate to the host name (the chain is still verified)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from airflow_provider_pravega.client import PravegaClient
@@ -571,8 +583,14 @@ def main(argv: list[str] | None = None) -> int:
     spark = get_spark_session(None, "pravega-ingest", **({"spark.master": args.master} if args.master else {}))
     scheme, _, rest = args.controller_uri.partition("://")
     host, _, port = rest.rpartition(":")
+    extra: dict[str, Any] = {"transaction_lease_ms": args.lease_ms}
+    if args.trust_store:
+        extra["trust_store"] = args.trust_store
+    if args.no_validate_hostname:
+        extra["validate_hostname"] = False
     config = PravegaConnectionConfig.from_connection_fields(
-        host=host, port=int(port), schema=scheme or None, extra={"transaction_lease_ms": args.lease_ms}
+        host=host, port=int(port), schema=scheme or None, login=args.username,
+        password=_cli_password(args), extra=extra,
     )
     with PravegaClient(config) as client:
         try:
@@ -582,6 +600,16 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     print(json.dumps(result.to_dict()))
     return 0
+
+
+def _cli_password(args: argparse.Namespace) -> str | None:
+    """The password from a file or an environment variable (argv is visible to every user of the machine)."""
+    if args.password_file:
+        with open(args.password_file, encoding="utf-8") as f:
+            return f.readline().rstrip("\r\n") or None
+    if args.username:
+        return os.environ.get(args.password_env) or None
+    return None
 
 
 if __name__ == "__main__":
