@@ -46,6 +46,7 @@ DEFAULT_TOKEN_TTL_S = 600  # Pravega's controller.security.auth.delegationToken.
 ROOT_RESOURCE = "prn::/"
 _RG_PREFIX = "_RG"
 _MARK_PREFIX = "_MARK"
+_KVTABLE_SUFFIX = "_kvtable"  # the official Rust client's reader-group state table
 
 
 class Permission(enum.IntEnum):
@@ -126,9 +127,16 @@ def reader_group_resource(scope: str, reader_group: str) -> str:
 
 def stream_auth_resource(scope: str, stream: str) -> str:
     """The resource that guards ``stream``: a reader group's ``_RG<name>`` stream is guarded by the
-    reader group, a ``_MARK<name>`` watermark stream by its stream (Pravega's ofInternalStream)."""
+    reader group, a ``_MARK<name>`` watermark stream by its stream (Pravega's ofInternalStream).
+
+    The official Rust/Python client keeps a reader group's state in a table named
+    ``<group>_kvtable`` (and asks for a delegation token for that name as if it were a stream);
+    it is guarded by the reader group here too, so a user with READ can use reader groups.
+    """
     if stream.startswith(_RG_PREFIX):
         return reader_group_resource(scope, stream[len(_RG_PREFIX):])
+    if stream.endswith(_KVTABLE_SUFFIX) and len(stream) > len(_KVTABLE_SUFFIX):
+        return reader_group_resource(scope, stream[: -len(_KVTABLE_SUFFIX)])
     if stream.startswith(_MARK_PREFIX):
         return stream_resource(scope, stream[len(_MARK_PREFIX):])
     return stream_resource(scope, stream)
@@ -137,7 +145,8 @@ def stream_auth_resource(scope: str, stream: str) -> str:
 def is_reader_group_or_mark_stream(stream: str) -> bool:
     """Streams a reader may write to with READ permission (Pravega's default
     ``rgWritesWithReadPermissions``): reader-group state and watermark streams."""
-    return stream.startswith(_RG_PREFIX) or stream.startswith(_MARK_PREFIX)
+    return (stream.startswith(_RG_PREFIX) or stream.startswith(_MARK_PREFIX)
+            or (stream.endswith(_KVTABLE_SUFFIX) and len(stream) > len(_KVTABLE_SUFFIX)))
 
 
 # ---------------------------------------------------------------------------------------- ACLs

@@ -245,6 +245,8 @@ class _Connection(asyncio.Protocol):
         if not self.hello_done:
             raise wire.ProtocolError(f"{type(cmd).__name__} before Hello")
         handler = _HANDLERS.get(type(cmd))
+        if handler is not None and self.server.tokens is not None and not self.token_allows(cmd):
+            return
         if handler is None:
             request_id = getattr(cmd, "request_id", None)
             if request_id is None:
@@ -252,6 +254,25 @@ class _Connection(asyncio.Protocol):
             self.send(wire.OperationUnsupported(request_id, type(cmd).__name__, ""))
             return
         handler(self, cmd)
+
+    def token_allows(self, cmd: object) -> bool:
+        """Check the request's delegation token; on refusal answer AuthTokenCheckFailed (code 0, or 1
+        when expired) and return False. Appends after a SetupAppend carry no token: the setup was
+        checked, so the append path costs nothing extra."""
+        tokens = self.server.tokens
+        assert tokens is not None
+        rules = _TOKEN_RULES.get(type(cmd))
+        if rules is None:
+            return True  # no token field (appends, keep-alive): authorized by their setup or harmless
+        token = getattr(cmd, "delegation_token", "")
+        try:
+            for attr, needed in rules:
+                tokens.check(token, getattr(cmd, attr), needed)
+        except TokenCheckFailed as exc:
+            log.warning("segment-store %s from %s refused: %s", type(cmd).__name__, self.peer, exc)
+            self.send(wire.AuthTokenCheckFailed(cmd.request_id, str(exc), exc.error_code))  # type: ignore[attr-defined]
+            return False
+        return True
 
     # appends
 
@@ -511,3 +532,27 @@ _HANDLERS: dict[type, Callable[[_Connection, object], None]] = {
     wire.ReadTableEntriesDelta: _Connection.on_read_table_entries_delta,
     wire.KeepAlive: _Connection.on_keep_alive,
 }  # type: ignore[dict-item]
+
+
+# Which segments each token-bearing request touches and the permission its token must grant there.
+# Reads (and the source of a merge) need READ; everything that changes a segment needs READ_UPDATE.
+_R, _RU = Permission.READ, Permission.READ_UPDATE
+_TOKEN_RULES: dict[type, tuple[tuple[str, Permission], ...]] = {
+    wire.SetupAppend: (("segment", _RU),),
+    wire.ReadSegment: (("segment", _R),),
+    wire.GetStreamSegmentInfo: (("segment_name", _R),),
+    wire.CreateSegment: (("segment", _RU),),
+    wire.CreateTransientSegment: (("parent_segment", _RU),),
+    wire.SealSegment: (("segment", _RU),),
+    wire.TruncateSegment: (("segment", _RU),),
+    wire.DeleteSegment: (("segment", _RU),),
+    wire.MergeSegments: (("target", _RU), ("source", _R)),
+    wire.CreateTableSegment: (("segment", _RU),),
+    wire.DeleteTableSegment: (("segment", _RU),),
+    wire.UpdateTableEntries: (("segment", _RU),),
+    wire.RemoveTableKeys: (("segment", _RU),),
+    wire.ReadTable: (("segment", _R),),
+    wire.ReadTableKeys: (("segment", _R),),
+    wire.ReadTableEntries: (("segment", _R),),
+    wire.ReadTableEntriesDelta: (("segment", _R),),
+}

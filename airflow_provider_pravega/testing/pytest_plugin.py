@@ -15,6 +15,11 @@ for replies, so it could never be answered by a server inside the test process.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -118,6 +123,53 @@ class SecureServer:
         if self.pki is not None:
             env["pravega_client_tls_cert_path"] = str(self.pki.ca_cert)
         return env
+
+
+    def run_client(self, code: str, user: str | None = None, *, password: str | None = None,
+                   timeout_s: float = 90.0, auth_enabled: bool = True,
+                   controller_uri: str | None = None) -> ClientRun:
+        """Run ``code`` in a fresh Python process with the official client as ``user``.
+
+        The credentials are process-wide environment variables of the official client, and it holds
+        the GIL while it waits, so every user gets its own process. ``code`` sees ``pravega_client``,
+        ``URI`` and ``manager`` (a StreamManager for that user). A process still running after
+        ``timeout_s`` is killed (``returncode`` None).
+        """
+        uri = controller_uri or self.controller_uri
+        prelude = (
+            "import asyncio, json, os, sys, time\nimport pravega_client\n"
+            f"URI = {uri!r}\n"
+            f"manager = pravega_client.StreamManager(URI, auth_enabled={auth_enabled!r}, tls_enabled={self.tls!r})\n"
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("pravega_client_")}
+        env.update(self.client_env(user, password))
+        started = time.monotonic()
+        try:
+            done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], env=env,
+                                  capture_output=True, text=True, timeout=timeout_s)
+            return ClientRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            return ClientRun(None, out, err, time.monotonic() - started)
+
+
+@dataclass(frozen=True)
+class ClientRun:
+    """What an official-client subprocess did (``returncode`` None: killed after its timeout)."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def describe(self) -> str:
+        return (f"exit {self.returncode} after {self.elapsed_s:.1f} s\n--- stdout\n{self.stdout[-3000:]}"
+                f"\n--- stderr\n{self.stderr[-3000:]}")
 
 
 def _start_secure(base: Path, *, token_ttl_s: int | None, tls: bool, extra_users: dict[str, tuple[str, str]] | None,
