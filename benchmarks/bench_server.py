@@ -1,25 +1,27 @@
 """Benchmark the embedded server with the official ``pravega`` client, next to its baselines.
 
-Run: ``.venv/bin/python benchmarks/bench_server.py [--quick] [--hold-gb 5]``
+Run: ``.venv/bin/python benchmarks/bench_server.py [--events 1000000] [--repeat 3] [--hold-gb 5]
+[--json PATH]`` (``--quick``: 200,000 events, 0.5 GB held, one repetition).
 
-Figures (each next to the baseline it is judged against, measured in the same run):
-- raw disk: sequential append + fdatasync bandwidth of the data directory's disk, in the block sizes
-  the client sends (the ceiling for durable acks);
-- one writer of 100-byte events (target >= 100,000 events/s);
-- one writer of 10-KiB events, MB/s vs the raw disk (target >= 50 %);
-- 8 concurrent writer processes vs one (target: scale above one);
-- catch-up read of stored data with a reader group vs the write rate (target: at least as fast);
-- server RSS while holding ``--hold-gb`` GB and serving a reader (target < 300 MB).
+Figures (each next to the baseline it is judged against, measured in the same run; repetitions
+alternate figure and baseline so machine noise hits both):
+- one writer of 100-byte events (target >= 100,000 events/s, absolute);
+- one writer of 10-KiB events, MB/s vs raw sequential append + fdatasync of the data directory's
+  disk in 5 MiB blocks (target >= 0.5);
+- 8 concurrent writer processes vs one, with a 1000-event window and with every write
+  acknowledged before the next (group commit) (target: above one);
+- catch-up read of stored 100-byte events with a reader group vs the write rate (target >= 1);
+- server RSS while holding ``--hold-gb`` GB and serving a reader (target < 300 MB, absolute).
 
 The server runs as its own process (``python -m airflow_provider_pravega.embedded``), as users run
-it; clients run in other processes so nobody shares a GIL.
+it; clients run in other processes so nobody shares a GIL. ``--json`` writes the result file of
+``benchmarks/result_file.py`` (the schema ``benchmarks/run.py`` gathers).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import re
@@ -30,6 +32,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import result_file as rf  # noqa: E402
 
 READY = re.compile(r"controller (\S+) segment-store (\S+)")
 
@@ -47,15 +53,6 @@ def start_server(data_dir: Path) -> tuple[subprocess.Popen, str]:
         proc.kill()
         raise SystemExit(f"embedded server did not start: {line!r}")
     return proc, m.group(1)
-
-
-def rss_mb(pid: int) -> tuple[float, float]:
-    """(current RSS, peak RSS) of a process in MB."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        k, _, v = line.partition(":")
-        fields[k] = v.strip()
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
 def disk_baseline(directory: Path, chunk: int, seconds: float) -> float:
@@ -91,7 +88,10 @@ def _writer_job(uri: str, scope: str, stream: str, count: int, size: int, inflig
     for _ in range(count):
         w.write_event_bytes(payload)
     w.flush()
-    result.put((t0, time.perf_counter()))
+    result.put((t0, time.perf_counter(), rf.rss_mb()[1]))
+
+
+WRITER_PEAK_MB = [0.0]  # the largest VmHWM any writer process reported
 
 
 def write_rate(uri: str, scope: str, stream: str, segments: int, writers: int, count: int, size: int,
@@ -115,8 +115,9 @@ def write_rate(uri: str, scope: str, stream: str, segments: int, writers: int, c
     spans = [q.get(timeout=600) for _ in procs]
     for p in procs:
         p.join()
-    t0 = min(s for s, _ in spans)
-    t1 = max(e for _, e in spans)
+    t0 = min(s[0] for s in spans)
+    t1 = max(s[1] for s in spans)
+    WRITER_PEAK_MB[0] = max(WRITER_PEAK_MB[0], *(s[2] for s in spans))
     return writers * count / (t1 - t0)
 
 
@@ -142,121 +143,120 @@ def read_rate(uri: str, scope: str, stream: str, expected: int, rg: str) -> floa
     return asyncio.run(run())
 
 
-def median_spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+def hold_and_read(proc: subprocess.Popen, uri: str, hold_gb: float, repeat: int) -> list[float]:
+    """Write ``hold_gb`` GB of 1 MiB events, then read part of it ``repeat`` times with fresh reader
+    groups while sampling the server's RSS; returns the peak RSS (MB) of each read."""
+    import pravega_client
+
+    pravega_client.StreamManager(uri).create_stream("bench", "hold", 4)
+    per_writer = int(hold_gb * 1e9) // (1024 * 1024) // 4
+    write_rate(uri, "bench", "hold", 4, 4, per_writer, 1024 * 1024 - 64)
+    peaks = []
+    for i in range(repeat):
+        seen: list[float] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                seen.append(rf.rss_mb(proc.pid)[0])
+                time.sleep(0.1)
+
+        t = threading.Thread(target=sample)
+        t.start()
+        try:
+            read_rate(uri, "bench", "hold", min(per_writer * 4, 400), f"rg-hold-{i}")
+        finally:
+            stop.set()
+            t.join()
+        peaks.append(max(seen))
+    return peaks
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, one repetition (a minute or two)")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--hold-gb", type=float, default=5.0, help="data held for the memory figure (0 skips it)")
-    ap.add_argument("--out", type=Path, default=Path("bench-results/server.json"))
+    ap.add_argument("--quick", action="store_true", help="200,000 events, 0.5 GB held, one repetition")
+    ap.add_argument("--events", type=int, default=None, help="100-byte events per single-writer run (default 1,000,000)")
+    ap.add_argument("--repeat", type=int, default=None, help="repetitions of every figure (default 3)")
+    ap.add_argument("--hold-gb", type=float, default=None, help="data held for the memory figure (default 5; 0 skips it)")
+    ap.add_argument("--json", type=Path, default=None, help="write the result file here")
     ap.add_argument("--data-dir", type=Path, default=None, help="where the server keeps data (default: a temp dir under the CWD's disk)")
     args = ap.parse_args()
-    repeat = 1 if args.quick else args.repeat
-    n_small = 200_000 if args.quick else 1_000_000
-    n_big = 10_000 if args.quick else 40_000
-    hold_gb = min(args.hold_gb, 0.5) if args.quick else args.hold_gb
+    repeat = args.repeat or (1 if args.quick else 3)
+    n_small = args.events or (200_000 if args.quick else 1_000_000)
+    hold_gb = args.hold_gb if args.hold_gb is not None else (0.5 if args.quick else 5.0)
+    n_big = max(10_000, n_small // 25)  # 10 KiB events: 400 MB per run at 1M
+    n_sync = max(1_000, n_small // 200)  # acknowledged one by one: latency-bound, so fewer
 
     base = args.data_dir or Path(tempfile.mkdtemp(prefix="pravega-bench-", dir="."))
     base.mkdir(parents=True, exist_ok=True)
-    results: dict = {"machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]}}
-    print(f"data directory: {base.resolve()}")
+    print(f"data directory: {base.resolve()}; {n_small:,} x 100 B, {n_big:,} x 10 KiB, {n_sync:,} acknowledged one "
+          f"by one, {repeat} repetition(s), holding {hold_gb} GB", flush=True)
 
-    raw_small = [disk_baseline(base, 54_000, 3) for _ in range(repeat)]
-    raw_big = [disk_baseline(base, 5 * 1024 * 1024, 3) for _ in range(repeat)]
-    results["raw_disk_mb_s_54KB"] = median_spread(raw_small)
-    results["raw_disk_mb_s_5MB"] = median_spread(raw_big)
-    print(f"raw disk append+fdatasync: {statistics.median(raw_small):.0f} MB/s (54 KB blocks), "
-          f"{statistics.median(raw_big):.0f} MB/s (5 MiB blocks)")
-
+    raw, big, small, eight, sync1, sync8, reads = [], [], [], [], [], [], []
+    held: list[float] = []
     proc, uri = start_server(base / "server")
     try:
         import pravega_client
 
-        mgr = pravega_client.StreamManager(uri)
-        mgr.create_scope("bench")
-        small, big, eight = [], [], []
+        pravega_client.StreamManager(uri).create_scope("bench")
         for i in range(repeat):
+            # Baselines alternate with their figures so machine noise hits both.
+            raw.append(disk_baseline(base, 5 * 1024 * 1024, 3))
+            big.append(write_rate(uri, "bench", f"big{i}", 1, 1, n_big, 10 * 1024) * 10240 / 1e6)
             small.append(write_rate(uri, "bench", f"small{i}", 1, 1, n_small, 100))
-            big.append(write_rate(uri, "bench", f"big{i}", 1, 1, n_big, 10 * 1024))
             eight.append(write_rate(uri, "bench", f"eight{i}", 8, 8, n_small // 8, 100))
-            print(f"run {i + 1}: 1 writer 100 B {small[-1]:,.0f} ev/s; 1 writer 10 KiB {big[-1]:,.0f} ev/s "
-                  f"({big[-1] * 10240 / 1e6:.0f} MB/s); 8 writers 100 B {eight[-1]:,.0f} ev/s")
-        results["write_100B_1_writer_ev_s"] = median_spread(small)
-        results["write_10KiB_1_writer_mb_s"] = median_spread([b * 10240 / 1e6 for b in big])
-        results["write_100B_8_writers_ev_s"] = median_spread(eight)
-        n_sync = 2_000 if args.quick else 5_000
-        sync1 = [write_rate(uri, "bench", f"sync1-{i}", 1, 1, n_sync, 100, inflight=0) for i in range(repeat)]
-        sync8 = [write_rate(uri, "bench", f"sync8-{i}", 8, 8, n_sync, 100, inflight=0) for i in range(repeat)]
-        results["write_sync_100B_1_writer_ev_s"] = median_spread(sync1)
-        results["write_sync_100B_8_writers_ev_s"] = median_spread(sync8)
-        print(f"acknowledged one by one (window 0): 1 writer {statistics.median(sync1):,.0f} ev/s, "
-              f"8 writers {statistics.median(sync8):,.0f} ev/s")
-        reads = [read_rate(uri, "bench", "small0", n_small, f"rg{i}") for i in range(repeat)]
-        results["catchup_read_100B_ev_s"] = median_spread(reads)
-        print(f"catch-up read 100 B: {statistics.median(reads):,.0f} ev/s")
-
+            sync1.append(write_rate(uri, "bench", f"sync1-{i}", 1, 1, n_sync, 100, inflight=0))
+            sync8.append(write_rate(uri, "bench", f"sync8-{i}", 8, 8, n_sync // 8 or 1, 100, inflight=0))
+            reads.append(read_rate(uri, "bench", f"small{i}", n_small, f"rg{i}"))
+            print(f"run {i + 1}/{repeat}: raw disk {raw[-1]:.0f} MB/s, 1 writer 10 KiB {big[-1]:.0f} MB/s; "
+                  f"1 writer 100 B {small[-1]:,.0f} ev/s, 8 writers {eight[-1]:,.0f} ev/s; one by one: 1 writer "
+                  f"{sync1[-1]:,.0f} ev/s, 8 writers {sync8[-1]:,.0f} ev/s; catch-up read {reads[-1]:,.0f} ev/s",
+                  flush=True)
         if hold_gb > 0:
-            mgr.create_stream("bench", "hold", 4)
-            target = int(hold_gb * 1e9)
-            per_writer = target // (4 * 1024 * 1024) // 4
-            write_rate(uri, "bench", "hold", 4, 4, per_writer, 1024 * 1024 - 64)
-            peak_during_reads = []
-            stop = threading.Event()
-
-            def sample() -> None:
-                while not stop.is_set():
-                    peak_during_reads.append(rss_mb(proc.pid)[0])
-                    time.sleep(0.2)
-
-            t = threading.Thread(target=sample)
-            t.start()
-            read_rate(uri, "bench", "hold", 200, "rg-hold")
-            stop.set()
-            t.join()
-            rss_now, rss_peak = rss_mb(proc.pid)
-            results["hold_gb"] = hold_gb
-            results["server_rss_mb_while_reading"] = max(peak_during_reads)
-            results["server_rss_mb_peak_lifetime"] = rss_peak
-            print(f"server holding {hold_gb:.1f} GB: RSS {max(peak_during_reads):.0f} MB while serving a reader "
-                  f"(lifetime peak {rss_peak:.0f} MB)")
+            held = hold_and_read(proc, uri, hold_gb, repeat)
+            print(f"server holding {hold_gb:g} GB: RSS while serving a reader {', '.join(f'{m:.0f}' for m in held)} MB",
+                  flush=True)
+        server_peak = rf.rss_mb(proc.pid)[1]
     finally:
         proc.terminate()
         proc.wait(30)
+        if args.data_dir is None:
+            import shutil
 
-    s = results
-    table = [
-        ("1 writer, 100 B events", f"{s['write_100B_1_writer_ev_s']['median']:,.0f} ev/s", "target 100,000 ev/s",
-         s["write_100B_1_writer_ev_s"]["median"] / 100_000),
-        ("1 writer, 10 KiB events", f"{s['write_10KiB_1_writer_mb_s']['median']:.0f} MB/s",
-         f"raw disk {s['raw_disk_mb_s_5MB']['median']:.0f} MB/s",
-         s["write_10KiB_1_writer_mb_s"]["median"] / s["raw_disk_mb_s_5MB"]["median"]),
-        ("8 writers, 100 B events", f"{s['write_100B_8_writers_ev_s']['median']:,.0f} ev/s",
-         f"1 writer {s['write_100B_1_writer_ev_s']['median']:,.0f} ev/s",
-         s["write_100B_8_writers_ev_s"]["median"] / s["write_100B_1_writer_ev_s"]["median"]),
-        ("8 writers, window 0 (group commit)", f"{s['write_sync_100B_8_writers_ev_s']['median']:,.0f} ev/s",
-         f"1 writer {s['write_sync_100B_1_writer_ev_s']['median']:,.0f} ev/s",
-         s["write_sync_100B_8_writers_ev_s"]["median"] / s["write_sync_100B_1_writer_ev_s"]["median"]),
-        ("catch-up read, 100 B", f"{s['catchup_read_100B_ev_s']['median']:,.0f} ev/s",
-         f"write {s['write_100B_1_writer_ev_s']['median']:,.0f} ev/s",
-         s["catchup_read_100B_ev_s"]["median"] / s["write_100B_1_writer_ev_s"]["median"]),
+            shutil.rmtree(base, ignore_errors=True)
+
+    figures = [
+        rf.figure("1 writer, 100 B events", "events/s", small, target=100_000.0),
+        rf.figure("1 writer, 10 KiB events", "MB/s", big,
+                  baseline=("raw append+fdatasync, 5 MiB blocks", raw), target_ratio=0.5),
+        rf.figure("8 writers, 100 B events", "events/s", eight,
+                  baseline=("1 writer, 100 B events", small), target_ratio=1.0),
+        rf.figure("8 writers, each write acked before the next", "events/s", sync8,
+                  baseline=("1 writer, each write acked before the next", sync1), target_ratio=1.0),
+        rf.figure("catch-up read, 100 B events", "events/s", reads,
+                  baseline=("1 writer, 100 B events (write rate)", small), target_ratio=1.0),
     ]
-    if "server_rss_mb_while_reading" in s:
-        table.append((f"server RSS holding {s['hold_gb']:.1f} GB", f"{s['server_rss_mb_while_reading']:.0f} MB",
-                      "limit 300 MB", s["server_rss_mb_while_reading"] / 300))
+    if held:
+        figures.append(rf.figure(f"server RSS holding {hold_gb:g} GB, serving a reader", "MB", held,
+                                 higher_is_better=False, target=300.0))
+    notes = [
+        "durable acknowledgements (fdatasync before every ack); official client 0.3.8, window 1000 events "
+        "unless 'each write acked before the next' (window 0)",
+        f"the server is its own process; writers are spawned processes; the data directory is on the disk of {base.parent.resolve()}",
+    ]
+    data = rf.result(
+        "server",
+        {"events": n_small, "events_10kib": n_big, "events_acked_one_by_one": n_sync, "repeat": repeat,
+         "hold_gb": hold_gb},
+        figures, {"server": server_peak, "writer": WRITER_PEAK_MB[0], "reader (bench process)": rf.rss_mb()[1]},
+        notes,
+    )
     print()
-    print(f"{'figure':36} {'value':>18} {'baseline':>28} {'ratio':>7}")
-    for name, value, baseline, ratio in table:
-        print(f"{name:36} {value:>18} {baseline:>28} {ratio:7.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    print(f"\nresults written to {args.out}")
-    if args.data_dir is None:
-        import shutil
-
-        shutil.rmtree(base, ignore_errors=True)
+    print(rf.format_table([data]))
+    print(rf.format_peaks([data]))
+    rf.write(args.json, data)
+    if args.json:
+        print(f"results written to {args.json}")
     return 0
 
 
