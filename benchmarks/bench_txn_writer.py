@@ -1,7 +1,7 @@
 """Transactional write rate: the official client vs our TransactionalWriter.
 
 Run: ``python benchmarks/bench_txn_writer.py [--events 500000] [--size 100] [--rounds 3]
-[--segments 1] [--profile]``
+[--segments 1] [--profile] [--json PATH]``
 
 Each round writes N events of ``--size`` bytes into one transaction of a fresh stream on the
 embedded server and commits it:
@@ -12,8 +12,10 @@ embedded server and commits it:
   (every event acknowledged) -> ``commit`` through the controller (waits for COMMITTED).
 
 The server runs as its own process and each client runs in its own spawned process, so nothing
-shares a GIL. Prints both rates (best of the rounds), their ratio (target: ours >= 70 % of the
-official client), and with ``--profile`` the top functions of our writer under cProfile.
+shares a GIL. Rounds alternate the two. Prints both rates (best and median of the rounds), the
+ratio of the medians (target: ours >= 70 % of the official client), and with ``--profile`` the top
+functions of our writer under cProfile. ``--json`` writes the result file of
+``benchmarks/result_file.py`` with every round's rate.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import result_file as rf  # noqa: E402
 
 
 def run_official(
@@ -41,7 +46,7 @@ def run_official(
     for _ in range(events):
         txn.write_event_bytes(payload)
     txn.commit()
-    out.put(time.perf_counter() - started)
+    out.put((time.perf_counter() - started, rf.rss_mb()[1]))
 
 
 def run_ours(
@@ -79,7 +84,7 @@ def run_ours(
             print(text.getvalue(), flush=True)
         else:
             elapsed = body()
-    out.put(elapsed)
+    out.put((elapsed, rf.rss_mb()[1]))
 
 
 def main() -> None:
@@ -91,6 +96,7 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="profile one extra round of our writer"
     )
+    parser.add_argument("--json", type=Path, default=None, help="write the result file here")
     args = parser.parse_args()
 
     from airflow_provider_pravega.client import PravegaClient
@@ -115,11 +121,14 @@ def main() -> None:
                 out = ctx.Queue()
                 proc = ctx.Process(target=target, args=(*extra, out))
                 proc.start()
-                elapsed = out.get(timeout=600)
+                elapsed, peak = out.get(timeout=600)
                 proc.join(60)
+                kind = "official writer" if target is run_official else "our writer"
+                peaks[kind] = max(peaks.get(kind, 0.0), peak)
                 return elapsed
 
             rates: dict[str, list[float]] = {"official": [], "ours": []}
+            peaks: dict[str, float] = {}
             for r in range(args.rounds):
                 for name in ("official", "ours"):
                     stream = fresh_stream(f"{name}-{r}")
@@ -161,6 +170,7 @@ def main() -> None:
                     args.size,
                     True,
                 )
+            peaks["server"] = rf.rss_mb(server.pid)[1] if getattr(server, "pid", None) else 0.0
 
     best_official, best_ours = max(rates["official"]), max(rates["ours"])
     print()
@@ -170,7 +180,19 @@ def main() -> None:
     print(
         f"ours            : {best_ours:12,.0f} events/s (best; median {statistics.median(rates['ours']):,.0f})"
     )
-    print(f"ratio ours/official: {best_ours / best_official:.2f} (target >= 0.70)")
+    print(f"ratio ours/official: {best_ours / best_official:.2f} (best), "
+          f"{statistics.median(rates['ours']) / statistics.median(rates['official']):.2f} (medians; target >= 0.70)")
+    data = rf.result(
+        "txn_writer",
+        {"events": args.events, "size": args.size, "rounds": args.rounds, "segments": args.segments},
+        [rf.figure(f"our transactional writer, {args.size} B events", "events/s", rates["ours"],
+                   baseline=("official client, one transaction", rates["official"]), target_ratio=0.7)],
+        {k: v for k, v in peaks.items() if v},
+        ["one transaction of all the events per round, written and committed (COMMITTED awaited); "
+         "each client in its own spawned process, the server in another"],
+    )
+    print(rf.format_table([data]))
+    rf.write(args.json, data)
 
 
 if __name__ == "__main__":
