@@ -633,3 +633,177 @@ def test_test_connection_to_the_embedded_server(monkeypatch: pytest.MonkeyPatch,
     noun = "scope" if before + 1 == 1 else "scopes"
     assert (ok, message) == (True, f"Connected to Pravega controller at tcp://{host}:{port}; {before + 1} {noun}")
     assert elapsed < 10
+
+
+# ------------------------------------------------- authentication and TLS (secure embedded server)
+
+
+def _secure_connection(
+    monkeypatch: pytest.MonkeyPatch, conn_id: str, server: Any, user: str | None, password: str | None = None,
+    *, tls: bool | None = None,
+) -> None:
+    host, port = server.controller_uri.split("://", 1)[1].rsplit(":", 1)
+    use_tls = server.tls if tls is None else tls
+    extra: dict[str, Any] = {"tls": use_tls}
+    if use_tls:
+        extra["trust_store"] = str(server.ca_cert)
+    fields: dict[str, Any] = {"host": host, "port": int(port), "extra": extra}
+    if user is not None:
+        fields["login"] = user
+        fields["password"] = server.passwords[user] if password is None else password
+    set_connection(monkeypatch, conn_id, **fields)
+
+
+def _timed(fn: Any) -> tuple[Any, float]:
+    started = time.monotonic()
+    result = fn()
+    return result, time.monotonic() - started
+
+
+def test_test_connection_with_the_right_password(monkeypatch: pytest.MonkeyPatch, pravega_secure_embedded: Any) -> None:
+    _secure_connection(monkeypatch, "pravega_sec_ok", pravega_secure_embedded, "admin")
+    (ok, message), elapsed = _timed(PravegaHook("pravega_sec_ok").test_connection)
+    assert ok is True, message
+    assert message.startswith(f"Connected to Pravega controller at {pravega_secure_embedded.controller_uri}")
+    assert elapsed < 10
+
+
+def test_test_connection_with_a_wrong_password_fails_fast(
+    monkeypatch: pytest.MonkeyPatch, pravega_secure_embedded: Any
+) -> None:
+    _secure_connection(monkeypatch, "pravega_sec_bad", pravega_secure_embedded, "admin", "wrong-Pa55word")
+    (ok, message), elapsed = _timed(PravegaHook("pravega_sec_bad").test_connection)
+    assert ok is False
+    assert "refused to authenticate user 'admin'" in message and "login and password" in message
+    assert "wrong-Pa55word" not in message and pravega_secure_embedded.passwords["admin"] not in message
+    assert elapsed < 10
+
+
+def test_test_connection_without_credentials_says_they_are_needed(
+    monkeypatch: pytest.MonkeyPatch, pravega_secure_embedded: Any
+) -> None:
+    _secure_connection(monkeypatch, "pravega_sec_anon", pravega_secure_embedded, None)
+    (ok, message), elapsed = _timed(PravegaHook("pravega_sec_anon").test_connection)
+    assert ok is False and "without credentials" in message and elapsed < 10
+
+
+def test_test_connection_plaintext_against_tls_fails_fast(
+    monkeypatch: pytest.MonkeyPatch, pravega_secure_embedded: Any
+) -> None:
+    _secure_connection(monkeypatch, "pravega_sec_plain", pravega_secure_embedded, "admin", tls=False)
+    (ok, message), elapsed = _timed(PravegaHook("pravega_sec_plain").test_connection)
+    assert ok is False and "speaks TLS but the connection is plaintext" in message
+    assert elapsed < 10
+
+
+def test_test_connection_tls_against_plaintext_fails_fast(
+    monkeypatch: pytest.MonkeyPatch, pravega_controller_uri: str, tmp_path: Path
+) -> None:
+    from airflow_provider_pravega.testing.tls import make_test_pki
+
+    ca = make_test_pki(tmp_path / "pki").ca_cert
+    host, port = pravega_controller_uri.split("://", 1)[1].rsplit(":", 1)
+    set_connection(monkeypatch, "pravega_tls_vs_plain", host=host, port=int(port),
+                   extra={"tls": True, "trust_store": str(ca)})
+    (ok, message), elapsed = _timed(PravegaHook("pravega_tls_vs_plain").test_connection)
+    assert ok is False and "TLS" in message and "plaintext" in message
+    assert elapsed < 10
+
+
+def test_get_conn_with_a_wrong_password_fails_in_seconds(
+    monkeypatch: pytest.MonkeyPatch, pravega_secure_embedded: Any
+) -> None:
+    """The official client would retry UNAUTHENTICATED for about a minute; the hook checks first."""
+    from airflow_provider_pravega.client.errors import PravegaAuthenticationError
+
+    _secure_connection(monkeypatch, "pravega_sec_conn_bad", pravega_secure_embedded, "admin", "wrong-Pa55word")
+    started = time.monotonic()
+    with pytest.raises(PravegaAuthenticationError) as info:
+        PravegaHook("pravega_sec_conn_bad").get_conn()
+    assert time.monotonic() - started < 10
+    assert "'admin'" in str(info.value) and "wrong-Pa55word" not in str(info.value)
+    assert not [k for k in os.environ if k.startswith("pravega_client_auth_")]
+
+
+def _c_getenv(name: str) -> str | None:
+    """What native code (the official client's Rust config builder) reads: the C environment."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    value = libc.getenv(name.encode())
+    return value.decode() if value is not None else None
+
+
+def test_official_client_credentials_never_reach_another_connection(
+    monkeypatch: pytest.MonkeyPatch, pravega_secure_embedded: Any, pravega_controller_uri: str
+) -> None:
+    """Two connections in one process, one with credentials (auth+TLS), one without: each
+    StreamManager is built seeing only its own settings, the environment is clean before and after,
+    and the credentialed manager keeps working after its variables are gone (the official client
+    copies them into its configuration when it is built and never reads them again)."""
+    import pravega_client
+
+    server = pravega_secure_embedded
+    _secure_connection(monkeypatch, "pravega_sec_admin", server, "admin")
+    host, port = pravega_controller_uri.split("://", 1)[1].rsplit(":", 1)
+    set_connection(monkeypatch, "pravega_plain_anon", host=host, port=int(port))
+    names = (ENV_AUTH_METHOD, ENV_AUTH_USERNAME, ENV_AUTH_PASSWORD, ENV_TLS_CERT_PATH)
+    for env_name in names:
+        monkeypatch.delenv(env_name, raising=False)
+
+    seen: list[dict[str, str | None]] = []
+    real = pravega_client.StreamManager
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append({n: _c_getenv(n) for n in names} | {"auth_enabled": str(kwargs.get("auth_enabled"))})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pravega_client, "StreamManager", spy)
+
+    secure = PravegaHook("pravega_sec_admin").get_conn()
+    assert all(_c_getenv(n) is None and n not in os.environ for n in names)
+    plain = PravegaHook("pravega_plain_anon").get_conn()
+    assert all(_c_getenv(n) is None and n not in os.environ for n in names)
+
+    assert seen[0] == {
+        ENV_AUTH_METHOD: "Basic", ENV_AUTH_USERNAME: "admin", ENV_AUTH_PASSWORD: server.passwords["admin"],
+        ENV_TLS_CERT_PATH: str(server.ca_cert), "auth_enabled": "True",
+    }
+    assert seen[1] == {n: None for n in names} | {"auth_enabled": "False"}
+
+    # Both work for real, after the environment was restored.
+    scope = f"isolated{os.getpid()}x{int(time.time() * 1000) % 10**8}"
+    assert secure.create_scope(scope) is True
+    assert scope in secure.list_scope()
+    assert plain.create_scope(scope) is True
+
+    # Many builds at once from threads: each sees exactly its own connection's settings.
+    seen.clear()
+    hooks = [PravegaHook("pravega_sec_admin"), PravegaHook("pravega_plain_anon")] * 8
+    for hook in hooks:
+        hook.get_config()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda h: h.get_config().create_stream_manager(), hooks))
+    assert len(seen) == len(hooks)
+    for snapshot in seen:
+        if snapshot["auth_enabled"] == "True":
+            assert snapshot[ENV_AUTH_USERNAME] == "admin"
+        else:
+            assert snapshot == {n: None for n in names} | {"auth_enabled": "False"}
+    assert all(_c_getenv(n) is None for n in names)
+
+
+def test_password_is_masked_and_never_in_reprs(monkeypatch: pytest.MonkeyPatch, pravega_secure_embedded: Any) -> None:
+    from airflow.sdk._shared.secrets_masker import redact
+
+    server = pravega_secure_embedded
+    _secure_connection(monkeypatch, "pravega_sec_mask", server, "admin")
+    hook = PravegaHook("pravega_sec_mask")
+    config = hook.get_config()
+    password = server.passwords["admin"]
+    basic = base64.b64encode(f"admin:{password}".encode()).decode()
+    for text in (repr(config), str(config), repr(hook), repr(hook.get_client())):
+        assert password not in text and basic not in text
+    logged = redact(f"connecting with {password} and header Basic {basic}")
+    assert password not in logged and basic not in logged
