@@ -48,13 +48,16 @@ def decoder_seeds() -> dict[str, bytes]:
 
 
 def dispatch_seeds() -> dict[str, bytes]:
-    """Byte 0: bit 7 prepends Hello, bit 6 lockstep, bits 0-5 chunk size; sessions carry their own Hello."""
-    seeds = {f"session-{name}": b"\x40" + wire.encode_many(cmds) for name, cmds in commands.seed_sessions().items()}
-    seeds["session-tables-pipelined"] = b"\x00" + wire.encode_many(commands.seed_sessions()["tables"])
-    seeds["session-append_read-chunked"] = b"\x07" + wire.encode_many(commands.seed_sessions()["append_read"])
+    """Byte 0 even: raw; byte 1: bit 7 prepends Hello, bit 6 lockstep, bits 0-5 chunk size (sessions
+    carry their own Hello). Byte 0 odd: structure-aware, the rest are field choices."""
+    seeds = {f"session-{name}": b"\x00\x40" + wire.encode_many(cmds) for name, cmds in commands.seed_sessions().items()}
+    seeds["session-tables-pipelined"] = b"\x00\x00" + wire.encode_many(commands.seed_sessions()["tables"])
+    seeds["session-append_read-chunked"] = b"\x00\x07" + wire.encode_many(commands.seed_sessions()["append_read"])
     for cmd in commands.sample_commands():
         if type(cmd) in wire.REQUEST_TYPES.values() and not isinstance(cmd, wire.Hello):
-            seeds[f"single-{type(cmd).__name__}-{cmd.TYPE}"] = b"\xc0" + wire.encode(cmd)
+            seeds[f"single-{type(cmd).__name__}-{cmd.TYPE}"] = b"\x00\xc0" + wire.encode(cmd)
+    for i in range(6):
+        seeds[f"structured-{i}"] = b"\x01" + bytes((i * 53 + j * 29) & 0xFF for j in range(96))
     return seeds
 
 

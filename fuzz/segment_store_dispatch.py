@@ -6,10 +6,11 @@ Run (see fuzz/README.md):
 
 A real ``SegmentStoreServer`` over a real ``SegmentStorage`` in a temporary directory; each input
 drives one fresh ``_Connection`` (the asyncio.Protocol the server creates per TCP client) through
-an in-memory transport on an event loop owned by this process. Input layout: byte 0 bit 7 =
-prepend a Hello frame, bit 6 = lockstep (one frame per data_received, waiting for the server to
+an in-memory transport on an event loop owned by this process. Input layout: byte 0 odd =
+structure-aware (the rest picks well-formed requests with fuzzed fields after a Hello, see
+fuzz/commands.py); byte 0 even = raw, then byte 1 flags: bit 7 = prepend a Hello frame, bit 6 = lockstep (one frame per data_received, waiting for the server to
 settle in between, as a client awaiting each answer does), bits 0-5 = otherwise the chunk size for
-data_received (0 = all at once); the rest is the byte stream a client would send.
+data_received (0 = all at once); bytes 2.. are the stream a client would send.
 
 Per input: no exception reaches the event loop or the segment store's error log (except a
 declared ProtocolError, which closes the connection), every reply the server writes decodes with
@@ -29,6 +30,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections import Counter
 
 import atheris
 
@@ -38,6 +40,8 @@ with atheris.instrument_imports(include=["airflow_provider_pravega"]):
     from airflow_provider_pravega.embedded import segment_store
     from airflow_provider_pravega.embedded.storage import SegmentStorage
     from airflow_provider_pravega.protocol import wire
+
+import commands  # noqa: E402  (after instrumentation on purpose: the generator is not under test)
 
 HANG_S = 10.0  # one input's work must settle within this
 HEALTH_EVERY = 200  # inputs between checks that a fresh client is still served
@@ -173,6 +177,16 @@ class Harness:
         self.server = segment_store.SegmentStoreServer(self.storage, "127.0.0.1", 0, tail_wait_s=TAIL_WAIT_S)
         # Stands in for start(): the server's loop is ours, driven in this thread.
         self.server._loop = self.loop
+        # The names the structure-aware inputs use exist from the start, so a saved input
+        # reproduces on a fresh store as it failed on a long-lived one.
+        for name in commands.SEGMENT_NAMES:
+            if not name:
+                continue
+            if "_tables" in name:
+                self.storage.create_table(name)
+                self.storage.table_update(name, [(b"seed-key", wire.KEY_NO_VERSION, b"seed-value")])
+            else:
+                self.storage.create_segment(name)
 
     def _close_store(self) -> None:
         if self.server is not None:
@@ -261,12 +275,20 @@ class Harness:
             sent, bad = list(exc.decoded), True
         if bad:
             assert transport.closed, "a malformed request stream did not close the connection"
-        ids = {wire.request_id_of(c) for c in sent if hasattr(c, "request_id") or isinstance(c, (wire.Hello, wire.KeepAlive))}
+        ids = [_request_id(c) for c in sent]
         for reply in transport.replies:
             rid = wire.request_id_of(reply)
             assert rid in ids, f"reply {reply!r} carries request id {rid}, which was never sent"
         if sent and not transport.closed:
-            assert transport.replies, f"{len(sent)} requests decoded, no reply and the connection is open"
+            # Every request that carries an id is answered exactly once, as a client waiting on it needs.
+            want = Counter(rid for rid in ids if rid is not None)
+            got = Counter(wire.request_id_of(r) for r in transport.replies)
+            assert got == want, f"request ids sent {dict(want)} but answered {dict(got)}: {transport.replies!r}"
+        by_id = {}
+        for c in sent:
+            by_id.setdefault(_request_id(c), []).append(c)
+        for reply in transport.replies:
+            _check_reply(reply, by_id.get(wire.request_id_of(reply), []))
 
     # ------------------------------------------------------------------ a well-behaved client
 
@@ -308,6 +330,50 @@ class Harness:
             raise AssertionError("health check failed:\n" + "\n".join(self.findings.problems))
 
 
+def _request_id(cmd: wire.Command) -> int | None:
+    if isinstance(cmd, (wire.Hello, wire.KeepAlive)) or hasattr(cmd, "request_id"):
+        return wire.request_id_of(cmd)
+    return None
+
+
+def merge_into_itself_accepted() -> bool:
+    """Probe for a finding whose fix is pending (see fuzz/README.md, "Findings"): does the storage
+    still accept merging a segment into itself? While it does, that one check is skipped so the
+    fuzzer keeps looking for other problems; once fixed, the check is on again by itself."""
+    tmp = tempfile.mkdtemp(prefix="fuzz-probe-")
+    storage = SegmentStorage(tmp, fsync=False)
+    storage.open()
+    try:
+        storage.create_segment("probe/s/0.#epoch.0")
+        try:
+            storage.merge_segment("probe/s/0.#epoch.0", "probe/s/0.#epoch.0")
+        except Exception:
+            return False
+        return True
+    finally:
+        storage.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+TOLERATE_MERGE_INTO_ITSELF = False
+
+
+def _check_reply(reply: wire.Command, requests: list[wire.Command]) -> None:
+    """What a reply must say about the request it answers (when its request id is unambiguous)."""
+    if isinstance(reply, wire.SegmentsMerged) and not TOLERATE_MERGE_INTO_ITSELF:
+        assert reply.source != reply.target, f"merged a segment into itself: {reply!r}"
+    if len(requests) != 1:
+        return
+    request = requests[0]
+    if isinstance(reply, wire.SegmentRead) and isinstance(request, wire.ReadSegment):
+        assert reply.segment == request.segment and reply.offset == request.offset, (reply, request)
+        assert len(reply.data) <= max(0, request.suggested_length), (reply, request)
+    elif isinstance(reply, wire.TableEntriesUpdated) and isinstance(request, wire.UpdateTableEntries):
+        assert len(reply.updated_versions) == len(request.entries), (reply, request)
+    elif isinstance(reply, wire.TableRead) and isinstance(request, wire.ReadTable):
+        assert [k.data for k, _v in reply.entries] == [k.data for k in request.keys], (reply, request)
+
+
 def _frames(stream: bytes) -> list[bytes]:
     """Splits at frame boundaries by the headers; whatever does not parse stays one last piece."""
     pieces, pos = [], 0
@@ -326,16 +392,27 @@ _harness: Harness | None = None
 
 
 def test_one_input(data: bytes) -> None:
-    global _harness
+    global _harness, TOLERATE_MERGE_INTO_ITSELF
     if _harness is None:
+        TOLERATE_MERGE_INTO_ITSELF = merge_into_itself_accepted() and not os.environ.get("FUZZ_STRICT")
+        if TOLERATE_MERGE_INTO_ITSELF:
+            print("fuzz: KNOWN FINDING tolerated: the segment store merges a segment into itself "
+                  "(fix pending, see fuzz/README.md; FUZZ_STRICT=1 to treat it as a crash)", file=sys.stderr)
         _harness = Harness()
         _harness.health_check()
-    if not data:
+    if len(data) < 2:
         return
-    stream = data[1:]
-    if data[0] & 0x80:
+    if data[0] & 1:  # structure-aware: Hello, then well-formed requests with fuzzed fields
+        fdp = atheris.FuzzedDataProvider(data[1:])
+        lockstep = fdp.ConsumeBool()
+        requests = [commands.random_command(fdp, commands.REQUEST_CLASSES)
+                    for _ in range(fdp.ConsumeIntInRange(1, 8))]
+        _harness.run_input(wire.encode_many([wire.Hello(), *requests]), 0, lockstep=lockstep)
+        return
+    flags, stream = data[1], data[2:]
+    if flags & 0x80:
         stream = wire.encode(wire.Hello()) + stream
-    _harness.run_input(stream, data[0] & 0x3F, lockstep=bool(data[0] & 0x40))
+    _harness.run_input(stream, flags & 0x3F, lockstep=bool(flags & 0x40))
 
 
 def main() -> None:

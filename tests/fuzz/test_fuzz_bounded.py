@@ -63,7 +63,7 @@ def test_wire_decoder_bounded(tmp_path):
 
 
 def test_segment_store_dispatch_bounded(tmp_path):
-    output = run_target("segment_store_dispatch", 4000, tmp_path)
+    output = run_target("segment_store_dispatch", 12000, tmp_path)
     assert coverage(output) > 400, output[-2000:]
 
 
