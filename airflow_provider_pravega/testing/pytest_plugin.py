@@ -90,6 +90,7 @@ class SecureServer:
     process: EmbeddedPravegaProcess
     auth_file: Path
     pki: TestPKI | None
+    auth: bool
     passwords: dict[str, str]
     acls: dict[str, str]
     token_ttl_s: int | None
@@ -126,7 +127,7 @@ class SecureServer:
 
 
     def run_client(self, code: str, user: str | None = None, *, password: str | None = None,
-                   timeout_s: float = 90.0, auth_enabled: bool = True,
+                   timeout_s: float = 90.0, auth_enabled: bool | None = None,
                    controller_uri: str | None = None) -> ClientRun:
         """Run ``code`` in a fresh Python process with the official client as ``user``.
 
@@ -136,6 +137,7 @@ class SecureServer:
         ``timeout_s`` is killed (``returncode`` None).
         """
         uri = controller_uri or self.controller_uri
+        auth_enabled = self.auth if auth_enabled is None else auth_enabled
         prelude = (
             "import asyncio, json, os, sys, time\nimport pravega_client\n"
             f"URI = {uri!r}\n"
@@ -173,7 +175,7 @@ class ClientRun:
 
 
 def _start_secure(base: Path, *, token_ttl_s: int | None, tls: bool, extra_users: dict[str, tuple[str, str]] | None,
-                  **settings: object) -> SecureServer:
+                  auth: bool = True, **settings: object) -> SecureServer:
     base.mkdir(parents=True, exist_ok=True)
     users = dict(SECURE_USERS)
     users.update(extra_users or {})
@@ -181,12 +183,12 @@ def _start_secure(base: Path, *, token_ttl_s: int | None, tls: bool, extra_users
     auth_file.write_text("".join(auth_file_line(u, pw, acl) + "\n" for u, (pw, acl) in users.items()))
     pki = make_test_pki(base / "pki") if tls else None
     process = EmbeddedPravegaProcess(
-        base / "data", auth_file=auth_file, token_ttl_s=token_ttl_s,
+        base / "data", auth_file=auth_file if auth else None, token_ttl_s=token_ttl_s,
         tls_cert=pki.server_cert if pki else None, tls_key=pki.server_key if pki else None,
         **settings,  # type: ignore[arg-type]
     )
     process.start()
-    return SecureServer(process, auth_file, pki, {u: pw for u, (pw, _a) in users.items()},
+    return SecureServer(process, auth_file, pki, auth, {u: pw for u, (pw, _a) in users.items()},
                         {u: acl for u, (_p, acl) in users.items()}, token_ttl_s)
 
 
@@ -201,13 +203,14 @@ def pravega_secure_embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.fixture
 def pravega_secure_embedded_factory(tmp_path: Path) -> Iterator[Callable[..., SecureServer]]:
-    """``start(token_ttl_s=None, tls=True, extra_users=None, **EmbeddedPravegaProcess kwargs)``."""
+    """``start(token_ttl_s=None, tls=True, auth=True, extra_users=None, **EmbeddedPravegaProcess kwargs)``;
+    ``auth=False`` starts the server without an auth file (the users are then meaningless)."""
     started: list[SecureServer] = []
 
-    def start(*, token_ttl_s: int | None = None, tls: bool = True,
+    def start(*, token_ttl_s: int | None = None, tls: bool = True, auth: bool = True,
               extra_users: dict[str, tuple[str, str]] | None = None, **settings: object) -> SecureServer:
         server = _start_secure(tmp_path / f"pravega-secure-{len(started)}", token_ttl_s=token_ttl_s, tls=tls,
-                               extra_users=extra_users, **settings)
+                               extra_users=extra_users, auth=auth, **settings)
         started.append(server)
         return server
 
