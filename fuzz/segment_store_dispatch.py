@@ -16,7 +16,8 @@ Per input: no exception reaches the event loop or the segment store's error log 
 declared ProtocolError, which closes the connection), every reply the server writes decodes with
 our reply decoder, replies only carry request ids that were sent, the connection answers or
 closes, all its work settles within HANG_S, and every HEALTH_EVERY inputs a fresh connection
-still gets Hello + CreateSegment + SetupAppend + append + read served correctly.
+still gets Hello + CreateSegment + SetupAppend + append + read served correctly. Every RESET_EVERY
+inputs the store is closed and recovered from its directory, and must look exactly the same.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import commands  # noqa: E402  (after instrumentation on purpose: the generator 
 
 HANG_S = 10.0  # one input's work must settle within this
 HEALTH_EVERY = 200  # inputs between checks that a fresh client is still served
-RESET_EVERY = 5000  # inputs between fresh storage directories (bounds disk and file count)
+RESET_EVERY = int(os.environ.get("FUZZ_RESET_EVERY", "2000"))  # inputs between recovery checks and fresh storage directories (bounds disk use)
 TAIL_WAIT_S = 0.005  # parked tail reads give up quickly so inputs settle fast
 
 
@@ -188,6 +189,42 @@ class Harness:
             else:
                 self.storage.create_segment(name)
 
+    @staticmethod
+    def snapshot(storage: SegmentStorage) -> dict[str, tuple]:
+        """Everything a client can observe of every segment, through the storage's public API."""
+        out: dict[str, tuple] = {}
+        for name in sorted(storage.segment_names()):
+            info = storage.segment_info(name)
+            if info is None:
+                continue
+            if storage.is_table(name):
+                out[name] = ("table", info.sealed, tuple(sorted(storage.table_entries(name))))
+            else:
+                data = storage.read(name, info.start_offset, info.length - info.start_offset).data
+                out[name] = ("stream", info.sealed, info.start_offset, info.length, data)
+        return out
+
+    def recovery_check(self) -> None:
+        """What the fuzz inputs left must survive a close and a recovery from the same directory."""
+        assert self.server is not None and self.storage is not None and self.tmp is not None
+        before = self.snapshot(self.storage)
+        self.server._pool.shutdown(wait=True)
+        self.server = None
+        self.storage.close()
+        self.storage = None
+        reopened = SegmentStorage(os.path.join(self.tmp, "ss"), fsync=False)
+        reopened.open()
+        try:
+            after = self.snapshot(reopened)
+        finally:
+            reopened.close()
+        if before != after:
+            lost = sorted(set(before) - set(after))[:5]
+            new = sorted(set(after) - set(before))[:5]
+            changed = [(n, before[n], after[n]) for n in sorted(set(before) & set(after)) if before[n] != after[n]][:3]
+            raise AssertionError(f"recovery after {self.inputs} inputs changed the store: lost {lost}, "
+                                 f"gained {new}, changed {changed!r}")
+
     def _close_store(self) -> None:
         if self.server is not None:
             self.server._pool.shutdown(wait=True)
@@ -259,6 +296,7 @@ class Harness:
         if self.inputs % HEALTH_EVERY == 1:
             self.health_check()
         if self.inputs % RESET_EVERY == 0:
+            self.recovery_check()
             self._fresh_store()
 
     def _check(self, stream: bytes, transport: MemoryTransport) -> None:
