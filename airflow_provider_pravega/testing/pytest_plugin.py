@@ -127,7 +127,7 @@ class SecureServer:
 
 
     def run_client(self, code: str, user: str | None = None, *, password: str | None = None,
-                   timeout_s: float = 90.0, auth_enabled: bool | None = None,
+                   timeout_s: float = 90.0, auth_enabled: bool | None = None, tls_enabled: bool | None = None,
                    controller_uri: str | None = None) -> ClientRun:
         """Run ``code`` in a fresh Python process with the official client as ``user``.
 
@@ -138,10 +138,11 @@ class SecureServer:
         """
         uri = controller_uri or self.controller_uri
         auth_enabled = self.auth if auth_enabled is None else auth_enabled
+        tls_enabled = self.tls if tls_enabled is None else tls_enabled
         prelude = (
             "import asyncio, json, os, sys, time\nimport pravega_client\n"
             f"URI = {uri!r}\n"
-            f"manager = pravega_client.StreamManager(URI, auth_enabled={auth_enabled!r}, tls_enabled={self.tls!r})\n"
+            f"manager = pravega_client.StreamManager(URI, auth_enabled={auth_enabled!r}, tls_enabled={tls_enabled!r})\n"
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("pravega_client_")}
         env.update(self.client_env(user, password))
