@@ -115,6 +115,36 @@ def random_command(fdp: Any, classes: list[type] = ALL_TYPES) -> wire.Command:
     return cls(**dict(zip(names, values)))
 
 
+#: Values that do not fit some wire type: encode must refuse each with a ValueError (or, where
+#: the value happens to fit the field, encode it faithfully), never any other exception.
+HOSTILE_VALUES: tuple = (
+    -1, 256, 2**31, -(2**31) - 1, 2**63, -(2**63) - 1, 2**128, -(2**127), 10**40, 2, True, 1.5,
+    float("nan"), None, "", "x", "\ud800", "é" * 40000, b"", b"\xff", bytearray(b"ab"), memoryview(b"mv"),
+    (), (1, 2), [3], ("a",), (b"k",), (wire.TableKey(b"k"),), ((wire.TableKey(b"k"), wire.TableValue(b"v")),),
+    ((wire.TableKey(b"k"),),), (wire.TableKey("k"),), (wire.TableKey(b"k", 2**64),), (wire.TableValue(b"v"),),
+    (wire.AttributeUpdate(-1, 1, 0, 0),), (wire.AttributeUpdate(1, 300, 0, 0),), (wire.AttributeUpdate(1, 1, 2**64, 0),),
+    object(),
+)
+
+
+def hostile_command(fdp: Any, classes: list[type] = ALL_TYPES) -> wire.Command:
+    """Like random_command, but some fields get values of the wrong type or out of range."""
+    cls = classes[fdp.ConsumeIntInRange(0, len(classes) - 1)]
+    required, optional = wire_kinds(cls)
+    kinds = required + optional
+    with_tail = bool(optional) and fdp.ConsumeBool()
+    values = []
+    for i, kind in enumerate(kinds):
+        if i >= len(required) and not with_tail:
+            values.append(None)
+        elif fdp.ConsumeIntInRange(0, 3) == 0:
+            values.append(HOSTILE_VALUES[fdp.ConsumeIntInRange(0, len(HOSTILE_VALUES) - 1)])
+        else:
+            values.append(_MAKERS[kind](fdp))
+    names = [f.name for f in dataclasses.fields(cls)]
+    return cls(**dict(zip(names, values)))
+
+
 # ------------------------------------------------------------------ seed sessions (corpus)
 
 WRITER = 0x5EED_0000_0000_0000_0000_0000_0000_0001

@@ -25,7 +25,7 @@ ALL_CODES = sorted({*wire.REQUEST_TYPES, *wire.REPLY_TYPES})
 
 
 def decoder_seeds() -> dict[str, bytes]:
-    """Mode byte first (see wire_decoder.py): 0 raw stream, 2 structured, 3 one payload."""
+    """Mode byte first (see wire_decoder.py): 0 raw stream, 1 hostile values, 2 structured, 3 one payload."""
     seeds: dict[str, bytes] = {}
     samples = commands.sample_commands()
     missing = set(commands.ALL_TYPES) - {type(c) for c in samples}
@@ -42,8 +42,9 @@ def decoder_seeds() -> dict[str, bytes]:
         seeds[f"raw-session-{name}"] = b"\x00\x00" + wire.encode_many(session)
     seeds["raw-oversized-header"] = b"\x00\x00" + struct.pack(">ii", 9, wire.MAX_FRAME + 1)
     seeds["payload-events"] = b"\x03\x00\x05" + wire.frame_event(b"abc") + wire.frame_event(b"") + b"\x00\x00"
-    for i in range(4):  # structured mode consumes these bytes as field choices
+    for i in range(4):  # structured and hostile modes consume these bytes as field choices
         seeds[f"structured-{i}"] = b"\x02" + bytes((i * 37 + j * 11) & 0xFF for j in range(64))
+        seeds[f"hostile-{i}"] = b"\x01" + bytes((i * 41 + j * 13) & 0xFF for j in range(64))
     return seeds
 
 

@@ -4,8 +4,10 @@
 Run (see fuzz/README.md):
     .venv/bin/python fuzz/wire_decoder.py -max_total_time=600 fuzz/corpus/wire_decoder
 
-The first input byte picks a mode:
-  0, 1  raw bytes through FrameDecoder("request") and ("reply"), whole and in chunks;
+The first input byte picks a mode (low two bits):
+  0     raw bytes through FrameDecoder("request") and ("reply"), whole and in chunks;
+  1     encoder robustness: commands with some fields of the wrong type or out of range must be
+        refused with ValueError (or, if they fit after all, round-trip);
   2     structure-aware: well-formed commands with fuzzed fields, encode -> decode -> encode;
   3     one payload through decode_frame for a chosen type code, and the event-segment parsers.
 Anything but a declared ProtocolError from malformed input, or a broken property, raises
@@ -125,6 +127,26 @@ def structured_mode(data: bytes) -> None:
     assert got == cmds
 
 
+def hostile_mode(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    cmd = commands.hostile_command(fdp)
+    try:
+        frame = wire.encode(cmd)
+    except ValueError:
+        return  # the promised refusal; any other exception type escapes and is a crash
+    direction = "request" if type(cmd) in REQUEST_CLASSES else "reply"
+    decoded = wire.decode_frame(cmd.TYPE, frame[8:], direction, strict=True)  # type: ignore[arg-type]
+    assert wire.encode(decoded) == frame, f"{cmd!r} encoded to bytes that re-encode differently"
+    if _tails_all_or_none(cmd):
+        for field in type(cmd).__dataclass_fields__:
+            sent, got = getattr(cmd, field), getattr(decoded, field)
+            if isinstance(sent, (bytearray, memoryview)):
+                sent = bytes(sent)
+            elif isinstance(sent, list):
+                sent = tuple(sent)
+            assert got == sent, f"{type(cmd).__name__}.{field}: encoded {sent!r}, decoded {got!r}"
+
+
 def payload_mode(data: bytes) -> None:
     if len(data) < 2:
         return
@@ -170,8 +192,10 @@ def test_one_input(data: bytes) -> None:
         return
     mode = data[0] & 0x03
     body = data[1:]
-    if mode in (0, 1):
+    if mode == 0:
         raw_mode(body)
+    elif mode == 1:
+        hostile_mode(body)
     elif mode == 2:
         structured_mode(body)
     else:

@@ -464,6 +464,13 @@ def _encode_value(cmd: str, name: str, value: TableValue, parts: list) -> None:
     parts.append(value.data)
 
 
+def _items_of(cmd: str, name: str, value: object) -> tuple:
+    """A list field's items; a value that is not a sequence is a ValueError like any bad field."""
+    if isinstance(value, (str, bytes, bytearray, memoryview)) or not isinstance(value, Iterable):
+        raise ValueError(f"{cmd}.{name} must be a sequence, got {type(value).__name__}")
+    return tuple(value)
+
+
 def _var_encoder(cmd: str, name: str, kind: str) -> EncodeStep:
     get = attrgetter(name)
     if kind == "str":
@@ -481,20 +488,20 @@ def _var_encoder(cmd: str, name: str, kind: str) -> EncodeStep:
             parts.append(value)
     elif kind == "i64s":
         def step(obj, parts):
-            values = tuple(get(obj))
+            values = _items_of(cmd, name, get(obj))
             try:
                 parts.append(struct.pack(f">I{len(values)}q", len(values), *values))
             except struct.error:
                 raise ValueError(f"{cmd}.{name} must be a sequence of i64, got {values!r}") from None
     elif kind == "keys":
         def step(obj, parts):
-            keys = tuple(get(obj))
+            keys = _items_of(cmd, name, get(obj))
             parts.append(_U32.pack(len(keys)))
             for key in keys:
                 _encode_key(cmd, name, key, parts)
     elif kind == "entries":
         def step(obj, parts):
-            entries = tuple(get(obj))
+            entries = _items_of(cmd, name, get(obj))
             parts.append(_U32.pack(len(entries)))
             for entry in entries:
                 try:
@@ -512,7 +519,7 @@ def _var_encoder(cmd: str, name: str, kind: str) -> EncodeStep:
         item = struct.Struct(">QQBqq")
 
         def step(obj, parts):
-            updates = tuple(get(obj))
+            updates = _items_of(cmd, name, get(obj))
             parts.append(_U32.pack(len(updates)))
             for u in updates:
                 if not isinstance(u, AttributeUpdate):

@@ -634,6 +634,22 @@ def test_encode_rejects_out_of_range_values_naming_the_field() -> None:
         encode(TableKey(b"k"))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("cmd", "field"),
+    [
+        pytest.param(w.UpdateTableEntries(1, KV, "", 7, -1), "UpdateTableEntries.entries", id="entries-int"),
+        pytest.param(w.ReadTable(1, KV, "", None), "ReadTable.keys", id="keys-none"),  # type: ignore[arg-type]
+        pytest.param(w.TableEntriesUpdated(1, 5), "TableEntriesUpdated.updated_versions", id="i64s-int"),
+        pytest.param(w.TableEntriesUpdated(1, b"\x01\x02"), "TableEntriesUpdated.updated_versions", id="i64s-bytes"),
+        pytest.param(w.MergeSegments(1, SEG, SEG, "", 3), "MergeSegments.attribute_updates", id="attrs-int"),
+    ],
+)
+def test_encode_refuses_a_non_sequence_list_field_with_value_error(cmd, field) -> None:
+    """Found by fuzz/wire_decoder.py (hostile mode): these raised TypeError, not the promised ValueError."""
+    with pytest.raises(ValueError, match=f"{field} must be a sequence"):
+        encode(cmd)
+
+
 def test_encode_refuses_frames_over_the_limit() -> None:
     with pytest.raises(ValueError, match="over the 16777215-byte frame limit"):
         encode(w.SegmentRead(SEG, 0, False, False, b"\x00" * w.MAX_FRAME, 1))
