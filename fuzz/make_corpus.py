@@ -59,6 +59,7 @@ def dispatch_seeds() -> dict[str, bytes]:
             seeds[f"single-{type(cmd).__name__}-{cmd.TYPE}"] = b"\x00\xc0" + wire.encode(cmd)
     for i in range(6):
         seeds[f"structured-{i}"] = b"\x01" + bytes((i * 53 + j * 29) & 0xFF for j in range(96))
+        seeds[f"structured-auth-{i}"] = b"\x03" + bytes((i * 59 + j * 31) & 0xFF for j in range(96))
     return seeds
 
 

@@ -8,14 +8,19 @@ A real ``SegmentStoreServer`` over a real ``SegmentStorage`` in a temporary dire
 drives one fresh ``_Connection`` (the asyncio.Protocol the server creates per TCP client) through
 an in-memory transport on an event loop owned by this process. Input layout: byte 0 odd =
 structure-aware (the rest picks well-formed requests with fuzzed fields after a Hello, see
-fuzz/commands.py); byte 0 even = raw, then byte 1 flags: bit 7 = prepend a Hello frame, bit 6 = lockstep (one frame per data_received, waiting for the server to
-settle in between, as a client awaiting each answer does), bits 0-5 = otherwise the chunk size for
-data_received (0 = all at once); bytes 2.. are the stream a client would send.
+fuzz/commands.py), and with bit 1 set they go to a second server over the same store that checks
+delegation tokens, each request carrying a token from a menu (valid for some scope/stream and
+permission, expired, wrongly signed, wrong audience, empty) or a fuzzed string; byte 0 even =
+raw, then byte 1 flags: bit 7 = prepend a Hello frame, bit 6 = lockstep (one frame per
+data_received, waiting for the server to settle in between, as a client awaiting each answer
+does), bits 0-5 = otherwise the chunk size for data_received (0 = all at once); bytes 2.. are the
+stream a client would send.
 
 Per input: no exception reaches the event loop or the segment store's error log (except a
 declared ProtocolError, which closes the connection), every reply the server writes decodes with
 our reply decoder, replies only carry request ids that were sent, the connection answers or
-closes, all its work settles within HANG_S, and every HEALTH_EVERY inputs a fresh connection
+closes, a token-bearing request is refused with AuthTokenCheckFailed exactly when an independent
+model of Pravega's token rules says its token does not grant it, all its work settles within HANG_S, and every HEALTH_EVERY inputs a fresh connection
 still gets Hello + CreateSegment + SetupAppend + append + read served correctly. Every RESET_EVERY
 inputs the store is closed and recovered from its directory, and must look exactly the same.
 """
@@ -23,6 +28,7 @@ inputs the store is closed and recovered from its directory, and must look exact
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -32,13 +38,15 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 
 import atheris
+import jwt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 with atheris.instrument_imports(include=["airflow_provider_pravega"]):
-    from airflow_provider_pravega.embedded import segment_store
+    from airflow_provider_pravega.embedded import auth, segment_store
     from airflow_provider_pravega.embedded.storage import SegmentStorage
     from airflow_provider_pravega.protocol import wire
 
@@ -165,19 +173,29 @@ class Harness:
         logger.setLevel(logging.WARNING)
         self.inputs = 0
         self.health_checks = 0
+        self.grants = token_menu()  # tokens last 600 s; refreshed by _fresh_store
+        self.grants_made = time.monotonic()
         self.tmp: str | None = None
         self.storage: CountingStorage | None = None
         self.server: segment_store.SegmentStoreServer | None = None
+        self.auth_server: segment_store.SegmentStoreServer | None = None
         self._fresh_store()
 
     def _fresh_store(self) -> None:
         self._close_store()
+        if time.monotonic() - getattr(self, "grants_made", 0) > 300:
+            self.grants = token_menu()
+            self.grants_made = time.monotonic()
         self.tmp = tempfile.mkdtemp(prefix="fuzz-segment-store-")
         self.storage = CountingStorage(os.path.join(self.tmp, "ss"), fsync=False)
         self.storage.open()
         self.server = segment_store.SegmentStoreServer(self.storage, "127.0.0.1", 0, tail_wait_s=TAIL_WAIT_S)
-        # Stands in for start(): the server's loop is ours, driven in this thread.
+        # The same store behind a server that checks delegation tokens (--auth-file deployments).
+        self.auth_server = segment_store.SegmentStoreServer(
+            self.storage, "127.0.0.1", 0, tail_wait_s=TAIL_WAIT_S, tokens=auth.TokenAuthority(SIGNING_KEY))
+        # Stands in for start(): the servers' loop is ours, driven in this thread.
         self.server._loop = self.loop
+        self.auth_server._loop = self.loop
         # The names the structure-aware inputs use exist from the start, so a saved input
         # reproduces on a fresh store as it failed on a long-lived one.
         for name in commands.SEGMENT_NAMES:
@@ -208,8 +226,10 @@ class Harness:
         """What the fuzz inputs left must survive a close and a recovery from the same directory."""
         assert self.server is not None and self.storage is not None and self.tmp is not None
         before = self.snapshot(self.storage)
-        self.server._pool.shutdown(wait=True)
-        self.server = None
+        for server in (self.server, self.auth_server):
+            if server is not None:
+                server._pool.shutdown(wait=True)
+        self.server = self.auth_server = None
         self.storage.close()
         self.storage = None
         reopened = SegmentStorage(os.path.join(self.tmp, "ss"), fsync=False)
@@ -226,6 +246,9 @@ class Harness:
                                  f"gained {new}, changed {changed!r}")
 
     def _close_store(self) -> None:
+        if self.auth_server is not None:
+            self.auth_server._pool.shutdown(wait=True)
+            self.auth_server = None
         if self.server is not None:
             self.server._pool.shutdown(wait=True)
             self.server = None
@@ -245,26 +268,29 @@ class Harness:
     async def _settle(self, conn: segment_store._Connection, started: float) -> None:
         """Waits until nothing is left to do for this input: no task, no owed storage callback,
         no posted completion. Longer than HANG_S is a hang."""
-        server, storage = self.server, self.storage
-        assert server is not None and storage is not None
+        storage = self.storage
+        servers = [sv for sv in (self.server, self.auth_server) if sv is not None]
+        assert storage is not None and servers
         me = asyncio.current_task()
         quiet = 0
         while True:
-            busy = (storage.owed > 0 or server._drain_scheduled or server._posted
+            busy = (storage.owed > 0 or any(sv._drain_scheduled or sv._posted for sv in servers)
                     or any(t is not me and not t.done() for t in asyncio.all_tasks()))
             quiet = 0 if busy else quiet + 1
             if quiet >= 2:  # idle across two turns: connection_lost and late posts have run
                 return
             if time.monotonic() - started > HANG_S:
                 raise AssertionError(
-                    f"input did not settle within {HANG_S} s: owed={storage.owed} posted={len(server._posted)} "
+                    f"input did not settle within {HANG_S} s: owed={storage.owed} "
                     f"tasks={[t for t in asyncio.all_tasks() if t is not me and not t.done()]!r}")
             await asyncio.sleep(0.0005 if busy else 0)
 
-    async def _drive(self, pieces: list[bytes], lockstep: bool) -> tuple[MemoryTransport, segment_store._Connection]:
-        assert self.server is not None
+    async def _drive(self, pieces: list[bytes], lockstep: bool, with_auth: bool = False
+                     ) -> tuple[MemoryTransport, segment_store._Connection]:
+        server = self.auth_server if with_auth else self.server
+        assert server is not None
         transport = MemoryTransport(self.loop)
-        conn = segment_store._Connection(self.server)
+        conn = segment_store._Connection(server)
         transport.protocol = conn
         conn.connection_made(transport)
         started = time.monotonic()
@@ -279,15 +305,18 @@ class Harness:
         await self._settle(conn, started)
         return transport, conn
 
-    def run_input(self, stream: bytes, chunk: int, lockstep: bool) -> None:
+    def run_input(self, stream: bytes, chunk: int, lockstep: bool, grants: dict | None = None) -> None:
+        """``grants`` (auth mode): delegation token -> what it grants, per the independent model."""
         if lockstep:
             pieces = _frames(stream)
         else:
             pieces = [stream[i:i + chunk] for i in range(0, len(stream), chunk)] if chunk else [stream]
-        transport, conn = self.loop.run_until_complete(self._drive(pieces, lockstep))
+        transport, conn = self.loop.run_until_complete(self._drive(pieces, lockstep, grants is not None))
         self.inputs += 1
         try:
             self._check(stream, transport)
+            if grants is not None:
+                self._check_auth(stream, transport, grants)
         finally:
             if not transport.closed:
                 transport.close()
@@ -328,6 +357,31 @@ class Harness:
         for reply in transport.replies:
             _check_reply(reply, by_id.get(wire.request_id_of(reply), []))
 
+    def _check_auth(self, stream: bytes, transport: MemoryTransport, grants: dict) -> None:
+        """Each token-bearing request is refused (AuthTokenCheckFailed, code 1 if expired) exactly
+        when the independent model says its token does not grant it; otherwise it is served."""
+        try:
+            sent = wire.FrameDecoder("request").feed(stream)
+        except wire.ProtocolError as exc:
+            sent = list(exc.decoded)
+        replies: dict[int, list] = {}
+        for reply in transport.replies:
+            replies.setdefault(wire.request_id_of(reply), []).append(reply)
+        ids = Counter(_request_id(c) for c in sent)
+        for cmd in sent:
+            needs = TOKEN_NEEDS.get(type(cmd))
+            rid = _request_id(cmd)
+            if needs is None or ids[rid] != 1 or rid not in replies:
+                continue  # no token field, ambiguous id, or not answered (the connection closed)
+            (reply,) = replies[rid]
+            allowed, expired = token_allows(grants, cmd.delegation_token, needs(cmd))
+            refused = isinstance(reply, wire.AuthTokenCheckFailed)
+            assert refused != allowed, (
+                f"{'refused' if refused else 'served'} {cmd!r} with a token the model says "
+                f"{'grants' if allowed else 'does not grant'} it: {reply!r}")
+            if refused:
+                assert reply.error_code == (wire.AUTH_TOKEN_EXPIRED if expired else wire.AUTH_TOKEN_CHECK_FAILED), reply
+
     # ------------------------------------------------------------------ a well-behaved client
 
     def health_check(self) -> None:
@@ -366,6 +420,69 @@ class Harness:
         assert isinstance(read, wire.SegmentRead) and read.data == block, f"health check read {read!r}"
         if self.findings.problems:
             raise AssertionError("health check failed:\n" + "\n".join(self.findings.problems))
+
+
+SIGNING_KEY = b"fuzz-signing-key-" * 4  # 68 bytes: HS512 wants at least 64
+OTHER_KEY = b"some-other-signing-key-" * 3
+
+R, RU = auth.Permission.READ, auth.Permission.READ_UPDATE
+#: Independent model of which segments a token-bearing request touches and what it needs there
+#: (reads and a merge source need READ, every change READ_UPDATE), written from Pravega's rules
+#: rather than from the server's own table.
+TOKEN_NEEDS: dict[type, Callable[[object], list]] = {
+    wire.SetupAppend: lambda c: [(c.segment, RU)],
+    wire.ReadSegment: lambda c: [(c.segment, R)],
+    wire.GetStreamSegmentInfo: lambda c: [(c.segment_name, R)],
+    wire.CreateSegment: lambda c: [(c.segment, RU)],
+    wire.CreateTransientSegment: lambda c: [(c.parent_segment, RU)],
+    wire.SealSegment: lambda c: [(c.segment, RU)],
+    wire.TruncateSegment: lambda c: [(c.segment, RU)],
+    wire.DeleteSegment: lambda c: [(c.segment, RU)],
+    wire.MergeSegments: lambda c: [(c.target, RU), (c.source, R)],
+    wire.CreateTableSegment: lambda c: [(c.segment, RU)],
+    wire.DeleteTableSegment: lambda c: [(c.segment, RU)],
+    wire.UpdateTableEntries: lambda c: [(c.segment, RU)],
+    wire.RemoveTableKeys: lambda c: [(c.segment, RU)],
+    wire.ReadTable: lambda c: [(c.segment, R)],
+    wire.ReadTableKeys: lambda c: [(c.segment, R)],
+    wire.ReadTableEntries: lambda c: [(c.segment, R)],
+    wire.ReadTableEntriesDelta: lambda c: [(c.segment, R)],
+}
+
+
+def make_token(resource: str, permission: str, *, key: bytes = SIGNING_KEY, exp_delta: int = 600,
+               audience: str = auth.TOKEN_AUDIENCE) -> str:
+    now = int(time.time())
+    claims = {"sub": "fuzz", "aud": audience, "iat": now, "exp": now + exp_delta, resource: permission}
+    return jwt.encode(claims, key, algorithm=auth.TOKEN_ALGORITHM)
+
+
+#: Token -> (valid, expired, prefix or "*", permission): what each token grants in the model.
+def token_menu() -> dict[str, tuple[bool, bool, str, auth.Permission]]:
+    return {
+        make_token("prn::/scope:fz", "READ_UPDATE"): (True, False, "fz", RU),
+        make_token("prn::/scope:fz", "READ"): (True, False, "fz", R),
+        make_token("prn::/scope:fz/stream:st", "READ_UPDATE"): (True, False, "fz/st", RU),
+        make_token("prn::/scope:other", "READ_UPDATE"): (True, False, "other", RU),
+        make_token("*", "READ_UPDATE"): (True, False, "*", RU),
+        make_token("prn::/scope:fz", "NONE"): (True, False, "fz", auth.Permission.NONE),
+        make_token("prn::/scope:fz", "READ_UPDATE", exp_delta=-60): (False, True, "fz", RU),
+        make_token("prn::/scope:fz", "READ_UPDATE", key=OTHER_KEY): (False, False, "", R),
+        make_token("prn::/scope:fz", "READ_UPDATE", audience="controller"): (False, False, "", R),
+        "": (False, False, "", R),
+    }
+
+
+def token_allows(grants: dict, token: str, needs: list) -> tuple[bool, bool]:
+    """(allowed, expired) for a token under the model; unknown strings grant nothing."""
+    valid, expired, prefix, permission = grants.get(token, (False, False, "", R))
+    if not valid:
+        return False, expired
+    for segment, needed in needs:
+        covered = prefix == "*" or segment == prefix or segment.startswith(prefix + "/")
+        if not covered or permission < needed:
+            return False, False
+    return True, False
 
 
 def _request_id(cmd: wire.Command) -> int | None:
@@ -445,7 +562,14 @@ def test_one_input(data: bytes) -> None:
         lockstep = fdp.ConsumeBool()
         requests = [commands.random_command(fdp, commands.REQUEST_CLASSES)
                     for _ in range(fdp.ConsumeIntInRange(1, 8))]
-        _harness.run_input(wire.encode_many([wire.Hello(), *requests]), 0, lockstep=lockstep)
+        grants = None
+        if data[0] & 2:  # against the token-checking server, with tokens from the menu (or fuzzed)
+            grants = _harness.grants
+            menu = list(grants)
+            requests = [dataclasses.replace(r, delegation_token=menu[fdp.ConsumeIntInRange(0, len(menu) - 1)])
+                        if hasattr(r, "delegation_token") and fdp.ConsumeIntInRange(0, 7) else r
+                        for r in requests]
+        _harness.run_input(wire.encode_many([wire.Hello(), *requests]), 0, lockstep=lockstep, grants=grants)
         return
     flags, stream = data[1], data[2:]
     if flags & 0x80:
