@@ -2,6 +2,9 @@
 
     python tests/fuzz/good_client.py CONTROLLER_URI SCOPE DURATION_S
 
+Credentials, when the server wants them, come from the official client's own environment
+variables (``pravega_client_auth_method`` etc.).
+
 The official client holds the GIL while it waits for the network, so it cannot share a process
 with the thread that floods the server with garbage. Until DURATION_S has passed it writes rounds
 of uniquely numbered events (two segments, several routing keys) and reads each round back with
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 import traceback
@@ -25,7 +29,8 @@ READ_TIMEOUT_S = 30.0
 
 
 async def session(uri: str, scope: str, duration_s: float) -> dict:
-    manager = pravega_client.StreamManager(uri)
+    # With the official client's credential variables set (a server with --auth-file), use them.
+    manager = pravega_client.StreamManager(uri, auth_enabled=bool(os.environ.get("pravega_client_auth_method")))
     manager.create_scope(scope)
     manager.create_stream(scope, "good", 2)
     writer = manager.create_writer(scope, "good", 100)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import random
 import socket
 import struct
@@ -136,21 +137,20 @@ def unexpected_tracebacks(log_text: str) -> list[str]:
     return found
 
 
-def test_garbage_on_raw_connections_does_not_disturb_the_official_client(pravega_embedded, unique_name, tmp_path):
-    server = pravega_embedded
+def run_under_garbage(server, controller_uri: str, endpoint: str, scope: str, env: dict[str, str]) -> None:
+    """The scenario for one server process (an EmbeddedPravegaProcess); fails the test on a problem."""
     log_path = server.data_dir / "server.log"
     log_start = log_path.stat().st_size if log_path.exists() else 0
     rss_before = rss_bytes(server.pid)
 
-    garbage = Garbage(server.segment_store_endpoint, seed=20261122)
+    garbage = Garbage(endpoint, seed=20261122)
     flood = threading.Thread(target=garbage.run, name="garbage", daemon=True)
     flood.start()
     try:
         time.sleep(0.5)  # the flood is under way before the good client connects
         good = subprocess.run(
-            [sys.executable, str(Path(__file__).with_name("good_client.py")), server.controller_uri,
-             unique_name("fz"), str(GARBAGE_S)],
-            capture_output=True, text=True, timeout=240,
+            [sys.executable, str(Path(__file__).with_name("good_client.py")), controller_uri, scope, str(GARBAGE_S)],
+            capture_output=True, text=True, timeout=240, env={**os.environ, **env},
         )
     finally:
         garbage.stop.set()
@@ -175,3 +175,16 @@ def test_garbage_on_raw_connections_does_not_disturb_the_official_client(pravega
     print(f"good client: {result['written']} events in {result['rounds']} rounds; garbage: "
           f"{garbage.connections} connections, {garbage.bytes_sent} bytes, {garbage.closed_by_server} closed "
           f"by the server; RSS {rss_before >> 20} -> {rss_after >> 20} MiB")
+
+
+def test_garbage_on_raw_connections_does_not_disturb_the_official_client(pravega_embedded, unique_name):
+    run_under_garbage(pravega_embedded, pravega_embedded.controller_uri, pravega_embedded.segment_store_endpoint,
+                      unique_name("fz"), {})
+
+
+def test_garbage_with_token_checks_on(pravega_secure_embedded_factory, unique_name):
+    """Same with --auth-file (no TLS, so raw sockets reach the wire protocol): garbage requests carry
+    no valid delegation token and are refused; the authenticated official client is unaffected."""
+    secure = pravega_secure_embedded_factory(tls=False)
+    run_under_garbage(secure.process, secure.controller_uri, secure.segment_store_endpoint, unique_name("fz"),
+                      secure.client_env("admin"))
