@@ -54,7 +54,8 @@ import commands  # noqa: E402  (after instrumentation on purpose: the generator 
 
 HANG_S = 10.0  # one input's work must settle within this
 HEALTH_EVERY = 200  # inputs between checks that a fresh client is still served
-RESET_EVERY = int(os.environ.get("FUZZ_RESET_EVERY", "2000"))  # inputs between recovery checks and fresh storage directories (bounds disk use)
+#: Inputs between recovery checks and fresh storage directories (bounds disk use).
+RESET_EVERY = int(os.environ.get("FUZZ_RESET_EVERY", "2000"))
 TAIL_WAIT_S = 0.005  # parked tail reads give up quickly so inputs settle fast
 
 
@@ -173,7 +174,7 @@ class Harness:
         logger.setLevel(logging.WARNING)
         self.inputs = 0
         self.health_checks = 0
-        self.grants = token_menu()  # tokens last 600 s; refreshed by _fresh_store
+        self.grants = token_menu()
         self.grants_made = time.monotonic()
         self.tmp: str | None = None
         self.storage: CountingStorage | None = None
@@ -181,11 +182,15 @@ class Harness:
         self.auth_server: segment_store.SegmentStoreServer | None = None
         self._fresh_store()
 
-    def _fresh_store(self) -> None:
-        self._close_store()
-        if time.monotonic() - getattr(self, "grants_made", 0) > 300:
+    def current_grants(self) -> dict:
+        """The token menu; re-issued well before its 600 s tokens expire (the expired one stays expired)."""
+        if time.monotonic() - self.grants_made > 300:
             self.grants = token_menu()
             self.grants_made = time.monotonic()
+        return self.grants
+
+    def _fresh_store(self) -> None:
+        self._close_store()
         self.tmp = tempfile.mkdtemp(prefix="fuzz-segment-store-")
         self.storage = CountingStorage(os.path.join(self.tmp, "ss"), fsync=False)
         self.storage.open()
@@ -564,7 +569,7 @@ def test_one_input(data: bytes) -> None:
                     for _ in range(fdp.ConsumeIntInRange(1, 8))]
         grants = None
         if data[0] & 2:  # against the token-checking server, with tokens from the menu (or fuzzed)
-            grants = _harness.grants
+            grants = _harness.current_grants()
             menu = list(grants)
             requests = [dataclasses.replace(r, delegation_token=menu[fdp.ConsumeIntInRange(0, len(menu) - 1)])
                         if hasattr(r, "delegation_token") and fdp.ConsumeIntInRange(0, 7) else r
