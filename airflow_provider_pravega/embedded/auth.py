@@ -307,6 +307,8 @@ class _ClientSafeJSON(json.JSONEncoder):
 class TokenAuthority:
     """Issues and checks the delegation tokens the segment store accepts."""
 
+    _CACHE_SIZE = 1024
+
     def __init__(self, signing_key: bytes, ttl_s: int = DEFAULT_TOKEN_TTL_S) -> None:
         if len(signing_key) < 16:
             raise ValueError("the token signing key must be at least 16 bytes")
@@ -314,6 +316,10 @@ class TokenAuthority:
             raise ValueError(f"token TTL must be at least 1 s, got {ttl_s}")
         self._key = signing_key
         self.ttl_s = ttl_s
+        # Verified tokens -> (exp, claims): a client sends the same token with every request until
+        # it refreshes it, and verifying a signature costs far more than a dictionary lookup.
+        self._verified: OrderedDict[str, tuple[int, dict[str, Any]]] = OrderedDict()
+        self._verified_lock = threading.Lock()
 
     @classmethod
     def random(cls, ttl_s: int = DEFAULT_TOKEN_TTL_S) -> TokenAuthority:
@@ -339,6 +345,22 @@ class TokenAuthority:
         """Raise :class:`TokenCheckFailed` unless ``token`` grants ``needed`` on ``segment``."""
         if not token:
             raise TokenCheckFailed("no delegation token (the segment store requires one)")
+        claims = self._verify(token)
+        for key, value in claims.items():
+            if not isinstance(value, str) or value not in Permission.__members__:
+                continue
+            if Permission[value] >= needed and _claim_covers(key, segment):
+                return
+        raise TokenCheckFailed(f"delegation token does not grant {needed.name} on {segment}")
+
+
+    def _verify(self, token: str) -> dict[str, Any]:
+        with self._verified_lock:
+            hit = self._verified.get(token)
+        if hit is not None:
+            if time.time() >= hit[0]:
+                raise TokenCheckFailed("delegation token expired", TokenCheckFailed.EXPIRED)
+            return hit[1]
         try:
             claims = jwt.decode(token, self._key, algorithms=[TOKEN_ALGORITHM], audience=TOKEN_AUDIENCE,
                                 options={"require": ["exp"]})
@@ -346,12 +368,13 @@ class TokenAuthority:
             raise TokenCheckFailed("delegation token expired", TokenCheckFailed.EXPIRED) from None
         except jwt.InvalidTokenError as exc:
             raise TokenCheckFailed(f"delegation token rejected: {exc}") from None
-        for key, value in claims.items():
-            if not isinstance(value, str) or value not in Permission.__members__:
-                continue
-            if Permission[value] >= needed and _claim_covers(key, segment):
-                return
-        raise TokenCheckFailed(f"delegation token does not grant {needed.name} on {segment}")
+        exp = claims.get("exp")
+        if isinstance(exp, int):
+            with self._verified_lock:
+                self._verified[token] = (exp, claims)
+                while len(self._verified) > self._CACHE_SIZE:
+                    self._verified.popitem(last=False)
+        return claims
 
 
 _CLAIM_PARTS = re.compile(r"prn::|/scope:|stream:")

@@ -148,7 +148,10 @@ class SecureServer:
         env.update(self.client_env(user, password))
         started = time.monotonic()
         try:
-            done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], env=env,
+            # os._exit after the code: the official client's runtime threads can abort the interpreter
+            # while it finalizes ("PyGILState_Release ... must be current"), after the work is done.
+            epilogue = "\nsys.stdout.flush(); sys.stderr.flush(); os._exit(0)\n"
+            done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code) + epilogue], env=env,
                                   capture_output=True, text=True, timeout=timeout_s)
             return ClientRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
         except subprocess.TimeoutExpired as exc:
