@@ -1,0 +1,14 @@
+# Benchmarks and tests. `make bench` takes under 30 minutes on a 2-core machine, `make bench-quick` a few.
+# Results: docs/benchmarks/<profile>.json (every sample, the machine), .md (the table), .png (the chart).
+PYTHON ?= .venv/bin/python
+
+.PHONY: bench bench-quick test
+
+bench:
+	$(PYTHON) benchmarks/run.py full $(ARGS)
+
+bench-quick:
+	$(PYTHON) benchmarks/run.py quick $(ARGS)
+
+test:
+	scripts/test $(ARGS)

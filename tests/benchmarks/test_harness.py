@@ -1,0 +1,115 @@
+"""The benchmark harness (benchmarks/run.py): ratios and verdicts from canned result files, the
+table/JSON/Markdown/PNG it writes after a real tiny benchmark run, and a crash turning into a
+non-zero exit. No timed assertions: figures on a shared machine vary."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import result_file as rf  # noqa: E402
+import run  # noqa: E402
+
+
+def canned() -> list[dict]:
+    return [
+        rf.result("server", {"events": 10}, [
+            rf.figure("1 writer, 100 B events", "events/s", [120_000, 90_000, 150_000], target=100_000.0),
+            rf.figure("1 writer, 10 KiB events", "MB/s", [300, 280, 320],
+                      baseline=("raw disk", [700, 600, 650]), target_ratio=0.5),
+            rf.figure("server RSS", "MB", [310, 290, 305], higher_is_better=False, target=300.0),
+        ], {"server": 120.0}),
+        rf.result("ingest", {"events": 10}, [
+            rf.figure("exactly-once", "events/s", [50, 40, 60], baseline=("official", [100, 90, 110]), target_ratio=0.6),
+            rf.figure("driver RSS", "MB", [150, 151], higher_is_better=False, baseline=("quarter", [140]), target_ratio=1.2),
+            rf.figure("no target", "s", [1, 2, 3], baseline=("other", [2, 2, 2])),
+        ], {"driver": 152.0}, ["a note"]),
+    ]
+
+
+def test_ratios_and_verdicts_come_from_the_medians():
+    summaries = [rf.summarize(f) for res in canned() for f in res["figures"]]
+    by_name = {s["name"]: s for s in summaries}
+    assert by_name["1 writer, 100 B events"]["median"] == 120_000
+    assert by_name["1 writer, 100 B events"]["verdict"] == "PASS"  # absolute target, higher is better
+    s = by_name["1 writer, 10 KiB events"]
+    assert (s["median"], s["min"], s["max"], s["baseline_median"]) == (300, 280, 320, 650)
+    assert s["ratio"] == pytest.approx(300 / 650)
+    assert s["verdict"] == "FAIL"  # 0.46 < 0.5
+    assert by_name["server RSS"]["verdict"] == "FAIL"  # median 305 MB > 300 MB, lower is better
+    assert by_name["exactly-once"]["ratio"] == pytest.approx(0.5) and by_name["exactly-once"]["verdict"] == "FAIL"
+    assert by_name["driver RSS"]["ratio"] == pytest.approx(150.5 / 140)
+    assert by_name["driver RSS"]["verdict"] == "PASS"  # 1.075 <= 1.2, lower is better
+    assert by_name["no target"]["verdict"] == "-" and by_name["no target"]["ratio"] == pytest.approx(1.0)
+
+
+def test_table_and_chart_from_canned_results(tmp_path):
+    results = canned()
+    table = rf.format_table(results)
+    lines = table.splitlines()
+    assert len(lines) == 2 + 6  # header, rule, one row per figure
+    row = next(line for line in lines if "10 KiB" in line)
+    assert "300 MB/s" in row and "280-320" in row and "650 MB/s" in row and "0.46" in row and "FAIL" in row
+    assert "ratio >= 0.5" in row
+    assert "<= 300 MB" in next(line for line in lines if "server RSS" in line)
+    md = rf.format_table(results, markdown=True)
+    assert md.splitlines()[1].startswith("|---|") and md.count("\n") == 7
+    assert "server: server 120 MB" in rf.format_peaks(results)
+    png = tmp_path / "chart.png"
+    run.write_chart(results, png, "canned")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    with pytest.raises(ValueError, match="no samples"):
+        rf.summarize(rf.figure("empty", "s", []))
+
+
+def test_harness_runs_a_real_benchmark_and_writes_json_table_and_png(tmp_path, capsys):
+    """bench_txn_writer.py on tiny sizes: embedded server and client processes, a few seconds."""
+    code = run.main(["quick", "--only", "txn_writer", "--events", "2000", "--repeat", "2", "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "[txn_writer] " in out  # the benchmark's own output is streamed, prefixed
+    data = json.loads((tmp_path / "quick.json").read_text())
+    assert data["profile"] == "quick" and "--only txn_writer" in data["command"]
+    m = data["machine"]
+    assert m["cores"] >= 1 and m["memory_gb"] > 0 and m["disk"]["free_gb"] > 0 and m["python"]
+    assert m["packages"]["pravega"] and m["git_commit"]
+    assert data["benchmarks"]["txn_writer"]["exit_code"] == 0
+    (res,) = data["results"]
+    fig = res["figures"][0]
+    assert len(fig["samples"]) == 2 and len(fig["baseline"]["samples"]) == 2 and fig["target_ratio"] == 0.7
+    (summary,) = data["summary"]
+    assert summary["ratio"] == pytest.approx(rf.summarize(fig)["median"] / rf.summarize(fig)["baseline_median"])
+    assert summary["verdict"] in ("PASS", "FAIL")
+    assert "our transactional writer" in out.split("=" * 100)[-1]  # the final table
+    assert "| txn_writer |" in (tmp_path / "quick.md").read_text()
+    assert (tmp_path / "quick.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_crashing_benchmark_makes_the_harness_fail_but_the_others_are_reported(tmp_path, capsys):
+    crash = tmp_path / "bench_crash.py"
+    crash.write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")
+    canned_bench = tmp_path / "bench_canned.py"
+    canned_bench.write_text(
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(BENCH)!r})\n"
+        "import result_file as rf\n"
+        "path = sys.argv[sys.argv.index('--json') + 1]\n"
+        "rf.write(path, rf.result('canned', {}, [rf.figure('f', 'events/s', [1, 2, 3], baseline=('b', [2, 2, 2]), target_ratio=0.4)]))\n"
+    )
+    registry = {
+        "crash": {"script": crash, "events": "--events", "repeat": "--repeat"},
+        "canned": {"script": canned_bench, "events": "--events", "repeat": "--repeat"},
+    }
+    code = run.main(["quick", "--out-dir", str(tmp_path / "out")], registry=registry)
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "CRASHED: crash: exit code 3" in out and "about to fail" in out
+    data = json.loads((tmp_path / "out" / "quick.json").read_text())
+    assert data["benchmarks"]["crash"]["error"] == "exit code 3"
+    assert [s["verdict"] for s in data["summary"]] == ["PASS"] and data["summary"][0]["ratio"] == 1.0
