@@ -145,7 +145,7 @@ def stream_auth_resource(scope: str, stream: str) -> str:
 def is_reader_group_or_mark_stream(stream: str) -> bool:
     """Streams a reader may write to with READ permission (Pravega's default
     ``rgWritesWithReadPermissions``): reader-group state and watermark streams."""
-    return (stream.startswith(_RG_PREFIX) or stream.startswith(_MARK_PREFIX)
+    return (stream.startswith((_RG_PREFIX, _MARK_PREFIX))
             or (stream.endswith(_KVTABLE_SUFFIX) and len(stream) > len(_KVTABLE_SUFFIX)))
 
 

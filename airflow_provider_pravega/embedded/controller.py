@@ -46,7 +46,11 @@ from typing import Any, TypeVar
 import grpc
 
 from airflow_provider_pravega.embedded import auth
-from airflow_provider_pravega.embedded.auth import Authenticator, Permission, TokenAuthority
+from airflow_provider_pravega.embedded.auth import (
+    Authenticator,
+    Permission,
+    TokenAuthority,
+)
 from airflow_provider_pravega.embedded.backend import SegmentBackend
 from airflow_provider_pravega.embedded.controller_log import MetadataLog
 from airflow_provider_pravega.embedded.controller_state import (

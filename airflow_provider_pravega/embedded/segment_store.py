@@ -18,7 +18,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from airflow_provider_pravega.embedded import storage as st
-from airflow_provider_pravega.embedded.auth import Permission, TokenAuthority, TokenCheckFailed
+from airflow_provider_pravega.embedded.auth import (
+    Permission,
+    TokenAuthority,
+    TokenCheckFailed,
+)
 from airflow_provider_pravega.embedded.storage import SegmentStorage
 from airflow_provider_pravega.protocol import wire
 

@@ -21,7 +21,10 @@ from pathlib import Path
 import grpc
 
 from airflow_provider_pravega.embedded import auth, tls
-from airflow_provider_pravega.embedded.controller import ControllerConfig, EmbeddedController
+from airflow_provider_pravega.embedded.controller import (
+    ControllerConfig,
+    EmbeddedController,
+)
 from airflow_provider_pravega.embedded.segment_store import SegmentStoreServer
 from airflow_provider_pravega.embedded.storage import SegmentStorage
 from airflow_provider_pravega.protocol import controller_pb2_grpc

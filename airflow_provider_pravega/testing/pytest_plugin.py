@@ -152,7 +152,7 @@ class SecureServer:
             # while it finalizes ("PyGILState_Release ... must be current"), after the work is done.
             epilogue = "\nsys.stdout.flush(); sys.stderr.flush(); os._exit(0)\n"
             done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code) + epilogue], env=env,
-                                  capture_output=True, text=True, timeout=timeout_s)
+                                  check=False, capture_output=True, text=True, timeout=timeout_s)
             return ClientRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")

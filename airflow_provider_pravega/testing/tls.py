@@ -45,7 +45,7 @@ def make_test_pki(directory: str | os.PathLike[str], *, hosts: tuple[str, ...] =
     ``directory`` and return their paths. ``hosts`` become the server certificate's SANs."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     not_before, not_after = now - dt.timedelta(minutes=5), now + dt.timedelta(days=1)
 
     ca_key = _key()

@@ -25,11 +25,14 @@ import pytest
 
 from airflow_provider_pravega.embedded import auth
 from airflow_provider_pravega.embedded import segment_store as ss
-from airflow_provider_pravega.embedded.controller import _ACCESS_RULES, EmbeddedController
+from airflow_provider_pravega.embedded.controller import (
+    _ACCESS_RULES,
+    EmbeddedController,
+)
 from airflow_provider_pravega.protocol import controller_pb2 as pb
 from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
 from airflow_provider_pravega.protocol import wire
-from airflow_provider_pravega.testing.pytest_plugin import SECURE_USERS, SecureServer
+from airflow_provider_pravega.testing.pytest_plugin import SecureServer
 
 # ------------------------------------------------------------------------------------- unit level
 
@@ -109,12 +112,12 @@ def test_tokens_are_pravega_style_and_readable_by_the_official_client():
 
 def test_cli_hash_password_reads_stdin_never_argv(tmp_path):
     done = subprocess.run([sys.executable, "-m", "airflow_provider_pravega.embedded", "hash-password"],
-                          input="correct horse\n", capture_output=True, text=True, timeout=60)
+                          input="correct horse\n", check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     stored = done.stdout.strip()
     assert auth.check_password("correct horse", stored) and "correct horse" not in done.stdout
     refused = subprocess.run([sys.executable, "-m", "airflow_provider_pravega.embedded", "hash-password", "pw"],
-                             capture_output=True, text=True, timeout=60)
+                             check=False, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "unrecognized arguments" in refused.stderr
 
 
@@ -123,7 +126,7 @@ def test_cli_refuses_a_bad_auth_file_before_listening(tmp_path):
     passwd.write_text("alice:plain-text-password:prn::*,READ\n")
     done = subprocess.run([sys.executable, "-m", "airflow_provider_pravega.embedded", "--data-dir", str(tmp_path / "d"),
                            "--port", "0", "--segment-store-port", "0", "--auth-file", str(passwd)],
-                          capture_output=True, text=True, timeout=60)
+                          check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "line 1 (user 'alice')" in done.stderr and "hash-password" in done.stderr
 

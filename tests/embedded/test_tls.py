@@ -21,7 +21,10 @@ import grpc
 import pytest
 from cryptography import x509
 
-from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess, EmbeddedProcessError
+from airflow_provider_pravega.embedded.process import (
+    EmbeddedPravegaProcess,
+    EmbeddedProcessError,
+)
 from airflow_provider_pravega.protocol import controller_pb2 as pb
 from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
 from airflow_provider_pravega.protocol import wire
@@ -54,7 +57,7 @@ def test_test_pki_certificates(tmp_path):
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     assert cert.issuer == ca.subject
-    assert cert.not_valid_after_utc - dt.datetime.now(dt.timezone.utc) <= dt.timedelta(days=1)
+    assert cert.not_valid_after_utc - dt.datetime.now(dt.UTC) <= dt.timedelta(days=1)
     assert oct(pki.server_key.stat().st_mode & 0o777) == "0o600"
     ctx = ssl.create_default_context(cafile=str(pki.ca_cert))  # the chain verifies with the stdlib too
     ctx.load_cert_chain(pki.server_cert, pki.server_key)
@@ -165,7 +168,7 @@ def test_bad_tls_configuration_fails_at_start(tmp_path, which):
             "not a certificate": ["--tls-cert", str(pki.server_key), "--tls-key", str(pki.server_key)]}[which]
     done = subprocess.run([sys.executable, "-m", "airflow_provider_pravega.embedded", "--data-dir", str(tmp_path / "d"),
                            "--port", "0", "--segment-store-port", "0", *args],
-                          capture_output=True, text=True, timeout=60)
+                          check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done
     expected = {"missing key": "needs both a certificate and a key", "mismatched key": "cannot be used together",
                 "not a certificate": "is not a PEM certificate"}[which]
@@ -177,7 +180,7 @@ def test_warns_when_bound_beyond_loopback_without_auth(tmp_path):
     # fails, so nothing ever listens beyond loopback in this test.
     done = subprocess.run([sys.executable, "-m", "airflow_provider_pravega.embedded", "--data-dir", str(tmp_path / "d"),
                            "--host", "192.0.2.1", "--port", "0", "--segment-store-port", "0"],
-                          capture_output=True, text=True, timeout=60)
+                          check=False, capture_output=True, text=True, timeout=60)
     assert "WARNING" in done.stderr and "WITHOUT authentication" in done.stderr and "--auth-file" in done.stderr
     assert done.returncode == 2
 
