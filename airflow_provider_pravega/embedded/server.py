@@ -3,6 +3,11 @@ one durable data directory, in one process.
 
 ``EmbeddedPravega`` is what tests, the demo and ``python -m airflow_provider_pravega.embedded``
 use; the official ``pravega`` client connects to ``controller_uri`` as it would to a cluster.
+
+Security is optional and off by default (loopback only, with a warning when bound elsewhere
+without it): ``auth_file`` (Pravega's password file) makes the controller demand Basic credentials
+and the segment store demand the delegation tokens the controller issues (see ``auth``);
+``tls_cert``/``tls_key`` make both endpoints TLS-only (see ``tls``).
 """
 
 from __future__ import annotations
