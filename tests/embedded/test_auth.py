@@ -149,6 +149,23 @@ def secure(request, plain_secure) -> SecureServer:
     return plain_secure if request.param == "auth" else request.getfixturevalue("pravega_secure_embedded")
 
 
+@pytest.fixture(scope="module")
+def tls_without_auth(tmp_path_factory):
+    from airflow_provider_pravega.testing.pytest_plugin import _start_secure
+
+    server = _start_secure(tmp_path_factory.mktemp("tls-no-auth"), token_ttl_s=None, tls=True, extra_users=None,
+                           auth=False)
+    yield server
+    server.process.stop()
+
+
+@pytest.fixture(scope="module", params=["auth", "auth+tls", "tls"])
+def any_secure(request) -> SecureServer:
+    """Authentication, TLS, or both: what must work with the right credentials in each setting."""
+    name = {"auth": "plain_secure", "auth+tls": "pravega_secure_embedded", "tls": "tls_without_auth"}[request.param]
+    return request.getfixturevalue(name)
+
+
 def basic(user: str, password: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()),)
 
@@ -308,7 +325,8 @@ def test_without_auth_file_nothing_is_checked(pravega_embedded):
 # ------------------------------------------------------------------------------------- official client
 
 
-def test_official_client_full_lifecycle_with_right_credentials(secure, unique_name):
+def test_official_client_full_lifecycle_with_right_credentials(any_secure, unique_name):
+    secure = any_secure
     scope = unique_name("life")
     assert_ok(secure.run_client(f'''
 assert manager.create_scope({scope!r})
