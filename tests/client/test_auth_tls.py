@@ -467,3 +467,43 @@ def test_errors_never_carry_the_password() -> None:
         for text in (repr(client), str(client), repr(client.controller), repr(config), str(config)):
             assert "s3cret-Pa55" not in text
             assert base64.b64encode(b"alice:s3cret-Pa55").decode() not in text
+
+
+def test_validate_hostname_off_drops_only_the_name_check(tmp_path: Path) -> None:
+    """A certificate for another name: refused with validate_hostname on (naming the host), accepted
+    with it off - the chain is still verified (an unknown CA stays refused)."""
+    from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
+    from airflow_provider_pravega.testing.tls import make_test_pki
+
+    pki = make_test_pki(tmp_path / "pki", hosts=("pravega.example.internal",))
+    process = EmbeddedPravegaProcess(tmp_path / "data", tls_cert=pki.server_cert, tls_key=pki.server_key)
+    process.start()
+    try:
+        port = int(process.controller_uri.rsplit(":", 1)[1])
+
+        def config(validate: bool, ca: Path) -> PravegaConnectionConfig:
+            return PravegaConnectionConfig(host="127.0.0.1", port=port, tls_enabled=True, trust_store=str(ca),
+                                           validate_hostname=validate)
+
+        with PravegaClient(config(True, pki.ca_cert)) as client:
+            err = fast(lambda: client.admin.list_scopes(), PravegaTLSError)
+        assert "does not name host '127.0.0.1'" in str(err) and "validate_hostname" in str(err)
+
+        scope, stream = name("noname"), name("s")
+        with PravegaClient(config(False, pki.ca_cert)) as client:
+            client.admin.create_scope(scope)
+            client.admin.create_stream(scope, stream, 1)
+            info = client.transactions.begin(scope, stream)
+            with client.transactions.writer(scope, stream, info) as writer:  # segment store over TLS too
+                writer.write_event(b"x")
+                writer.flush()
+            assert client.transactions.commit(scope, stream, info.txn_id) == TxnStatus.COMMITTED
+            segment = naming.qualified_segment_name(scope, stream, 0)
+            assert client.segments.get_segment_info(segment).length == 9
+
+        other = make_test_pki(tmp_path / "other", hosts=("pravega.example.internal",)).ca_cert
+        with PravegaClient(config(False, other)) as client:
+            err = fast(lambda: client.admin.list_scopes(), PravegaTLSError)
+        assert "not signed by a CA in the trust store" in str(err)
+    finally:
+        process.stop()

@@ -807,3 +807,28 @@ def test_password_is_masked_and_never_in_reprs(monkeypatch: pytest.MonkeyPatch, 
         assert password not in text and basic not in text
     logged = redact(f"connecting with {password} and header Basic {basic}")
     assert password not in logged and basic not in logged
+
+
+def test_test_connection_with_hostname_checks_off_asks_the_controller(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """validate_hostname=false with a trusted CA: the controller is really asked (gRPC is told the
+    certificate's own name); only an untrusted chain falls back to a bare TLS handshake."""
+    from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
+    from airflow_provider_pravega.testing.tls import make_test_pki
+
+    pki = make_test_pki(tmp_path / "pki", hosts=("pravega.example.internal",))
+    process = EmbeddedPravegaProcess(tmp_path / "data", tls_cert=pki.server_cert, tls_key=pki.server_key)
+    process.start()
+    try:
+        port = int(process.controller_uri.rsplit(":", 1)[1])
+        set_connection(monkeypatch, "pravega_noname", host="127.0.0.1", port=port,
+                       extra={"tls": True, "trust_store": str(pki.ca_cert), "validate_hostname": False})
+        (ok, message), elapsed = _timed(PravegaHook("pravega_noname").test_connection)
+        assert ok is True and message.startswith(f"Connected to Pravega controller at tls://127.0.0.1:{port}; ")
+        set_connection(monkeypatch, "pravega_named", host="127.0.0.1", port=port,
+                       extra={"tls": True, "trust_store": str(pki.ca_cert)})
+        (ok, message), elapsed = _timed(PravegaHook("pravega_named").test_connection)
+        assert ok is False and "does not name host '127.0.0.1'" in message and elapsed < 10
+    finally:
+        process.stop()
