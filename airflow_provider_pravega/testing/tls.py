@@ -40,9 +40,11 @@ def _name(common_name: str) -> x509.Name:
 
 
 def make_test_pki(directory: str | os.PathLike[str], *, hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
-                  ca_name: str = "pravega-test-ca") -> TestPKI:
+                  ca_name: str = "pravega-test-ca", client_auth: bool = False) -> TestPKI:
     """Write ``ca.pem``, ``server.pem`` and ``server-key.pem`` (unencrypted, mode 0600) into
-    ``directory`` and return their paths. ``hosts`` become the server certificate's SANs."""
+    ``directory`` and return their paths. ``hosts`` become the server certificate's SANs.
+    ``client_auth`` lets the certificate also serve as a TLS client certificate (Pravega
+    standalone's ZooKeeper uses the server certificate for mutual TLS)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC)
@@ -85,7 +87,9 @@ def make_test_pki(directory: str | os.PathLike[str], *, hosts: tuple[str, ...] =
         .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=True,
                                      data_encipherment=False, key_agreement=False, key_cert_sign=False,
                                      crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]
+                                             + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client_auth else [])),
+                       critical=False)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())

@@ -18,6 +18,7 @@ import ssl
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import grpc
 import jwt
@@ -637,33 +638,91 @@ assert sorted(got) == ["a", "b", "c"], got'''
     return out
 
 
+def _java_keystores(pki, work: Path, java: str) -> tuple[Path, Path, Path]:
+    """JKS key and trust stores (and their password file) from the test PKI: Pravega standalone
+    insists on them with TLS (its ZooKeeper uses them for mutual TLS)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import BestAvailableEncryption, load_pem_private_key, pkcs12
+
+    password = "test-store-password"
+    pwd_file = work / "stores.pwd"
+    pwd_file.write_text(password)
+    p12 = work / "server.p12"
+    p12.write_bytes(pkcs12.serialize_key_and_certificates(
+        b"server", load_pem_private_key(pki.server_key.read_bytes(), None),
+        x509.load_pem_x509_certificate(pki.server_cert.read_bytes()),
+        [x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())], BestAvailableEncryption(password.encode())))
+    keytool = str(Path(java).parent / "keytool")
+    key_store, trust_store = work / "server.jks", work / "trust.jks"
+    subprocess.run([keytool, "-importkeystore", "-srckeystore", str(p12), "-srcstoretype", "PKCS12",
+                    "-srcstorepass", password, "-destkeystore", str(key_store), "-deststoretype", "JKS",
+                    "-deststorepass", password, "-noprompt"], check=True, capture_output=True, timeout=120)
+    subprocess.run([keytool, "-importcert", "-file", str(pki.ca_cert), "-alias", "ca", "-keystore", str(trust_store),
+                    "-storetype", "JKS", "-storepass", password, "-noprompt"], check=True, capture_output=True,
+                   timeout=120)
+    return key_store, trust_store, pwd_file
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["auth", "auth+tls"])
 def test_same_auth_file_same_outcomes_as_pravega_standalone(request, pravega_secure_embedded_factory, monkeypatch,
-                                                            tmp_path):
+                                                            tmp_path, tls):
     if "standalone" not in request.config._pravega_backends:
         pytest.skip("Pravega standalone not selected (--pravega-backend standalone/both/auto)")
     from backends.standalone import PravegaStandalone, script
 
-    embedded = pravega_secure_embedded_factory(tls=False)
+    from airflow_provider_pravega.testing.tls import make_test_pki
+
+    embedded = pravega_secure_embedded_factory(tls=tls)
     admin_password = embedded.passwords["admin"]
+    # Standalone's ZooKeeper also uses the server certificate as a client certificate.
+    pki = make_test_pki(tmp_path / "standalone-pki", client_auth=True) if tls else None
     original = script.write_config
 
-    def write_config_with_auth(work_dir, ports, cache_mb, storage="filesystem"):
+    def write_config_with_security(work_dir, ports, cache_mb, storage="filesystem"):
         path = original(work_dir, ports, cache_mb, storage)
         text = path.read_text().replace("singlenode.security.auth.enable=false", "singlenode.security.auth.enable=true")
-        path.write_text(text + "singlenode.security.auth.credentials.username=admin\n"
-                        f"singlenode.security.auth.credentials.pwd={admin_password}\n"
-                        f"singlenode.security.auth.pwdAuthHandler.accountsDb.location={embedded.auth_file}\n")
+        text += ("singlenode.security.auth.credentials.username=admin\n"
+                 f"singlenode.security.auth.credentials.pwd={admin_password}\n"
+                 f"singlenode.security.auth.pwdAuthHandler.accountsDb.location={embedded.auth_file}\n")
+        if pki is not None:
+            key_store, trust_store, pwd_file = _java_keystores(pki, tmp_path, script.find_java(17)[0])
+            text = text.replace("singlenode.security.tls.enable=false", "singlenode.security.tls.enable=true")
+            # The official client verifies DNS names only: publish the segment store as localhost.
+            text = text.replace("published.host.nameOrIp=127.0.0.1", "published.host.nameOrIp=localhost")
+            text += (f"singlenode.security.tls.certificate.location={pki.server_cert}\n"
+                     f"singlenode.security.tls.privateKey.location={pki.server_key}\n"
+                     f"singlenode.security.tls.keyStore.location={key_store}\n"
+                     f"singlenode.security.tls.keyStore.pwd.location={pwd_file}\n"
+                     f"singlenode.security.tls.trustStore.location={trust_store}\n")
+        path.write_text(text)
         return path
 
-    def list_scopes_as_admin(port, timeout=5.0):  # the readiness probe, now with credentials
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    def list_scopes_as_admin(port, timeout=5.0):  # the readiness probe, now with credentials (and TLS)
+        if pki is not None:
+            channel = grpc.secure_channel(f"localhost:{port}", grpc.ssl_channel_credentials(pki.ca_cert.read_bytes()))
+        else:
+            channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        with channel:
             reply = pb_grpc.ControllerServiceStub(channel).listScopes(
                 pb.ScopesRequest(continuationToken=pb.ContinuationToken(token="")),
                 metadata=basic("admin", admin_password), timeout=timeout)
         return list(reply.scopes)
 
-    monkeypatch.setattr(script, "write_config", write_config_with_auth)
+    def tls_hello(port, host="127.0.0.1", timeout=5.0):
+        assert pki is not None
+        ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+        with socket.create_connection((host, port), timeout=timeout) as raw, \
+                ctx.wrap_socket(raw, server_hostname="localhost") as sock:
+            sock.sendall(wire.encode(wire.Hello(wire.WIRE_VERSION, wire.OLDEST_COMPATIBLE_VERSION)))
+            decoder, replies = wire.FrameDecoder("reply"), []
+            while not replies:
+                replies = decoder.feed(sock.recv(65536))
+        return replies[0].high_version, replies[0].low_version
+
+    monkeypatch.setattr(script, "write_config", write_config_with_security)
     monkeypatch.setattr(script, "controller_list_scopes", list_scopes_as_admin)
+    if pki is not None:
+        monkeypatch.setattr(script, "segment_store_hello", tls_hello)
     real = PravegaStandalone(work_dir=tmp_path / "standalone")
     uri = real.start()
     try:
@@ -672,7 +731,9 @@ def test_same_auth_file_same_outcomes_as_pravega_standalone(request, pravega_sec
             controller_uri: str
             segment_store_endpoint: str = ""
 
-        pravega = SecureServer(_Endpoint(uri), embedded.auth_file, None, True,  # type: ignore[arg-type]
+        if pki is not None:
+            uri = uri.replace("tcp://127.0.0.1", "tls://localhost")
+        pravega = SecureServer(_Endpoint(uri), embedded.auth_file, pki, True,  # type: ignore[arg-type]
                                embedded.passwords, embedded.acls, None)
         on_pravega = _fidelity_outcomes(pravega)
     finally:
