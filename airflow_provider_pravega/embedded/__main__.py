@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"lifetime of delegation tokens in seconds (default {auth.DEFAULT_TOKEN_TTL_S})")
     p.add_argument("--token-signing-key-file", type=Path, default=None,
                    help="file holding the token signing key (default: a random key per start)")
+    p.add_argument("--pravega-token-rules", action="store_true",
+                   help="grant delegation tokens exactly as Pravega 0.13 (the official client then needs "
+                        "READ_UPDATE for any token: read-only users cannot read); default: the caller's permission")
     p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate: serve TLS only on both ports")
     p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     p.add_argument("--log-level", default="WARNING")
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         advertise_host=args.advertise_host, lease_cap_ms=args.txn_lease_cap_ms, tail_wait_s=args.tail_wait,
         fsync=not args.no_fsync, auth_file=args.auth_file, token_ttl_s=args.token_ttl_s,
         token_signing_key_file=args.token_signing_key_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        pravega_token_rules=args.pravega_token_rules,
     )
     if not is_loopback(args.host) and args.auth_file is None:
         print(f"pravega-embedded: WARNING: {insecure_bind_warning(args.host)}", file=sys.stderr, flush=True)

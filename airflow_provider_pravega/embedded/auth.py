@@ -125,7 +125,7 @@ def reader_group_resource(scope: str, reader_group: str) -> str:
     return f"{scope_resource(scope)}/reader-group:{reader_group}"
 
 
-def stream_auth_resource(scope: str, stream: str) -> str:
+def stream_auth_resource(scope: str, stream: str, *, kvtable_is_reader_group: bool = True) -> str:
     """The resource that guards ``stream``: a reader group's ``_RG<name>`` stream is guarded by the
     reader group, a ``_MARK<name>`` watermark stream by its stream (Pravega's ofInternalStream).
 
@@ -135,7 +135,7 @@ def stream_auth_resource(scope: str, stream: str) -> str:
     """
     if stream.startswith(_RG_PREFIX):
         return reader_group_resource(scope, stream[len(_RG_PREFIX):])
-    if stream.endswith(_KVTABLE_SUFFIX) and len(stream) > len(_KVTABLE_SUFFIX):
+    if kvtable_is_reader_group and stream.endswith(_KVTABLE_SUFFIX) and len(stream) > len(_KVTABLE_SUFFIX):
         return reader_group_resource(scope, stream[: -len(_KVTABLE_SUFFIX)])
     if stream.startswith(_MARK_PREFIX):
         return stream_resource(scope, stream[len(_MARK_PREFIX):])

@@ -124,6 +124,10 @@ class ControllerConfig:
     list_page_size: int = 1000
     finished_txn_limit: int = 10_000
     finished_txn_retention_ms: int = 24 * 3600 * 1000
+    # With authentication: grant delegation tokens exactly as Pravega 0.13 does (the official client
+    # then needs READ_UPDATE for any token, so read-only users are refused) instead of granting the
+    # caller's own permission.
+    pravega_token_rules: bool = False
 
     def __post_init__(self) -> None:
         if self.max_lease_ms <= 0:
@@ -554,6 +558,8 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         caller's own permission, so a read-only user can read with the official client.
         Reader-group and watermark streams are writable with READ (Pravega's default).
         """
+        if self._config.pravega_token_rules:
+            return self._pravega_token_permission(account, scope, stream, requested)
         have = account.permission(auth.stream_auth_resource(scope, stream))
         if have == Permission.NONE:
             return Permission.NONE
@@ -563,6 +569,22 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         if requested in (pb.StreamInfo.READ, pb.StreamInfo.NONE):
             return Permission.READ
         return Permission.READ_UPDATE if internal else have
+
+    @staticmethod
+    def _pravega_token_permission(account: auth.Account, scope: str, stream: str, requested: int) -> Permission:
+        """Pravega 0.13's delegationTokenSupplier: UNSPECIFIED (what the official client sends)
+        needs and grants READ_UPDATE; READ needs READ; WRITE/READ_WRITE need READ_UPDATE, except on
+        ``_RG``/``_MARK`` streams (READ). The client's ``<group>_kvtable`` is an ordinary stream there."""
+        resource = auth.stream_auth_resource(scope, stream, kvtable_is_reader_group=False)
+        have = account.permission(resource)
+        internal = stream.startswith(("_RG", "_MARK"))
+        if requested in (pb.StreamInfo.READ, pb.StreamInfo.NONE):
+            needed, granted = Permission.READ, Permission.READ
+        elif requested in (pb.StreamInfo.WRITE, pb.StreamInfo.READ_WRITE):
+            needed, granted = (Permission.READ if internal else Permission.READ_UPDATE), Permission.READ_UPDATE
+        else:
+            needed, granted = Permission.READ_UPDATE, Permission.READ_UPDATE
+        return granted if have >= needed else Permission.NONE
 
     def _token_for(self, account: auth.Account, scope: str, stream: str,
                    requested: int = pb.StreamInfo.UNSPECIFIED) -> str:

@@ -45,6 +45,7 @@ class EmbeddedPravegaProcess:
         tls_key: str | os.PathLike[str] | None = None,
         token_ttl_s: int | None = None,
         token_signing_key_file: str | os.PathLike[str] | None = None,
+        pravega_token_rules: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.host = host
@@ -57,6 +58,7 @@ class EmbeddedPravegaProcess:
         self.tls_key = Path(tls_key) if tls_key is not None else None
         self.token_ttl_s = token_ttl_s
         self.token_signing_key_file = Path(token_signing_key_file) if token_signing_key_file is not None else None
+        self.pravega_token_rules = pravega_token_rules
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen[str] | None = None
         self.controller_uri = ""
@@ -81,6 +83,8 @@ class EmbeddedPravegaProcess:
             cmd += ["--token-ttl-s", str(self.token_ttl_s)]
         if self.token_signing_key_file is not None:
             cmd += ["--token-signing-key-file", str(self.token_signing_key_file)]
+        if self.pravega_token_rules:
+            cmd.append("--pravega-token-rules")
         if self.tls_cert is not None:
             cmd += ["--tls-cert", str(self.tls_cert)]
         if self.tls_key is not None:

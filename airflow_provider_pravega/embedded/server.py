@@ -58,6 +58,7 @@ class ServerSettings:
     token_signing_key_file: Path | None = None  # None = a random key per start
     tls_cert: Path | None = None  # PEM certificate (chain); with tls_key, both endpoints serve TLS only
     tls_key: Path | None = None
+    pravega_token_rules: bool = False  # delegation tokens exactly as Pravega 0.13 grants them
 
     @property
     def auth_enabled(self) -> bool:
@@ -143,7 +144,8 @@ class EmbeddedPravega:
                 raise EmbeddedServerError(
                     f"cannot listen for the segment store on {s.host}:{s.segment_store_port}: {exc.strerror or exc}"
                 ) from exc
-            config = ControllerConfig(max_lease_ms=s.max_lease_ms, lease_cap_ms=s.lease_cap_ms)
+            config = ControllerConfig(max_lease_ms=s.max_lease_ms, lease_cap_ms=s.lease_cap_ms,
+                                      pravega_token_rules=s.pravega_token_rules)
             self.controller = EmbeddedController(
                 self.storage, self._client_host(), self.segment_store.port, data_dir, config,
                 authenticator=authenticator, tokens=tokens,

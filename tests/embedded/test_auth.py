@@ -313,6 +313,29 @@ def test_delegation_token_grants_the_callers_permission(secure):
                          metadata=creds(secure, "reader")) == grpc.StatusCode.PERMISSION_DENIED
 
 
+def test_pravega_token_rules_grant_tokens_as_pravega(pravega_secure_embedded_factory):
+    server = pravega_secure_embedded_factory(tls=False, pravega_token_rules=True)
+    ensure_scope_and_stream(server, "iot", "base")
+    channel, ctl = stub(server)
+    with channel:
+        def token(user: str, stream: str, op: int) -> str | grpc.StatusCode:
+            try:
+                reply = ctl.getDelegationToken(pb.StreamInfo(scope="iot", stream=stream, accessOperation=op),
+                                               metadata=creds(server, user), timeout=10)
+            except grpc.RpcError as exc:
+                return exc.code()
+            return jwt.decode(reply.delegationToken, options={"verify_signature": False})[
+                f"prn::/scope:iot/stream:{stream}"]
+
+        unspecified, read, write = pb.StreamInfo.UNSPECIFIED, pb.StreamInfo.READ, pb.StreamInfo.WRITE
+        assert token("reader", "base", unspecified) == grpc.StatusCode.PERMISSION_DENIED  # as Pravega 0.13
+        assert token("reader", "base", read) == "READ"
+        assert token("reader", "_RGgroup", write) == "READ_UPDATE"  # reader groups writable with READ
+        assert token("reader", "group_kvtable", unspecified) == grpc.StatusCode.PERMISSION_DENIED
+        assert token("writer-iot", "base", unspecified) == "READ_UPDATE"
+        assert token("admin", "group_kvtable", unspecified) == "READ_UPDATE"
+
+
 def test_without_auth_file_nothing_is_checked(pravega_embedded):
     hostport = pravega_embedded.controller_uri.split("://", 1)[1]
     with grpc.insecure_channel(hostport) as channel:
@@ -741,3 +764,6 @@ def test_same_auth_file_same_outcomes_as_pravega_standalone(request, pravega_sec
     on_embedded = _fidelity_outcomes(embedded)
     assert on_pravega == {case: want for case, want, _ in FIDELITY}, on_pravega
     assert on_embedded == {case: want for case, _, want in FIDELITY}, on_embedded
+    # With --pravega-token-rules the embedded server answers exactly as Pravega.
+    strict = pravega_secure_embedded_factory(tls=tls, pravega_token_rules=True)
+    assert _fidelity_outcomes(strict) == on_pravega
