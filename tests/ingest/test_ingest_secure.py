@@ -208,3 +208,23 @@ def test_ingest_as_a_read_only_user_fails_with_a_permission_error(
     assert _events(server, scope, "readings") == []
     with _admin(server) as admin:
         assert admin.admin.list_streams(scope) == ["readings"]  # no state stream either
+
+
+def test_templated_fields_and_lineage_carry_no_credentials(
+    pravega_secure_embedded: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator
+    from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
+
+    server = pravega_secure_embedded
+    _set_connection(monkeypatch, "pravega_secure_lineage", server, "admin", "lineage")
+    password = server.passwords["admin"]
+    ingest = PravegaTransactionalIngestOperator(task_id="i", stream="s", source=str(tmp_path),
+                                                pravega_conn_id="pravega_secure_lineage")
+    export = PravegaStreamCutExportOperator(task_id="e", stream="s", output_path=str(tmp_path / "o"),
+                                            pravega_conn_id="pravega_secure_lineage")
+    for op in (ingest, export):
+        rendered = {f: getattr(op, f) for f in op.template_fields}
+        assert password not in repr(rendered)
+        lineage = op.get_openlineage_facets_on_complete(None)
+        assert lineage is not None and password not in repr(lineage) and "admin" not in repr(lineage)
