@@ -439,6 +439,8 @@ class SegmentStorage:
 
     def merge_segment(self, source: str, target: str) -> int:
         """Append ``source``'s bytes to ``target`` and remove ``source`` (idempotent)."""
+        if source == target:  # would copy the segment onto itself, then delete it as the source
+            raise StorageError(f"cannot merge segment {source} into itself")
         with self._lock:
             self._check_open()
             tgt = self._segments.get(target)

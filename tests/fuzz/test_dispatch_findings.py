@@ -45,7 +45,6 @@ class Client:
         return self.pending.pop(0)
 
 
-@pytest.mark.xfail(strict=True, reason="fix in /work/briefs/s2/fuzz_fixes/01-merge-into-itself.patch")
 def test_merging_a_segment_into_itself_is_refused_and_keeps_its_data(server):
     c = Client(server.port)
     assert isinstance(c.call(wire.CreateSegment(1, SEG, 0, 0, "")), wire.SegmentCreated)
