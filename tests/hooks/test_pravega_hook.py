@@ -832,3 +832,30 @@ def test_test_connection_with_hostname_checks_off_asks_the_controller(
         assert ok is False and "does not name host '127.0.0.1'" in message and elapsed < 10
     finally:
         process.stop()
+
+
+def test_official_client_renews_tokens_without_the_environment(
+    monkeypatch: pytest.MonkeyPatch, pravega_secure_embedded_factory: Any
+) -> None:
+    """The official client copies the credentials into its configuration when the StreamManager is
+    built (pravega-client-rust's ClientConfigBuilder reads the variables once, in build()); it never
+    reads them again - not for delegation tokens fetched later, not after they expire. Shown with a
+    2-second token TTL: writes long after the variables were restored, across several expiries."""
+    server = pravega_secure_embedded_factory(token_ttl_s=2, tls=True)
+    _secure_connection(monkeypatch, "pravega_sec_ttl", server, "admin")
+    hook = PravegaHook("pravega_sec_ttl")
+    with hook.get_client() as client:
+        client.admin.create_scope("ttl")
+        client.admin.create_stream("ttl", "events", 1)
+    manager = hook.get_conn()
+    assert not [k for k in os.environ if k.startswith("pravega_client_auth_")]
+    for round_no in range(3):
+        writer = manager.create_writer("ttl", "events", 100)  # a new append setup: needs a valid token
+        for i in range(10):
+            writer.write_event(f"r{round_no}-{i}")
+        writer.flush()
+        time.sleep(2.5)  # the token in use expires
+    with hook.get_client() as client:
+        segment = "ttl/events/0.#epoch.0"
+        assert client.segments.get_segment_info(segment).length == sum(8 + len(f"r{r}-{i}") for r in range(3)
+                                                                      for i in range(10))
