@@ -57,6 +57,8 @@ __all__ = [
     "SegmentInfo",
     "SegmentStoreClient",
     "SegmentStoreConnection",
+    "TokenSource",
+    "access_of",
     "next_request_id",
     "raise_for_reply",
 ]
@@ -148,12 +150,15 @@ _WRITE_REQUESTS = frozenset(
 )
 
 
+def access_of(request: wire.Request) -> str:
+    """The delegation-token access a request needs: "write" or "read"."""
+    return "write" if type(request).__name__ in _WRITE_REQUESTS else "read"
+
+
 def _action_of(request: wire.Request | None) -> str:
     if request is None:
         return "use the segment"
-    name = type(request).__name__
-    kind = "write" if name in _WRITE_REQUESTS else "read"
-    return f"{kind} ({name})"
+    return f"{access_of(request)} ({type(request).__name__})"
 
 
 def _segment_of(request: wire.Request) -> str | None:
@@ -167,9 +172,9 @@ def _segment_of(request: wire.Request) -> str | None:
 class TokenSource(Protocol):
     """Where a connection gets the delegation token of a segment's stream (SegmentStoreClient)."""
 
-    def current_token(self, segment: str) -> str | None: ...
+    def current_token(self, segment: str, access: str = "read") -> str | None: ...
 
-    def renewed_token(self, segment: str, stale: str) -> str | None: ...
+    def renewed_token(self, segment: str, stale: str, access: str = "read") -> str | None: ...
 
 
 # ----------------------------------------------------------------------------------- connection
@@ -392,13 +397,14 @@ class SegmentStoreConnection:
         segment = _segment_of(request)
         if segment is None:
             return self._exchange(request)
-        current = self.tokens.current_token(segment)
+        access = access_of(request)
+        current = self.tokens.current_token(segment, access)
         if current and current != token:
             request = dataclasses.replace(request, delegation_token=current)  # type: ignore[type-var]
             token = current
         reply = self._exchange(request)
         if type(reply) is wire.AuthTokenCheckFailed and reply.error_code == wire.AUTH_TOKEN_EXPIRED:
-            fresh = self.tokens.renewed_token(segment, token)
+            fresh = self.tokens.renewed_token(segment, token, access)
             if fresh and fresh != token:
                 log.info("delegation token for %s expired; retrying with a fresh one", segment)
                 request = dataclasses.replace(  # type: ignore[type-var]
@@ -596,24 +602,25 @@ class SegmentStoreClient:
         scope, stream, segment_id = self.locate(segment)
         return self.controller.get_uri(scope, stream, segment_id)
 
-    def token_for(self, segment: str) -> str:
+    def token_for(self, segment: str, access: str = "read") -> str:
+        """The delegation token of the segment's stream for reading (default) or writing."""
         scope, stream, _ = self.locate(segment)
-        return self.controller.get_delegation_token(scope, stream)
+        return self.controller.get_delegation_token(scope, stream, access)
 
     # TokenSource: what the pool's connections ask before sending a request that carries a token.
-    def current_token(self, segment: str) -> str | None:
+    def current_token(self, segment: str, access: str = "read") -> str | None:
         try:
             scope, stream, _ = self.locate(segment)
         except ValueError:
             return None
-        return self.controller.get_delegation_token(scope, stream)
+        return self.controller.get_delegation_token(scope, stream, access)
 
-    def renewed_token(self, segment: str, stale: str) -> str | None:
+    def renewed_token(self, segment: str, stale: str, access: str = "read") -> str | None:
         try:
             scope, stream, _ = self.locate(segment)
         except ValueError:
             return None
-        return self.controller.renew_delegation_token(scope, stream, stale)
+        return self.controller.renew_delegation_token(scope, stream, stale, access)
 
     def forget_endpoint(self, segment: str) -> None:
         scope, stream, segment_id = self.locate(segment)
@@ -628,7 +635,7 @@ class SegmentStoreClient:
     ) -> wire.Reply:
         """``build(request_id, delegation_token)`` makes the request; errors raise (unless ``check``
         is false), WrongHost and broken connections are retried after asking the controller again."""
-        token = self.token_for(segment)
+        token = self.token_for(segment, access_of(build(0, "")))
         last: Exception | None = None
         for attempt in range(3):
             endpoint = self.endpoint_for(segment)
@@ -798,7 +805,7 @@ class AppendSession:
 
     def open(self) -> AppendSession:
         """Connect and SetupAppend; numbering continues after what the server already has."""
-        self._token = self.segments.token_for(self.segment)
+        self._token = self.segments.token_for(self.segment, "write")
         last = self._connect_with_retries()
         self._next_event_number = 1 if last == wire.NO_EVENT_NUMBER else last + 1
         if last != wire.NO_EVENT_NUMBER:
@@ -809,7 +816,7 @@ class AppendSession:
         endpoint = self.segments.endpoint_for(self.segment)
         conn = self.segments.pool.connect(endpoint)
         try:
-            self._token = self.segments.token_for(self.segment)  # cached; renewed near expiry
+            self._token = self.segments.token_for(self.segment, "write")  # cached; renewed near expiry
             request = wire.SetupAppend(next_request_id(), self.writer_id, self.segment, self._token)
             reply = conn.call(request)
             if isinstance(reply, wire.WrongHost):

@@ -1015,23 +1015,28 @@ class ControllerClient:
         for key in [k for k in self._uri_cache if k[0] == scope and k[1] == stream]:
             self._uri_cache.pop(key, None)
 
-    def get_delegation_token(self, scope: str, stream: str) -> str:
+    def get_delegation_token(self, scope: str, stream: str, access: str = "read") -> str:
         """Token for segment-store requests on ``scope/stream`` (cached; fetched again shortly before
-        its JWT expiry); empty when this client has no credentials."""
+        its JWT expiry); empty when this client has no credentials. ``access`` is "read" (reads and
+        segment info: what a read-only user can get) or "write" (appends, seal, truncate)."""
         if not self._metadata:
             return ""
-        return self.tokens.get(scope, stream)
+        return self.tokens.get(scope, stream, access)
 
-    def renew_delegation_token(self, scope: str, stream: str, stale: str | None = None) -> str:
+    def renew_delegation_token(
+        self, scope: str, stream: str, stale: str | None = None, access: str = "read"
+    ) -> str:
         """A fresh token after the segment store reported ``stale`` expired."""
         if not self._metadata:
             return ""
-        return self.tokens.renew(scope, stream, stale)
+        return self.tokens.renew(scope, stream, stale, access)
 
-    def _fetch_delegation_token(self, scope: str, stream: str) -> str:
-        return self._stream_call(
-            "getDelegationToken", self._stream_info(scope, stream), scope, stream
-        ).delegationToken
+    def _fetch_delegation_token(self, scope: str, stream: str, access: str) -> str:
+        # Ask for what will be done, as Pravega's Java client does (READ for readers, WRITE for
+        # writers): Pravega refuses a read-only user a token asked for anything but READ.
+        operation = pb.StreamInfo.READ if access == "read" else pb.StreamInfo.WRITE
+        request = pb.StreamInfo(scope=scope, stream=stream, accessOperation=operation)
+        return self._stream_call("getDelegationToken", request, scope, stream).delegationToken
 
     # --------------------------------------------------------------------------------- scale
 

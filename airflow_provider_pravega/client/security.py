@@ -89,8 +89,15 @@ class _Entry:
     refresh_at: float  # time.monotonic() after which the token is fetched again (inf: never)
 
 
+#: What a delegation token is asked for: "read" (ReadSegment, GetStreamSegmentInfo...) or "write"
+#: (SetupAppend, seal, truncate...). Pravega grants a READ token to a read-only user and refuses it a
+#: write one, so reads ask for "read" only.
+ACCESSES = ("read", "write")
+
+
 class TokenCache:
-    """Delegation tokens per (scope, stream), fetched through ``fetch`` and refreshed before expiry.
+    """Delegation tokens per (scope, stream, access), fetched through ``fetch`` and refreshed before
+    expiry.
 
     The expiry is taken from the token's ``exp``; when it also has ``iat``, the lifetime
     ``exp - iat`` is counted from the local moment of fetching, so a clock difference between
@@ -98,36 +105,42 @@ class TokenCache:
     kept until the segment store reports it expired (:meth:`renew`).
     """
 
-    def __init__(self, fetch: Callable[[str, str], str], *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, fetch: Callable[[str, str, str], str], *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._fetch = fetch
         self._clock = clock
-        self._entries: dict[tuple[str, str], _Entry] = {}
+        self._entries: dict[tuple[str, str, str], _Entry] = {}
         self._lock = threading.Lock()
         self.fetches = 0
 
-    def get(self, scope: str, stream: str) -> str:
-        key = (scope, stream)
+    def get(self, scope: str, stream: str, access: str = "read") -> str:
+        key = (scope, stream, _access(access))
         entry = self._entries.get(key)
         if entry is not None and self._clock() < entry.refresh_at:
             return entry.token
         return self._load(key, None)
 
-    def renew(self, scope: str, stream: str, stale: str | None = None) -> str:
+    def renew(self, scope: str, stream: str, stale: str | None = None, access: str = "read") -> str:
         """A new token after the segment store called ``stale`` expired (one fetch per stale token,
         however many threads saw it fail)."""
-        return self._load((scope, stream), stale if stale is not None else "")
+        return self._load((scope, stream, _access(access)), stale if stale is not None else "")
 
-    def remember(self, scope: str, stream: str, token: str, refresh_at: float = float("inf")) -> None:
-        """Use ``token`` for (scope, stream) until ``refresh_at`` (monotonic seconds); for tests and
-        for callers that obtained a token elsewhere."""
+    def remember(
+        self, scope: str, stream: str, token: str, refresh_at: float = float("inf"),
+        access: tuple[str, ...] = ACCESSES,
+    ) -> None:
+        """Use ``token`` for (scope, stream) and the given accesses until ``refresh_at`` (monotonic
+        seconds); for tests and for callers that obtained a token elsewhere."""
         with self._lock:
-            self._entries[(scope, stream)] = _Entry(token, refresh_at)
+            for kind in access:
+                self._entries[(scope, stream, _access(kind))] = _Entry(token, refresh_at)
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
 
-    def _load(self, key: tuple[str, str], stale: str | None) -> str:
+    def _load(self, key: tuple[str, str, str], stale: str | None) -> str:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
@@ -141,6 +154,12 @@ class TokenCache:
             self.fetches += 1
             self._entries[key] = _Entry(token, _refresh_at(token, fetched_at, wall))
             return token
+
+
+def _access(access: str) -> str:
+    if access not in ACCESSES:
+        raise ValueError(f"token access must be one of {ACCESSES}, got {access!r}")
+    return access
 
 
 def _refresh_at(token: str, fetched_at: float, wall: float) -> float:

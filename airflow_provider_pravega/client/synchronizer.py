@@ -105,7 +105,7 @@ class _ConditionalAppender:
         endpoint = self.segments.endpoint_for(self.segment)
         conn = self.segments.pool.connect(endpoint)
         try:
-            token = self.segments.token_for(self.segment)
+            token = self.segments.token_for(self.segment, "write")
             request = wire.SetupAppend(next_request_id(), self.writer_id, self.segment, token)
             reply = conn.call(request)
             if isinstance(reply, wire.WrongHost):

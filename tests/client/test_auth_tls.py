@@ -299,8 +299,14 @@ def test_reader_cannot_write(pravega_secure_embedded: Any, target: tuple[str, st
         assert "READ_UPDATE" in str(err)
         fast(lambda: client.admin.create_stream(scope, name("x"), 1), PravegaPermissionError)
         fast(lambda: client.admin.seal_stream(scope, stream), PravegaPermissionError)
-        # ...nor append with its READ token (segment store: AuthTokenCheckFailed, check failed).
+        # ...nor get a token to write (controller: PERMISSION_DENIED for a WRITE token)...
         segment = naming.qualified_segment_name(scope, stream, 0)
+        err = fast(lambda: client.segments.open_append_session(segment), PravegaPermissionError)
+        assert err.user == "reader" and "getDelegationToken" in err.action
+        # ...nor append with the READ token it can get (segment store: AuthTokenCheckFailed, code 0).
+        read_token = client.controller.get_delegation_token(scope, stream, "read")
+        assert read_token and client.segments.get_segment_info(segment).length == 0  # reading is fine
+        client.controller.tokens.remember(scope, stream, read_token, access=("write",))
         err = fast(lambda: client.segments.open_append_session(segment), DelegationTokenError)
         assert err.user == "reader" and "SetupAppend" in err.action and segment in err.resource
         assert "error code 0" in str(err)
@@ -431,7 +437,7 @@ def test_token_cache_refreshes_before_expiry_and_renews_once() -> None:
     now = [1000.0]
     issued: list[str] = []
 
-    def fetch(scope: str, stream: str) -> str:
+    def fetch(scope: str, stream: str, access: str) -> str:
         wall = time.time()
         token = jwt.encode({"sub": "u", "iat": int(wall), "exp": int(wall) + 100, "n": len(issued)}, "k" * 64,
                            algorithm="HS512")
@@ -449,8 +455,12 @@ def test_token_cache_refreshes_before_expiry_and_renews_once() -> None:
     # Two threads both saw `second` expire: only one fetch.
     third = cache.renew("s", "t", second)
     assert cache.renew("s", "t", second) == third and cache.fetches == 3
+    # Read and write tokens are separate.
+    assert cache.get("s", "t", "write") not in (first, second, third) and cache.fetches == 4
+    with pytest.raises(ValueError, match="access"):
+        cache.get("s", "t", "admin")
     # A token without exp (not a JWT) is kept until the server calls it expired.
-    opaque = TokenCache(lambda s, t: "opaque-token", clock=lambda: now[0])
+    opaque = TokenCache(lambda s, t, a: "opaque-token", clock=lambda: now[0])
     opaque.get("s", "t")
     now[0] += 10**6
     opaque.get("s", "t")
@@ -507,3 +517,27 @@ def test_validate_hostname_off_drops_only_the_name_check(tmp_path: Path) -> None
         assert "not signed by a CA in the trust store" in str(err)
     finally:
         process.stop()
+
+
+def test_with_pravega_token_rules_a_reader_reads_and_admin_does_everything(
+    pravega_secure_embedded_factory: Callable[..., Any],
+) -> None:
+    """Pravega 0.13 grants a delegation token only for what is asked (a read-only user gets READ,
+    never WRITE or the UNSPECIFIED the official client asks for): this client asks READ for reads
+    and WRITE for writes, so a read-only user can read and an admin can do everything there."""
+    server = pravega_secure_embedded_factory(tls=True, pravega_token_rules=True)
+    check_everything(exercise_everything(config_for(server, "admin")))
+    scope, stream = name("rules"), name("s")
+    with PravegaClient(config_for(server, "admin")) as admin:
+        admin.admin.create_scope(scope)
+        admin.admin.create_stream(scope, stream, 1)
+        info = admin.transactions.begin(scope, stream)
+        with admin.transactions.writer(scope, stream, info) as writer:
+            writer.write_events([b"a", b"b", b"c"])
+            writer.flush()
+        admin.transactions.commit(scope, stream, info.txn_id)
+    with PravegaClient(config_for(server, "reader")) as client:
+        ranges = plan_segment_ranges(client, StreamCut.head(client, scope, stream), StreamCut.tail(client, scope, stream))
+        assert [e.payload for e in read_segment_ranges(client, ranges)] == [b"a", b"b", b"c"]
+        segment = naming.qualified_segment_name(scope, stream, 0)
+        fast(lambda: client.segments.open_append_session(segment), PravegaPermissionError)
