@@ -308,9 +308,12 @@ def main(argv: list[str] | None = None, registry: dict[str, dict[str, Any]] | No
         md.append("CRASHED: " + ", ".join(f"{b} ({runs[b]['error']})" for b in crashed))
     md_out.write_text("\n".join(md) + "\n")
     if results:
-        write_chart(results, png_out, f"{name}: {m['cores']} cores, {data['date'][:16]}Z, commit {(m['git_commit'] or '?')[:8]}")
+        load = data["load_average_1m"]
+        write_chart(results, png_out, f"{name}: {m['cores']} cores, load average {load['before']:.1f} -> {load['after']:.1f}, "
+                                      f"{data['date'][:16]}Z, commit {(m['git_commit'] or '?')[:8]}")
     print("\n" + "=" * 100)
-    print(f"{name} profile, {total_s / 60:.1f} min on {machine_line}")
+    print(f"{name} profile, {total_s / 60:.1f} min on {machine_line}; load average (1 min) "
+          f"{data['load_average_1m']['before']} -> {data['load_average_1m']['after']}")
     print(report(results) if results else "no results")
     for res in results:
         for note in res.get("notes", []):
