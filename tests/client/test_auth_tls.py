@@ -541,3 +541,136 @@ def test_with_pravega_token_rules_a_reader_reads_and_admin_does_everything(
         assert [e.payload for e in read_segment_ranges(client, ranges)] == [b"a", b"b", b"c"]
         segment = naming.qualified_segment_name(scope, stream, 0)
         fast(lambda: client.segments.open_append_session(segment), PravegaPermissionError)
+
+
+# ----------------------------------------------------- the same against real Pravega 0.13 standalone
+
+
+def _java_keystores(pki: Any, work: Path, java: str) -> tuple[Path, Path, Path]:
+    """JKS key and trust stores from the test PKI (standalone's ZooKeeper insists on them with TLS)."""
+    import subprocess
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import BestAvailableEncryption, load_pem_private_key, pkcs12
+
+    password = "test-store-password"
+    pwd_file = work / "stores.pwd"
+    pwd_file.write_text(password)
+    p12 = work / "server.p12"
+    p12.write_bytes(pkcs12.serialize_key_and_certificates(
+        b"server", load_pem_private_key(pki.server_key.read_bytes(), None),
+        x509.load_pem_x509_certificate(pki.server_cert.read_bytes()),
+        [x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())], BestAvailableEncryption(password.encode())))
+    keytool = str(Path(java).parent / "keytool")
+    key_store, trust_store = work / "server.jks", work / "trust.jks"
+    subprocess.run([keytool, "-importkeystore", "-srckeystore", str(p12), "-srcstoretype", "PKCS12",
+                    "-srcstorepass", password, "-destkeystore", str(key_store), "-deststoretype", "JKS",
+                    "-deststorepass", password, "-noprompt"], check=True, capture_output=True, timeout=120)
+    subprocess.run([keytool, "-importcert", "-file", str(pki.ca_cert), "-alias", "ca", "-keystore", str(trust_store),
+                    "-storetype", "JKS", "-storepass", password, "-noprompt"], check=True, capture_output=True,
+                   timeout=120)
+    return key_store, trust_store, pwd_file
+
+
+@pytest.fixture(scope="module")
+def standalone_secure(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Pravega 0.13 standalone with auth and TLS and the fixture's password file (skipped unless the
+    standalone backend is selected and available)."""
+    if "standalone" not in request.config._pravega_backends:  # type: ignore[attr-defined]
+        pytest.skip("Pravega standalone not selected (--pravega-backend standalone/both/auto)")
+    from backends.standalone import PravegaStandalone, script
+
+    from airflow_provider_pravega.testing import pytest_plugin
+    from airflow_provider_pravega.testing.tls import make_test_pki
+
+    base = tmp_path_factory.mktemp("standalone-secure")
+    users = dict(pytest_plugin.SECURE_USERS)
+    auth_file = base / "passwd"
+    auth_file.write_text("".join(pytest_plugin.auth_file_line(u, pw, acl) + "\n" for u, (pw, acl) in users.items()))
+    pki = make_test_pki(base / "pki", client_auth=True)
+    key_store, trust_store, pwd_file = _java_keystores(pki, base, script.find_java(17)[0])
+    admin_password = users["admin"][0]
+    original = script.write_config
+
+    def write_config(work_dir: Path, ports: Any, cache_mb: int, storage: str = "filesystem") -> Path:
+        path = original(work_dir, ports, cache_mb, storage)
+        text = path.read_text()
+        text = text.replace("singlenode.security.auth.enable=false", "singlenode.security.auth.enable=true")
+        text = text.replace("singlenode.security.tls.enable=false", "singlenode.security.tls.enable=true")
+        text = text.replace("published.host.nameOrIp=127.0.0.1", "published.host.nameOrIp=localhost")
+        text += ("singlenode.security.auth.credentials.username=admin\n"
+                 f"singlenode.security.auth.credentials.pwd={admin_password}\n"
+                 f"singlenode.security.auth.pwdAuthHandler.accountsDb.location={auth_file}\n"
+                 f"singlenode.security.tls.certificate.location={pki.server_cert}\n"
+                 f"singlenode.security.tls.privateKey.location={pki.server_key}\n"
+                 f"singlenode.security.tls.keyStore.location={key_store}\n"
+                 f"singlenode.security.tls.keyStore.pwd.location={pwd_file}\n"
+                 f"singlenode.security.tls.trustStore.location={trust_store}\n")
+        path.write_text(text)
+        return path
+
+    class _Server:
+        tls = True
+        ca_cert = pki.ca_cert
+        passwords = {u: pw for u, (pw, _acl) in users.items()}
+        controller_uri = ""
+
+    def ready_probe(port: int, timeout: float = 5.0) -> list[str]:  # readiness, through our own client
+        config = PravegaConnectionConfig(host="localhost", port=port, username="admin", password=admin_password,
+                                         tls_enabled=True, trust_store=str(pki.ca_cert))
+        with PravegaClient(config, timeout_s=timeout) as client:
+            return client.admin.list_scopes()
+
+    def tls_hello(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> tuple[int, int]:
+        from airflow_provider_pravega.client.connection import SegmentStoreConnection
+        from airflow_provider_pravega.client.controller import Endpoint
+        from airflow_provider_pravega.client.security import client_ssl_context
+
+        config = PravegaConnectionConfig(host="localhost", tls_enabled=True, trust_store=str(pki.ca_cert))
+        conn = SegmentStoreConnection(Endpoint("localhost", port), connect_timeout_s=timeout,
+                                      tls=(config, client_ssl_context(config)))
+        conn.close()
+        return 15, 5
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(script, "write_config", write_config)
+        patch.setattr(script, "controller_list_scopes", ready_probe)
+        patch.setattr(script, "segment_store_hello", tls_hello)
+        real = PravegaStandalone(work_dir=base / "standalone")
+        uri = real.start()
+    try:
+        _Server.controller_uri = uri.replace("tcp://127.0.0.1", "tls://localhost")
+        yield _Server()
+    finally:
+        real.stop()
+
+
+def test_on_pravega_standalone_with_auth_and_tls(standalone_secure: Any) -> None:
+    """Real Pravega 0.13 (auth + TLS, the same password file): our client does everything as admin;
+    a read-only user reads segment data with a READ token and is refused writes; a wrong password is
+    refused fast."""
+    server = standalone_secure
+    check_everything(exercise_everything(config_for(server, "admin")))
+    scope, stream = name("real"), name("s")
+    with PravegaClient(config_for(server, "admin")) as admin:
+        admin.admin.create_scope(scope)
+        admin.admin.create_stream(scope, stream, 1)
+        info = admin.transactions.begin(scope, stream)
+        with admin.transactions.writer(scope, stream, info) as writer:
+            writer.write_events([b"a", b"b"])
+            writer.flush()
+        admin.transactions.commit(scope, stream, info.txn_id)
+    with PravegaClient(config_for(server, "reader")) as client:
+        # Pravega 0.13 asks READ_UPDATE for getSegments/getCurrentSegments (they hand out tokens), so
+        # a read-only user cannot even find a stream's head there; refused clearly, not retried.
+        err = fast(lambda: StreamCut.head(client, scope, stream), PravegaPermissionError)
+        assert "getSegments" in str(err) and "'reader'" in str(err)
+        # What READ does allow: a READ token, and reading with it.
+        segment = naming.qualified_segment_name(scope, stream, 0)
+        assert client.segments.get_segment_info(segment).length == 2 * 9
+        fast(lambda: client.transactions.begin(scope, stream), PravegaPermissionError)
+        fast(lambda: client.segments.open_append_session(segment), PravegaPermissionError)
+    with PravegaClient(config_for(server, "admin", "wrong-Pa55word")) as client:
+        fast(lambda: client.admin.list_scopes(), PravegaAuthenticationError)
+    with PravegaClient(config_for(server, "admin")) as admin:
+        assert tail_bytes(admin, scope, stream) == 2 * 9
