@@ -496,31 +496,9 @@ def _request_id(cmd: wire.Command) -> int | None:
     return None
 
 
-def merge_into_itself_accepted() -> bool:
-    """Probe for a finding whose fix is pending (see fuzz/README.md, "Findings"): does the storage
-    still accept merging a segment into itself? While it does, that one check is skipped so the
-    fuzzer keeps looking for other problems; once fixed, the check is on again by itself."""
-    tmp = tempfile.mkdtemp(prefix="fuzz-probe-")
-    storage = SegmentStorage(tmp, fsync=False)
-    storage.open()
-    try:
-        storage.create_segment("probe/s/0.#epoch.0")
-        try:
-            storage.merge_segment("probe/s/0.#epoch.0", "probe/s/0.#epoch.0")
-        except Exception:
-            return False
-        return True
-    finally:
-        storage.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-TOLERATE_MERGE_INTO_ITSELF = False
-
-
 def _check_reply(reply: wire.Command, requests: list[wire.Command]) -> None:
     """What a reply must say about the request it answers (when its request id is unambiguous)."""
-    if isinstance(reply, wire.SegmentsMerged) and not TOLERATE_MERGE_INTO_ITSELF:
+    if isinstance(reply, wire.SegmentsMerged):  # finding 1 (fuzz/README.md)
         assert reply.source != reply.target, f"merged a segment into itself: {reply!r}"
     if len(requests) != 1:
         return
@@ -552,12 +530,8 @@ _harness: Harness | None = None
 
 
 def test_one_input(data: bytes) -> None:
-    global _harness, TOLERATE_MERGE_INTO_ITSELF
+    global _harness
     if _harness is None:
-        TOLERATE_MERGE_INTO_ITSELF = merge_into_itself_accepted() and not os.environ.get("FUZZ_STRICT")
-        if TOLERATE_MERGE_INTO_ITSELF:
-            print("fuzz: KNOWN FINDING tolerated: the segment store merges a segment into itself "
-                  "(fix pending, see fuzz/README.md; FUZZ_STRICT=1 to treat it as a crash)", file=sys.stderr)
         _harness = Harness()
         _harness.health_check()
     if len(data) < 2:
