@@ -1,37 +1,51 @@
 """Stream-cut export rate: PySpark export to Parquet vs reading the same segment ranges raw.
 
 Run: ``python benchmarks/bench_export.py [--events 1000000] [--size 200] [--segments 4]
-[--rounds 2] [--master local[*]] [--format parquet] [--profile]``
+[--rounds 3] [--warmup 2] [--master local[*]] [--format parquet] [--compression CODEC] [--profile]
+[--json PATH]``
 
 Writes ``--events`` events of ``--size`` bytes (official writer, routing keys spread over the
 segments) to a fresh stream on the embedded server (its own process), takes the tail cut and plans
-the segment ranges between the head and that cut. Then, in the same run:
+the segment ranges between the head and that cut. Then, in the same run, alternating (export, raw,
+export, raw, ...) so machine noise hits both:
 
-- raw: ``read_segment_range_batches`` over every range, one after the other, in one (spawned,
-  warmed-up) process - the events are only counted;
-- export: ``run_export`` between the same two cuts to ``--format`` files with a local SparkSession
-  (``--master``; one Spark task per range).
+- export (the figure): ``run_export`` between the two cuts to ``--format`` files with a local
+  SparkSession (``--master``; one Spark task per range): the whole call - checks, cut record in
+  the state synchronizer, the Spark job, renames and marker - as a DAG task would run it;
+- raw (the baseline): ``read_segment_range_batches`` over every range, one after the other, in one
+  spawned process; the events are only counted.
 
-Prints events/s and MB/s of payload for each (best of ``--rounds``), the ratio export/raw (the
-target is >= 0.6), the export's phases and the CPU seconds each process kind used (psutil).
-``--profile`` also times the export's read stage alone (Spark's ``noop`` writer: reading, Arrow
-batches to the JVM, no files), Spark's Parquet writer alone (the same rows from memory: the floor
-of any export through Spark's writers), and prints the top functions of one read task's Python
-side under cProfile.
+Neither side includes its process start: the SparkSession (JVM, Python workers) exists before the
+first timed export, and the raw reader is a pool process with the modules imported. Both sides
+first run ``--warmup`` untimed full passes (the JVM's JIT keeps compiling for several exports).
+
+Prints each round, the medians, the ratio export/raw (target >= 0.6), the export's phases, the CPU
+seconds each process kind used per round and, inside Spark's JVM, per thread kind (task threads,
+JIT compiler, GC). ``--profile`` also times, alternating with the others, the export's read stage
+alone (Spark's ``noop`` writer: reading, Arrow batches to the JVM, no files) and Spark's writer
+alone (the same rows from memory, no Pravega, no Python: the floor of any export through Spark's
+writers), and prints the top functions of one read task's Python side under cProfile.
+``--json PATH`` writes the result file (benchmarks/result_file.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import multiprocessing as mp
+import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import result_file as rf
 
 SPAWN = mp.get_context("spawn")
 
@@ -112,7 +126,7 @@ def profile_task(uri: str, ranges: list, text: bool) -> None:
 
 class CpuMeter:
     """CPU seconds used by this process and its children (the embedded server, Spark's JVM and
-    its Python workers, the raw-read process), by kind; the minimum over the measured runs."""
+    its Python workers, the raw-read process), by kind; one dict per measured run."""
 
     def __init__(self) -> None:
         self.runs: list[dict[str, float]] = []
@@ -145,20 +159,81 @@ class CpuMeter:
         after = self.sample()
         self.runs.append({k: v - self._before.get(k, 0.0) for k, v in after.items() if v - self._before.get(k, 0.0) > 0.005})
 
-    def report(self, label: str) -> None:
-        if not self.runs or not self.runs[0]:
-            return
-        best = min(self.runs, key=lambda r: sum(r.values()))
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(best.items(), key=lambda kv: -kv[1]))
-        print(f"  {label}: {sum(best.values()):.2f} CPU s ({parts})")
+
+class JvmThreads:
+    """CPU seconds inside Spark's JVM by thread kind (from /proc/<pid>/task/*): Spark's task
+    threads, the JIT compiler, the garbage collector, the rest; one dict per measured run."""
+
+    KINDS = (("Executor task", "task threads"), ("CompilerThre", "JIT compiler"), ("GC Thread", "GC"),
+             ("G1 ", "GC"), ("VM Thread", "GC"))
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.runs: list[dict[str, float]] = []
+
+    def sample(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for task in glob.glob(f"/proc/{self.pid}/task/*"):
+            try:
+                with open(f"{task}/comm") as fh:
+                    name = fh.read().strip()
+                with open(f"{task}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            kind = next((k for prefix, k in self.KINDS if prefix in name), "other")
+            out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / self.tick
+        return out
+
+    def __enter__(self) -> Self:
+        self._before = self.sample()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        after = self.sample()
+        self.runs.append({k: v - self._before.get(k, 0.0) for k, v in after.items()})
+
+    def median(self) -> dict[str, float]:
+        kinds = {k for run in self.runs for k in run}
+        return {k: statistics.median(run.get(k, 0.0) for run in self.runs) for k in kinds}
 
 
-def report(name: str, results: list[tuple[int, int, float]], expected: int) -> float:
-    count, size, seconds = min(results, key=lambda r: r[2])
-    status = "" if count == expected else f"  (got {count} of {expected}!)"
-    rate = count / seconds
-    print(f"{name:<34} {rate:>12,.0f} events/s {size / seconds / 1e6:>9.1f} MB/s {seconds:>8.2f} s{status}")
-    return rate
+def median_cpu(meter: CpuMeter) -> dict[str, float]:
+    kinds = {k for run in meter.runs for k in run}
+    return {k: statistics.median(run.get(k, 0.0) for run in meter.runs) for k in kinds}
+
+
+def cpu_text(per_kind: dict[str, float]) -> str:
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+    return f"{sum(per_kind.values()):.2f} CPU s ({parts})"
+
+
+def rates(results: list[tuple[int, int, float]], expected: int, label: str) -> list[float]:
+    for count, _, _ in results:
+        if count != expected:
+            raise SystemExit(f"{label}: got {count} events of {expected}")
+    return [count / seconds for count, _, seconds in results]
+
+
+def process_kind(server_pid: int) -> Any:
+    me = os.getpid()
+
+    def kind(pid: int) -> str | None:
+        if pid == me:
+            return "driver"
+        if pid == server_pid:
+            return "server"
+        cmd = rf.cmdline(pid)
+        if "java" in cmd:
+            return "spark jvm"
+        if "pyspark" in cmd:
+            return "spark python workers"
+        if "multiprocessing" in cmd and "resource_tracker" not in cmd:
+            return "raw reader"
+        return None
+
+    return kind
 
 
 def main() -> None:
@@ -166,13 +241,18 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--segments", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed full passes of each side first")
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--format", default="parquet", choices=("parquet", "jsonl", "csv"))
     parser.add_argument("--event-format", default="text", choices=("text", "binary", "json"))
+    parser.add_argument("--compression", default=None, help="codec of the files (default: Spark's)")
     parser.add_argument("--driver-memory", default=None, help="spark.driver.memory (local mode: the whole heap)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--json", type=Path, default=None, help="write the result file here")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     import logging
 
@@ -182,10 +262,13 @@ def main() -> None:
     from airflow_provider_pravega.client.batch import plan_segment_ranges
     from airflow_provider_pravega.client.streamcut import StreamCut
     from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
+    from airflow_provider_pravega.spark import export_job
     from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
     from airflow_provider_pravega.spark.session import get_spark_session
 
     work = Path(tempfile.mkdtemp(prefix="bench-export-"))
+    notes: list[str] = []
+    figures: list[dict[str, Any]] = []
     try:
         with EmbeddedPravegaProcess(work / "pravega") as server:
             uri = server.controller_uri
@@ -195,86 +278,132 @@ def main() -> None:
                 pool.apply(write_events, (uri, scope, stream, args.events, args.size, args.segments))
             print(f"wrote {args.events:,} events of {args.size} bytes in {time.perf_counter() - started:.1f} s")
 
-            conf = {"spark.master": args.master}
+            conf = {"spark.master": args.master, "spark.ui.showConsoleProgress": "false"}
             if args.driver_memory:
                 conf["spark.driver.memory"] = args.driver_memory
             spark = get_spark_session(None, "bench-export", **conf)
-            print(f"spark {spark.version}, master {spark.sparkContext.master}, "
-                  f"{spark.sparkContext.defaultParallelism} cores")
+            sc = spark.sparkContext
+            print(f"spark {spark.version}, master {sc.master}, {sc.defaultParallelism} cores")
+            jvm = JvmThreads(int(spark._jvm.java.lang.ProcessHandle.current().pid()))
             with PravegaClient(uri) as client:
                 head = StreamCut.head(client, scope, stream)
                 tail = StreamCut.tail(client, scope, stream)
                 ranges = plan_segment_ranges(client, head, tail)
                 print(f"{len(ranges)} segment ranges, {sum(r.length for r in ranges) / 1e6:.1f} MB between the cuts")
-
-                phases: list[dict] = []
                 payload = sum(r.length for r in ranges) - 8 * args.events
+                phases: list[dict] = []
+                sizes: list[int] = []
 
-                def export(n: int, fmt: str) -> tuple[int, int, float]:
-                    out = work / f"out-{fmt}-{n}"
+                def export(label: str) -> tuple[int, int, float]:
+                    out = work / f"out-{label}"
                     spec = ExportSpec(scope, stream, str(out), start_cut=head.to_text(), end_cut=tail.to_text(),
-                                      format=fmt, event_format=args.event_format, export_id=f"bench-{fmt}-{n}")
+                                      format=args.format, event_format=args.event_format,
+                                      export_id=f"bench-{label}", compression=args.compression)
                     t0 = time.perf_counter()
                     result = run_export(client, spark, spec)
                     elapsed = time.perf_counter() - t0
                     phases.append(result.phases)
+                    sizes.append(sum(f.stat().st_size for f in out.iterdir() if f.name.startswith("part-")))
                     shutil.rmtree(out, ignore_errors=True)
                     return result.events, result.bytes, elapsed
 
-                # Warm Spark (JVM JIT, Python workers) on a full export first; not timed.
-                warm = ExportSpec(scope, stream, str(work / "warm"), start_cut=head.to_text(),
-                                  end_cut=tail.to_text(), export_id="bench-warm", format=args.format,
-                                  event_format=args.event_format)
-                run_export(client, spark, warm)
-                shutil.rmtree(work / "warm", ignore_errors=True)
+                spec = ExportSpec(scope, stream, "unused", event_format=args.event_format)
 
-                raw, exported = [], []
-                cpu_raw, cpu_export = CpuMeter(), CpuMeter()
-                with SPAWN.Pool(1, initializer=warm_up) as one:
-                    one.apply(read_raw, (uri, ranges[:1]))
-                    for n in range(args.rounds):
-                        with cpu_raw:
-                            raw.append(one.apply(read_raw, (uri, ranges)))
-                        with cpu_export:
-                            exported.append(export(n, args.format))
-                raw_rate = report("raw read, 1 process", raw, args.events)
-                export_rate = report(f"export to {args.format} (Spark)", exported, args.events)
-                print(f"ratio export/raw: {export_rate / raw_rate:.2f} (target >= 0.6)")
-                fastest = min(phases, key=lambda p: sum(p.values()))
-                print("export phases (fastest run): " + ", ".join(f"{k} {v:.2f} s" for k, v in fastest.items()))
-                cpu_raw.report("CPU per raw read")
-                cpu_export.report("CPU per export")
+                def noop() -> tuple[int, int, float]:
+                    frame = export_job.build_frame(spark, export_job.config_of(client), spec, ranges,
+                                                   (sc.accumulator(0), sc.accumulator(0)))
+                    t0 = time.perf_counter()
+                    frame.write.format("noop").mode("overwrite").save()
+                    return args.events, payload, time.perf_counter() - t0
 
-                if args.profile:
-                    from airflow_provider_pravega.spark import export_job
-
-                    sc = spark.sparkContext
-                    spec = ExportSpec(scope, stream, "unused", event_format=args.event_format)
-                    noop, cpu_noop = [], CpuMeter()
-                    for _ in range(args.rounds):
-                        frame = export_job.build_frame(spark, export_job.config_of(client), spec, ranges,
-                                                       (sc.accumulator(0), sc.accumulator(0)))
-                        with cpu_noop:
-                            t0 = time.perf_counter()
-                            frame.write.format("noop").mode("overwrite").save()
-                            noop.append((args.events, payload, time.perf_counter() - t0))
-                    report("read stage only (noop writer)", noop, args.events)
-                    cpu_noop.report("CPU per read stage")
-                    # Spark's Parquet writer alone: the same rows from memory, no Pravega, no Python.
+                cached = None
+                if args.profile:  # Spark's writer alone: the same rows held in the JVM's memory.
                     cached = export_job.build_frame(spark, export_job.config_of(client), spec, ranges,
                                                     (sc.accumulator(0), sc.accumulator(0))).cache()
                     cached.count()
-                    floor, cpu_floor = [], CpuMeter()
+
+                def from_memory(label: str) -> tuple[int, int, float]:
+                    out = work / f"floor-{label}"
+                    writer = cached.write.format(export_job._SPARK_FORMAT[args.format])
+                    if args.format == "parquet":
+                        writer = writer.options(**export_job.PARQUET_OPTIONS)
+                    if args.compression:
+                        writer = writer.option("compression", args.compression)
+                    t0 = time.perf_counter()
+                    writer.save(str(out))
+                    elapsed = time.perf_counter() - t0
+                    shutil.rmtree(out, ignore_errors=True)
+                    return args.events, payload, elapsed
+
+                raw, exported, read_stage, floor = [], [], [], []
+                cpu_raw, cpu_export, cpu_noop, cpu_floor = CpuMeter(), CpuMeter(), CpuMeter(), CpuMeter()
+                jvm_floor = JvmThreads(jvm.pid)
+                sampler = rf.PeakSampler(lambda: [os.getpid(), *rf.children(os.getpid())], process_kind(server.pid))
+                with SPAWN.Pool(1, initializer=warm_up) as one, sampler:
+                    for w in range(args.warmup):  # untimed: JIT, Python workers, page cache, connections
+                        export(f"warm-{w}")
+                        one.apply(read_raw, (uri, ranges))
+                        if args.profile:
+                            noop()
+                            from_memory(f"warm-{w}")
+                    phases.clear()
+                    sizes.clear()
                     for n in range(args.rounds):
-                        out = work / f"floor-{n}"
-                        with cpu_floor:
-                            t0 = time.perf_counter()
-                            cached.write.options(**export_job.PARQUET_OPTIONS).parquet(str(out))
-                            floor.append((args.events, payload, time.perf_counter() - t0))
-                        shutil.rmtree(out, ignore_errors=True)
+                        with cpu_export, jvm:
+                            exported.append(export(str(n)))
+                        with cpu_raw:
+                            raw.append(one.apply(read_raw, (uri, ranges)))
+                        if args.profile:
+                            with cpu_noop:
+                                read_stage.append(noop())
+                            with cpu_floor, jvm_floor:
+                                floor.append(from_memory(str(n)))
+                        print(f"round {n + 1}: export {exported[-1][2]:.2f} s, raw {raw[-1][2]:.2f} s"
+                              + (f", read stage {read_stage[-1][2]:.2f} s, writer from memory {floor[-1][2]:.2f} s"
+                                 if args.profile else ""), flush=True)
+                if cached is not None:
                     cached.unpersist()
-                    report("Spark Parquet write from memory", floor, args.events)
-                    cpu_floor.report("CPU per write from memory")
+
+                raw_rates = rates(raw, args.events, "raw read")
+                baseline = ("raw segment read, one process", raw_rates)
+                fmt_name = args.format + (f" ({args.compression})" if args.compression else "")
+                figures.append(rf.figure(f"export to {fmt_name}", "events/s", rates(exported, args.events, "export"),
+                                         baseline=baseline, target_ratio=0.6))
+                if args.profile:
+                    figures.append(rf.figure("export read stage only (noop writer)", "events/s",
+                                             rates(read_stage, args.events, "read stage"), baseline=baseline))
+                    figures.append(rf.figure(f"Spark {fmt_name} writer alone, rows from memory", "events/s",
+                                             rates(floor, args.events, "writer from memory"), baseline=baseline))
+                fastest = min(phases, key=lambda p: sum(p.values()))
+                notes.append("export phases (fastest round): " + ", ".join(f"{k} {v:.2f} s" for k, v in fastest.items()))
+                notes.append(f"export: {statistics.median(sizes) / 1e6:.1f} MB of files for {payload / 1e6:.1f} MB "
+                             f"of payload")
+                notes.append(f"CPU per raw read (median): {cpu_text(median_cpu(cpu_raw))}")
+                notes.append(f"CPU per export (median): {cpu_text(median_cpu(cpu_export))}")
+                notes.append(f"  inside Spark's JVM per export: {cpu_text(jvm.median())}")
+                if args.profile:
+                    notes.append(f"CPU per read stage (median): {cpu_text(median_cpu(cpu_noop))}")
+                    notes.append(f"CPU per write from memory (median): {cpu_text(median_cpu(cpu_floor))}")
+                    notes.append(f"  inside Spark's JVM per write from memory: {cpu_text(jvm_floor.median())}")
+                notes.append("included: export = the whole run_export call (prepare, Spark job, publish) in a "
+                             "running SparkSession; raw = reading every range in a running process; neither "
+                             f"includes process start; {args.warmup} untimed warm-up pass(es) of each first")
+                result = rf.result(
+                    "export",
+                    {"events": args.events, "size": args.size, "segments": args.segments, "rounds": args.rounds,
+                     "warmup": args.warmup, "master": sc.master, "cores": sc.defaultParallelism,
+                     "format": args.format, "event_format": args.event_format, "compression": args.compression,
+                     "ranges": len(ranges)},
+                    figures, sampler.peaks, notes,
+                )
+                print()
+                print(rf.format_table([result]))
+                print(rf.format_peaks([result]))
+                for note in notes:
+                    print(note)
+                rf.write(args.json, result)
+
+                if args.profile:
                     with SPAWN.Pool(1, initializer=warm_up) as one:
                         one.apply(profile_task, (uri, ranges, args.event_format != "binary"))
             spark.stop()

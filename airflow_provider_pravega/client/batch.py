@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import queue
 import struct
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -54,6 +55,7 @@ from airflow_provider_pravega.protocol import naming, wire
 
 __all__ = [
     "DEFAULT_READ_CHUNK",
+    "ArrowBatch",
     "Event",
     "EventBatch",
     "SegmentRange",
@@ -61,6 +63,7 @@ __all__ = [
     "StreamCutOrderError",
     "plan_segment_ranges",
     "read_segment_range",
+    "read_segment_range_arrow",
     "read_segment_range_batches",
     "read_segment_ranges",
 ]
@@ -160,6 +163,16 @@ class EventBatch(NamedTuple):
     segment_id: int
     payloads: list[bytes]
     offsets: list[int]
+
+
+class ArrowBatch(NamedTuple):
+    """Consecutive events of one segment in Arrow form: ``payloads`` (pyarrow BinaryArray),
+    ``offsets`` (int64 numpy array; where each event's header starts) and the payloads' total size."""
+
+    segment_id: int
+    payloads: Any
+    offsets: Any
+    payload_bytes: int
 
 
 # ---------------------------------------------------------------------------------- planning
@@ -527,6 +540,22 @@ def read_segment_range_batches(
     return _batches(client_or_endpoint, rng, chunk, max_event_size, retries)
 
 
+def read_segment_range_arrow(
+    client_or_endpoint: Any,
+    rng: SegmentRange,
+    *,
+    chunk: int = DEFAULT_READ_CHUNK,
+    max_event_size: int = wire.MAX_EVENT_SIZE,
+    retries: int = 3,
+) -> Iterator[ArrowBatch]:
+    """Like :func:`read_segment_range_batches`, but the payloads of each reply as one pyarrow
+    ``BinaryArray`` and their offsets as an int64 numpy array (:class:`ArrowBatch`): no Python
+    object per event at all. Arrow cuts the payloads out of the reply in C++ (Spark's
+    ``mapInArrow`` export reads this way). Needs pyarrow and numpy."""
+    _check_read_args(rng, chunk)
+    return _arrow_batches(client_or_endpoint, rng, chunk, max_event_size, retries)
+
+
 def _events(target: Any, rng: SegmentRange, chunk: int, max_event_size: int, retries: int) -> Iterator[Event]:
     segment_id = rng.segment_id
     for batch in _batches(target, rng, chunk, max_event_size, retries):
@@ -534,16 +563,121 @@ def _events(target: Any, rng: SegmentRange, chunk: int, max_event_size: int, ret
 
 
 def _batches(target: Any, rng: SegmentRange, chunk: int, max_event_size: int, retries: int) -> Iterator[EventBatch]:
+    segment_id = rng.segment_id
+    for buf, base, starts, stop in _framed(target, rng, chunk, max_event_size, retries):
+        ends = starts[1:]
+        ends.append(stop)
+        payloads = [buf[head + 8 : end] for head, end in zip(starts, ends)]
+        yield EventBatch(segment_id, payloads, [base + head for head in starts])
+
+
+def _arrow_batches(target: Any, rng: SegmentRange, chunk: int, max_event_size: int,
+                   retries: int) -> Iterator[ArrowBatch]:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    segment_id = rng.segment_id
+    binary = pa.binary()
+    for buf, base, starts, stop in _framed(target, rng, chunk, max_event_size, retries):
+        n = len(starts)
+        # A view of the reply whose values are header + payload, then the payloads cut out of it.
+        bounds = np.empty(n + 1, dtype=np.int32)
+        bounds[:-1] = starts
+        bounds[-1] = stop
+        framed = pa.Array.from_buffers(binary, n, [None, pa.py_buffer(bounds), pa.py_buffer(buf)])
+        heads = np.asarray(starts, dtype=np.int64)
+        yield ArrowBatch(segment_id, pc.binary_slice(framed, 8, _MAX_SLICE), heads + base,
+                         stop - int(bounds[0]) - 8 * n)
+
+
+def _framed(target: Any, rng: SegmentRange, chunk: int, max_event_size: int,
+            retries: int) -> Iterator[tuple[bytes, int, list[int], int]]:
+    """The whole events of each reply: ``(buffer, segment offset of buffer[0], positions of the
+    event headers in the buffer, end of the last whole event)``. An event cut off by the end of a
+    reply is carried over and completed with the next reply (without rescans or quadratic
+    concatenation when one event spans many replies)."""
     source = _Source(target, rng)
     name = source.name
-    segment_id = rng.segment_id
     end = rng.end_offset
     if end is None:
         end = source.tail()
-    offset = rng.start_offset  # next byte to request
-    base = offset  # segment offset of the first byte not yet split into events
+    base = rng.start_offset  # segment offset of the first byte not yet split into events
     carry: bytearray | None = None  # bytes of an incomplete event
     unpack = _EVENT_HEADER.unpack_from
+    for data in _read_ahead(source, rng, end, chunk, retries):
+        if carry is not None:
+            carry += data
+            if len(carry) < 8:
+                continue
+            kind, n = unpack(carry, 0)
+            if kind == 0 and 0 <= n <= max_event_size and len(carry) < 8 + n:
+                continue
+            buf = bytes(carry)
+        else:
+            buf = data
+        starts, stop = _event_starts(buf, max_event_size, name, base)
+        carry = bytearray(memoryview(buf)[stop:]) if stop < len(buf) else None
+        if len(starts):
+            yield buf, base, starts, stop
+        base += stop
+    if carry:
+        raise SegmentStoreError(
+            f"the range [{rng.start_offset}, {end}) of segment {name} ends inside an event that starts at "
+            f"{base}; ranges must end on event boundaries (at stream-cut offsets)",
+            segment=name,
+        )
+
+
+_DONE = object()
+
+
+def _read_ahead(source: _Source, rng: SegmentRange, end: int, chunk: int, retries: int,
+                depth: int = 2) -> Iterator[bytes]:
+    """The bytes of ``[rng.start_offset, end)`` reply by reply, fetched by a helper thread up to
+    ``depth`` replies ahead: the segment store prepares and sends the next reply while the caller
+    splits the current one (socket reads release the GIL). Errors of the helper are raised here."""
+    replies: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                replies.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def fetch() -> None:
+        try:
+            for data in _fetch(source, rng, end, chunk, retries):
+                if not put(data):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the reading thread, which raises it
+            put(exc)
+
+    worker = threading.Thread(target=fetch, name=f"pravega-read-{rng.segment_id}", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = replies.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        worker.join(timeout=5)
+
+
+def _fetch(source: _Source, rng: SegmentRange, end: int, chunk: int, retries: int) -> Iterator[bytes]:
+    """ReadSegment replies over one pooled connection; a broken connection is retried ``retries``
+    times from the current offset (after asking the controller where the segment is now)."""
+    name = source.name
+    offset = rng.start_offset
     failures = 0
     empty_replies = 0
     while offset < end:
@@ -577,54 +711,40 @@ def _batches(target: Any, rng: SegmentRange, chunk: int, max_event_size: int, re
                         data = data[: end - offset]
                     offset += len(data)
                     failures = empty_replies = 0
-                    if carry is not None:
-                        # A partial event is pending: collect bytes until it is complete (no
-                        # rescans, no quadratic concatenation when events span many replies).
-                        carry += data
-                        if len(carry) < 8:
-                            continue
-                        kind, n = unpack(carry, 0)
-                        if kind == 0 and 0 <= n <= max_event_size and len(carry) < 8 + n:
-                            continue
-                        buf = bytes(carry)
-                    else:
-                        buf = data
-                    # Split events: header type 0 and a length; no per-byte Python work.
-                    payloads: list[bytes] = []
-                    offsets: list[int] = []
-                    add_payload = payloads.append
-                    add_offset = offsets.append
-                    pos = 0
-                    size = len(buf)
-                    while size - pos >= 8:
-                        kind, n = unpack(buf, pos)
-                        if kind or n < 0 or n > max_event_size:
-                            raise SegmentStoreError(
-                                f"segment {name} has no valid event header at offset {base + pos} "
-                                f"(type {kind}, length {n}); the range must start on an event boundary",
-                                segment=name,
-                            )
-                        stop = pos + 8 + n
-                        if stop > size:
-                            break
-                        add_payload(buf[pos + 8 : stop])
-                        add_offset(base + pos)
-                        pos = stop
-                    carry = bytearray(memoryview(buf)[pos:]) if pos < size else None
-                    base += pos
-                    if payloads:
-                        yield EventBatch(segment_id, payloads, offsets)
+                    yield data
         except SegmentStoreUnreachableError:
             failures += 1
             if failures > retries:
                 raise
             source.forget()
-    if carry:
-        raise SegmentStoreError(
-            f"the range [{rng.start_offset}, {end}) of segment {name} ends inside an event that starts at "
-            f"{base}; ranges must end on event boundaries (at stream-cut offsets)",
-            segment=name,
-        )
+
+
+_MAX_SLICE = (1 << 31) - 1
+
+
+def _event_starts(buf: bytes, max_event_size: int, name: str, base: int) -> tuple[list[int], int]:
+    """Where the whole events of ``buf`` start (positions of their 8-byte headers) and where the
+    last whole one ends: one struct unpack per event, no other Python work per byte or event.
+    (Measured: ~6 ms per 8 MiB of 200-byte events; a numpy version that finds the header chain by
+    pointer doubling took 27 ms, so the loop stays.)"""
+    unpack = _EVENT_HEADER.unpack_from
+    starts: list[int] = []
+    add = starts.append
+    pos, size = 0, len(buf)
+    while size - pos >= 8:
+        kind, n = unpack(buf, pos)
+        if kind or n < 0 or n > max_event_size:
+            raise SegmentStoreError(
+                f"segment {name} has no valid event header at offset {base + pos} (type {kind}, length {n}); the "
+                f"range must start on an event boundary",
+                segment=name,
+            )
+        stop = pos + 8 + n
+        if stop > size:
+            break
+        add(pos)
+        pos = stop
+    return starts, pos
 
 
 def _raise_read_error(reply: Any, rng: SegmentRange, offset: int, endpoint: Endpoint, source: _Source) -> None:

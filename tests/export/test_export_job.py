@@ -167,6 +167,17 @@ def test_formats_and_event_formats(tmp_path, client, spark, pravega_controller_u
     fewer = run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / "one"), num_partitions=1, **cuts))
     assert len(fewer.files) == 1 and fewer.events == 50
 
+    # Another codec: the files say so in their names and in their Parquet metadata, same rows.
+    zstd = run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / "zstd"), compression="zstd", **cuts))
+    assert all(f.endswith(".zstd.parquet") for f in zstd.files)
+    assert pq.ParquetFile(parts(tmp_path / "zstd")[0]).metadata.row_group(0).column(0).compression == "ZSTD"
+    assert sorted(exported_events(tmp_path / "zstd")) == sorted(exported_events(tmp_path / "one"))
+    gz = run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / "gz"), format="jsonl", compression="gzip",
+                                              **cuts))
+    assert gz.events == 50 and all(f.endswith(".json.gz") for f in gz.files)
+    with pytest.raises(ValueError, match="compression for csv must be one of"):
+        ExportSpec(scope, "s", str(tmp_path / "x"), format="csv", compression="lz4_raw")
+
     # A given JSON schema: only its fields, with its types; a bad one is refused before any task.
     run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / "schema"), event_format="json",
                                          json_schema="n int, sensor string", **cuts))
@@ -429,8 +440,8 @@ def test_command_line(tmp_path, client, spark, pravega_controller_uri, unique_na
     assert not os.path.exists(tmp_path / "x")
 
 
-def test_read_range_arrow_matches_the_event_reader_at_any_chunk_size(client, pravega_controller_uri, unique_name):
-    """The export's own framing (Arrow slices of each reply, read-ahead thread) against the client's
+def test_arrow_reader_matches_the_event_reader_at_any_chunk_size(client, pravega_controller_uri, unique_name):
+    """The export's reader (Arrow slices of each reply, read-ahead thread) against the client's
     event reader: same events and offsets, also when events straddle replies or exceed a reply."""
     import threading
 
@@ -439,9 +450,9 @@ def test_read_range_arrow_matches_the_event_reader_at_any_chunk_size(client, pra
         SegmentRangeTruncatedError,
         plan_segment_ranges,
         read_segment_range,
+        read_segment_range_arrow,
     )
     from airflow_provider_pravega.client.errors import SegmentStoreError
-    from airflow_provider_pravega.spark.export_job import read_range_arrow
 
     scope = unique_name("arrow")
     make_stream(client, scope, segments=1)
@@ -457,14 +468,15 @@ def test_read_range_arrow_matches_the_event_reader_at_any_chunk_size(client, pra
     for chunk in (64, 1000, 4096, 65_536, 8 * 1024 * 1024):
         got = []
         total = 0
-        for events, offsets, payload_bytes in read_range_arrow(client.segments, rng, chunk=chunk):
+        for segment_id, events, offsets, payload_bytes in read_segment_range_arrow(client, rng, chunk=chunk):
+            assert segment_id == rng.segment_id
             got.extend(zip(events.to_pylist(), offsets.tolist(), strict=True))
             total += payload_bytes
         assert got == expected, chunk
         assert total == sum(len(p) for p, _ in expected)
 
     def drain(r, **kw):
-        return [e for batch, _, _ in read_range_arrow(client.segments, r, **kw) for e in batch.to_pylist()]
+        return [e for batch in read_segment_range_arrow(client.segments, r, **kw) for e in batch.payloads.to_pylist()]
 
     assert drain(SegmentRange(scope, "s", rng.segment_id, 5, 5)) == []
     third = expected[2][1]
@@ -474,7 +486,7 @@ def test_read_range_arrow_matches_the_event_reader_at_any_chunk_size(client, pra
         drain(SegmentRange(scope, "s", rng.segment_id, third + 1, rng.end_offset))
     # Stopping early stops the read-ahead thread.
     before = threading.active_count()
-    batches = read_range_arrow(client.segments, rng, chunk=64)
+    batches = read_segment_range_arrow(client, rng, chunk=64)
     next(batches)
     batches.close()
     deadline = time.monotonic() + 5
