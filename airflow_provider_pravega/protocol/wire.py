@@ -1371,7 +1371,10 @@ def request_id_of(cmd: Command) -> int:
         return 0
     if isinstance(cmd, KeepAlive):
         return -1
-    return cmd.request_id  # type: ignore[attr-defined]
+    request_id = getattr(cmd, "request_id", None)
+    if request_id is None:
+        raise ValueError(f"{type(cmd).__name__} carries no request id (it is part of an append block, not a request)")
+    return request_id
 
 
 # --------------------------------------------------------------------------------------------

@@ -733,3 +733,11 @@ def test_event_parser_holds_partial_event() -> None:
     assert parser.offset == 14 and parser.pending == 3
     with pytest.raises(EventFormatError):
         EventParser().feed(b"\x00\x00\x00\x01" + bytes(4))
+
+
+def test_request_id_of_a_command_without_one_is_a_clear_error():
+    """Found by the fuzzer's harness: AppendBlock has no request id; asking for one must say so."""
+    block = w.AppendBlock(7, b"")
+    with pytest.raises(ValueError, match="AppendBlock carries no request id"):
+        w.request_id_of(block)
+    assert w.request_id_of(w.KeepAlive()) == -1
