@@ -228,3 +228,37 @@ def test_templated_fields_and_lineage_carry_no_credentials(
         assert password not in repr(rendered)
         lineage = op.get_openlineage_facets_on_complete(None)
         assert lineage is not None and password not in repr(lineage) and "admin" not in repr(lineage)
+
+
+def test_command_line_takes_the_password_from_the_environment_not_argv(
+    tmp_path: Path, pravega_secure_embedded: Any, unique_name: Any,
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    server = pravega_secure_embedded
+    scope = unique_name("cli")
+    with _admin(server) as admin:
+        admin.admin.create_scope(scope)
+    source = tmp_path / "in.jsonl"
+    lines = [json.dumps({"sensor_id": f"s{n % 3}", "n": n}) for n in range(30)]
+    source.write_text("\n".join(lines) + "\n")
+    argv = [sys.executable, "-m", "airflow_provider_pravega.spark.ingest_job",
+            "--controller-uri", server.controller_uri, "--scope", scope, "--stream", "readings",
+            "--source", str(source), "--routing-key-field", "sensor_id", "--create-stream",
+            "--username", "admin", "--trust-store", str(server.ca_cert), "--master", "local[2]"]
+    password = server.passwords["admin"]
+    assert not any(password in a for a in argv)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("pravega_client_")}
+    env["PRAVEGA_PASSWORD"] = password
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["events"] == len(lines)
+    assert password not in done.stdout and password not in done.stderr
+    assert Counter(e.decode() for e in _events(server, scope, "readings")) == Counter(lines)
+
+    env["PRAVEGA_PASSWORD"] = "wrong-Pa55word"
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "refused to authenticate user 'admin'" in done.stderr
+    assert "wrong-Pa55word" not in done.stderr
