@@ -586,8 +586,9 @@ def _arrow_batches(target: Any, rng: SegmentRange, chunk: int, max_event_size: i
         bounds[:-1] = starts
         bounds[-1] = stop
         framed = pa.Array.from_buffers(binary, n, [None, pa.py_buffer(bounds), pa.py_buffer(buf)])
-        heads = np.asarray(starts, dtype=np.int64)
-        yield ArrowBatch(segment_id, pc.binary_slice(framed, 8, _MAX_SLICE), heads + base,
+        offsets = bounds[:-1].astype(np.int64)
+        offsets += base
+        yield ArrowBatch(segment_id, pc.binary_slice(framed, 8, _MAX_SLICE), offsets,
                          stop - int(bounds[0]) - 8 * n)
 
 
