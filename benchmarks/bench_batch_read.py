@@ -1,7 +1,7 @@
 """Batch-read rate: segment ranges read straight from the segment store vs an official reader group.
 
 Run: ``python benchmarks/bench_batch_read.py [--events 1000000] [--size 100] [--segments 4]
-[--workers 4] [--rounds 3] [--profile]``
+[--workers 4] [--rounds 3] [--profile] [--json PATH]``
 
 Writes ``--events`` events of ``--size`` bytes (official writer, routing keys spread over the
 segments) to a fresh stream on the embedded server (its own process), takes the tail cut, then:
@@ -12,8 +12,11 @@ segments) to a fresh stream on the embedded server (its own process), takes the 
 - ranges, N processes: one range per spawned process (``--workers`` at a time), as Spark tasks;
 - official: one reader of a reader group from the head until it has every event.
 
-Prints events/s and MB/s of payload for each (best of ``--rounds``); ``--profile`` prints the top
-functions of the single-process range read under cProfile.
+Prints events/s and MB/s of payload for each (best of ``--rounds``) and the table of medians;
+each round runs every mode, so machine noise hits all. ``--profile`` prints the top functions of
+the single-process range read under cProfile. ``--json PATH`` writes the result file
+(benchmarks/result_file.py): each range read as a figure with the official reader group as its
+baseline (no target: the figures say how the batch path compares).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import result_file as rf
 
 SPAWN = mp.get_context("spawn")
 
@@ -131,6 +137,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--json", type=Path, default=None, help="write the result file here")
     args = parser.parse_args()
 
     from airflow_provider_pravega.client import PravegaClient
@@ -168,6 +175,23 @@ def main() -> None:
         report("ranges, EventBatch", batches, args.events)
         report(f"ranges, {args.workers} processes", parallel, args.events)
         report("official reader group", official, args.events)
+
+        def rates(results: list[tuple[int, int, float]]) -> list[float]:
+            return [count / seconds for count, _, seconds in results]
+
+        baseline = ("official reader group, one reader", rates(official))
+        result = rf.result(
+            "batch_read",
+            {"events": args.events, "size": args.size, "segments": args.segments, "workers": args.workers,
+             "rounds": args.rounds, "ranges": len(ranges)},
+            [rf.figure("ranges, Event iterator, one process", "events/s", rates(single), baseline=baseline),
+             rf.figure("ranges, EventBatch, one process", "events/s", rates(batches), baseline=baseline),
+             rf.figure(f"ranges, {args.workers} processes", "events/s", rates(parallel), baseline=baseline)],
+            notes=[("every figure reads the same planned ranges (head to tail); the baseline reads the stream "
+                    "from its head with the official client's reader group until it has every event")],
+        )
+        print(rf.format_table([result]))
+        rf.write(args.json, result)
         if args.profile:
             with SPAWN.Pool(1) as pool:
                 pool.apply(read_ranges, (uri, ranges, "batches", True))
