@@ -36,7 +36,10 @@ class PravegaStreamCutExportOperator(BaseOperator):
         ``"<start ISO>/<end ISO>"``; runs without a data interval continue "previous" plainly).
     :param on_truncated: ``fail`` (default) when the start cut lies before the stream's head, or
         ``head`` to start from the head there.
-    :param num_partitions: Output files / Spark partitions (default one per segment range).
+    :param num_partitions: Output files / Spark partitions (default one per segment range). About
+        the number of Spark cores is faster when there are more ranges than cores (measured: 1.39 s
+        instead of 1.67 s for 1M events in 4 ranges on 2 cores); keep it fixed for an export id, since
+        the files of a re-run are byte-identical only with the same number.
     :param json_schema: Spark DDL schema of JSON events (default: inferred from a sample).
     :param compression: Codec of the files (default: Spark's, snappy for Parquet). ``"none"`` spends
         ~18% less CPU in Spark's Parquet writer for ~2.7x larger files; ``"zstd"`` ~20% more for
