@@ -247,6 +247,8 @@ def main() -> None:
     parser.add_argument("--format", default="parquet", choices=("parquet", "jsonl", "csv"))
     parser.add_argument("--event-format", default="text", choices=("text", "binary", "json"))
     parser.add_argument("--compression", default=None, help="codec of the files (default: Spark's)")
+    parser.add_argument("--num-partitions", type=int, default=None,
+                        help="Spark partitions / files of the export (default: one per segment range)")
     parser.add_argument("--driver-memory", default=None, help="spark.driver.memory (local mode: the whole heap)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="write the result file here")
@@ -298,7 +300,8 @@ def main() -> None:
                     out = work / f"out-{label}"
                     spec = ExportSpec(scope, stream, str(out), start_cut=head.to_text(), end_cut=tail.to_text(),
                                       format=args.format, event_format=args.event_format,
-                                      export_id=f"bench-{label}", compression=args.compression)
+                                      export_id=f"bench-{label}", compression=args.compression,
+                                      num_partitions=args.num_partitions)
                     t0 = time.perf_counter()
                     result = run_export(client, spark, spec)
                     elapsed = time.perf_counter() - t0
@@ -367,6 +370,8 @@ def main() -> None:
                 raw_rates = rates(raw, args.events, "raw read")
                 baseline = ("raw segment read, one process", raw_rates)
                 fmt_name = args.format + (f" ({args.compression})" if args.compression else "")
+                if args.num_partitions:
+                    fmt_name += f", {args.num_partitions} partitions"
                 figures.append(rf.figure(f"export to {fmt_name}", "events/s", rates(exported, args.events, "export"),
                                          baseline=baseline, target_ratio=0.6))
                 if args.profile:
@@ -393,6 +398,7 @@ def main() -> None:
                     {"events": args.events, "size": args.size, "segments": args.segments, "rounds": args.rounds,
                      "warmup": args.warmup, "master": sc.master, "cores": sc.defaultParallelism,
                      "format": args.format, "event_format": args.event_format, "compression": args.compression,
+                     "num_partitions": args.num_partitions,
                      "ranges": len(ranges)},
                     figures, sampler.peaks, notes,
                 )
