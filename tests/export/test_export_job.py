@@ -438,6 +438,9 @@ def test_command_line(tmp_path, client, spark, pravega_controller_uri, unique_na
                  "--output-path", str(tmp_path / "x")]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "x")
+    assert main(["--controller-uri", pravega_controller_uri, "--scope", scope, "--stream", "s", "--format", "csv",
+                 "--compression", "lz4_raw", "--output-path", str(tmp_path / "x")]) == 2
+    assert "compression for csv must be one of" in capsys.readouterr().err
 
 
 def test_arrow_reader_matches_the_event_reader_at_any_chunk_size(client, pravega_controller_uri, unique_name):
