@@ -419,7 +419,7 @@ class _ProcessLocal:
     def reset(self) -> None:
         self.lock = threading.Lock()
         self.pool: ConnectionPool | None = None
-        self.clients: dict[str, Any] = {}
+        self.clients: dict[Any, Any] = {}
 
     def get_pool(self) -> ConnectionPool:
         with self.lock:
@@ -427,7 +427,7 @@ class _ProcessLocal:
                 self.pool = ConnectionPool()
             return self.pool
 
-    def get_client(self, key: str, target: Any) -> Any:
+    def get_client(self, key: Any, target: Any) -> Any:
         from airflow_provider_pravega.client import PravegaClient
 
         with self.lock:
@@ -461,8 +461,9 @@ class _Source:
         elif isinstance(target, str) and "://" not in target:
             self.fixed = _parse_endpoint(target)
         elif isinstance(target, (str, PravegaConnectionConfig)):
-            key = target if isinstance(target, str) else repr(target)
-            self.segments = _LOCAL.get_client(key, target).segments
+            # The config itself is the key (its repr hides the password, so two configs that differ
+            # only in their password would share a client under it).
+            self.segments = _LOCAL.get_client(target, target).segments
         else:
             self.segments = segments_of(target)
         self.name = rng.segment_name

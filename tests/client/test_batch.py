@@ -409,3 +409,21 @@ def test_a_cut_mixing_epochs_gets_the_controllers_segments(client: PravegaClient
     everything = plan_segment_ranges(client, start, StreamCut.tail(client, scope, stream), include_empty=True)
     assert [r.segment_id for r in everything] == [a.segment_id, b.segment_id, merged.segment_id, low.segment_id,
                                                   high.segment_id]
+
+
+def test_per_process_clients_are_kept_per_config_not_per_repr() -> None:
+    """Configs whose repr hides different passwords must not share a worker's client."""
+    from airflow_provider_pravega.client import batch
+    from airflow_provider_pravega.client.config import PravegaConnectionConfig
+
+    one = PravegaConnectionConfig.from_connection_fields(host="127.0.0.1", port=1, login="u", password="one")
+    two = PravegaConnectionConfig.from_connection_fields(host="127.0.0.1", port=1, login="u", password="two")
+    assert repr(one) == repr(two) and one != two
+    local = batch._ProcessLocal()
+    first, second = local.get_client(one, one), local.get_client(two, two)
+    try:
+        assert first is not second
+        assert local.get_client(one, one) is first
+    finally:
+        first.close()
+        second.close()
