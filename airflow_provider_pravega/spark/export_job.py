@@ -74,6 +74,10 @@ from airflow_provider_pravega.client.errors import (
 )
 from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
 from airflow_provider_pravega.protocol import wire
+from airflow_provider_pravega.spark.connection_args import (
+    add_connection_arguments,
+    config_from_arguments,
+)
 
 log = logging.getLogger(__name__)
 
@@ -916,7 +920,7 @@ def _maybe_compact(sync: Any, limit: int = 1 << 20) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m airflow_provider_pravega.spark.export_job",
                                  description="Export a Pravega stream between two stream cuts to files with PySpark.")
-    ap.add_argument("--controller-uri", required=True)
+    add_connection_arguments(ap)
     ap.add_argument("--scope", required=True)
     ap.add_argument("--stream", required=True)
     ap.add_argument("--output-path", required=True)
@@ -943,11 +947,12 @@ def main(argv: list[str] | None = None) -> int:
             interval_key=args.interval, on_truncated=args.on_truncated, num_partitions=args.num_partitions,
             json_schema=args.json_schema, compression=args.compression,
         )
+        config = config_from_arguments(args)
     except ValueError as exc:
         print(f"export failed: {exc}", file=sys.stderr)
         return 2
     spark = get_spark_session(None, "pravega-export", **({"spark.master": args.master} if args.master else {}))
-    with PravegaClient(args.controller_uri) as client:
+    with PravegaClient(config) as client:
         try:
             result = run_export(client, spark, spec)
         except (PravegaError, ValueError) as exc:

@@ -40,6 +40,10 @@ from airflow_provider_pravega.client.ingest import (
     open_state_store,
     register_txn,
 )
+from airflow_provider_pravega.spark.connection_args import (
+    add_connection_arguments,
+    config_from_arguments,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +51,6 @@ FORMATS = ("jsonl", "csv", "parquet", "text")
 MODES = ("exactly_once", "at_least_once")
 # Fault injection for the crash-matrix tests only: SIGKILL the driver at a named step, or pause it.
 CRASH_ENV = "PRAVEGA_INGEST_CRASH_AT"
-#: Where the command line takes the password from (never from argv).
-PASSWORD_ENV = "PRAVEGA_PASSWORD"
 DELAY_ENV = "PRAVEGA_INGEST_DELAY_AT"  # "step:seconds"
 
 
@@ -547,7 +549,7 @@ def _tail_text(client: Any, spec: IngestSpec) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m airflow_provider_pravega.spark.ingest_job",
                                  description="Ingest files into a Pravega stream exactly once with PySpark.")
-    ap.add_argument("--controller-uri", required=True)
+    add_connection_arguments(ap, lease=True)
     ap.add_argument("--scope", required=True)
     ap.add_argument("--stream", required=True)
     ap.add_argument("--source", required=True, action="append", help="path, directory or glob (repeatable)")
@@ -561,14 +563,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-writers", type=int)
     ap.add_argument("--stale-after", type=float, default=60.0)
     ap.add_argument("--master", default=None, help="Spark master (default: local mode on every core)")
-    ap.add_argument("--lease-ms", type=int, default=90_000, help="transaction lease (default 90000)")
-    ap.add_argument("--username", help="Pravega user (Basic authentication); the password comes from --password-env")
-    ap.add_argument("--password-env", default=PASSWORD_ENV, metavar="NAME",
-                    help=f"environment variable holding the password (default {PASSWORD_ENV}); never pass it in argv")
-    ap.add_argument("--password-file", metavar="PATH", help="file holding the password (first line); alternative to the env")
-    ap.add_argument("--trust-store", help="CA certificate (PEM file or directory) for a tls:// controller URI")
-    ap.add_argument("--no-validate-hostname", action="store_true",
-                    help="with TLS, do not match the certificate to the host name (the chain is still verified)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from airflow_provider_pravega.client import PravegaClient
@@ -581,17 +575,11 @@ def main(argv: list[str] | None = None) -> int:
         num_writers=args.num_writers, stale_after_s=args.stale_after,
     )
     spark = get_spark_session(None, "pravega-ingest", **({"spark.master": args.master} if args.master else {}))
-    scheme, _, rest = args.controller_uri.partition("://")
-    host, _, port = rest.rpartition(":")
-    extra: dict[str, Any] = {"transaction_lease_ms": args.lease_ms}
-    if args.trust_store:
-        extra["trust_store"] = args.trust_store
-    if args.no_validate_hostname:
-        extra["validate_hostname"] = False
-    config = PravegaConnectionConfig.from_connection_fields(
-        host=host, port=int(port), schema=scheme or None, login=args.username,
-        password=_cli_password(args), extra=extra,
-    )
+    try:
+        config = config_from_arguments(args)
+    except ValueError as exc:
+        print(f"ingest failed: {exc}", file=sys.stderr)
+        return 2
     with PravegaClient(config) as client:
         try:
             result = run_ingest(client, spark, spec)
@@ -600,16 +588,6 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     print(json.dumps(result.to_dict()))
     return 0
-
-
-def _cli_password(args: argparse.Namespace) -> str | None:
-    """The password from a file or an environment variable (argv is visible to every user of the machine)."""
-    if args.password_file:
-        with open(args.password_file, encoding="utf-8") as f:
-            return f.readline().rstrip("\r\n") or None
-    if args.username:
-        return os.environ.get(args.password_env) or None
-    return None
 
 
 if __name__ == "__main__":

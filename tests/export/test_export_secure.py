@@ -92,3 +92,57 @@ def test_export_with_a_wrong_password_fails_clearly(
     assert "PravegaAuthenticationError" in text and "refused to authenticate user 'admin'" in text
     assert "wrong-Pa55word" not in text
     assert not (tmp_path / "out").exists()
+
+
+def test_export_command_line_through_auth_and_tls_takes_the_password_from_the_environment(
+    tmp_path: Path, pravega_secure_embedded: Any, unique_name: Any,
+) -> None:
+    """The export job run by hand (spark-submit style) authenticates like the operator; argv never
+    holds the password, and a wrong one fails with a clear message that does not repeat it."""
+    import os
+    import subprocess
+    import sys
+
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.client.config import PravegaConnectionConfig
+
+    server = pravega_secure_embedded
+    password = server.passwords["admin"]
+    config = PravegaConnectionConfig.from_connection_fields(
+        host=server.controller_uri, login="admin", password=password,
+        extra={"trust_store": str(server.ca_cert)},
+    )
+    scope = unique_name("export-cli")
+    events = [f"cli-{i:03d}".encode() for i in range(120)]
+    with PravegaClient(config) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "readings", 1)
+        txn = client.transactions.begin(scope, "readings")
+        with client.transactions.writer(scope, "readings", txn) as writer:
+            writer.write_events(events)
+            writer.flush()
+        client.transactions.commit(scope, "readings", txn)
+
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "airflow_provider_pravega.spark.export_job",
+            "--controller-uri", server.controller_uri, "--username", "admin", "--trust-store", str(server.ca_cert),
+            "--scope", scope, "--stream", "readings", "--output-path", str(out), "--start-cut", "head",
+            "--end-cut", "tail", "--master", "local[2]"]
+    assert not any(password in a for a in argv)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("pravega_client_")}
+    env["PRAVEGA_PASSWORD"] = password
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["events"] == len(events)
+    assert password not in done.stdout and password not in done.stderr
+    files = sorted(p for p in out.iterdir() if p.name.startswith("part-") and not p.name.endswith(".crc"))
+    exported = [e for p in files for e in pq.read_table(p).column("event").to_pylist()]
+    assert Counter(exported) == Counter(e.decode() for e in events)
+
+    env["PRAVEGA_PASSWORD"] = "wrong-Pa55word"
+    argv[argv.index("--output-path") + 1] = str(tmp_path / "out2")
+    done = subprocess.run(argv, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "refused to authenticate user 'admin'" in done.stderr and "wrong-Pa55word" not in done.stderr
+    assert not (tmp_path / "out2").exists()

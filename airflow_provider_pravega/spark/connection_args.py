@@ -1,0 +1,57 @@
+"""Controller and credential options shared by the ingest and export command lines.
+
+Both jobs can run outside Airflow (``spark-submit``, a shell); they take the same connection
+settings as the ``pravega`` connection. The password never comes from argv (every user of the
+machine can read it there): from an environment variable or from a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from airflow_provider_pravega.client.config import PravegaConnectionConfig
+
+#: Where the command lines take the password from by default.
+PASSWORD_ENV = "PRAVEGA_PASSWORD"
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser, *, lease: bool = False) -> None:
+    """``--controller-uri`` plus the auth/TLS options (and ``--lease-ms`` for jobs that open transactions)."""
+    group = parser.add_argument_group("Pravega connection")
+    group.add_argument("--controller-uri", required=True, help="tcp://host:port or tls://host:port")
+    if lease:
+        group.add_argument("--lease-ms", type=int, default=90_000, help="transaction lease (default 90000)")
+    group.add_argument("--username", help="Pravega user (Basic authentication); the password comes from --password-env")
+    group.add_argument("--password-env", default=PASSWORD_ENV, metavar="NAME",
+                       help=f"environment variable holding the password (default {PASSWORD_ENV}); never pass it in argv")
+    group.add_argument("--password-file", metavar="PATH",
+                       help="file holding the password (first line); alternative to the environment variable")
+    group.add_argument("--trust-store", help="CA certificate (PEM file or directory) for a tls:// controller URI")
+    group.add_argument("--no-validate-hostname", action="store_true",
+                       help="with TLS, do not match the certificate to the host name (the chain is still verified)")
+
+
+def config_from_arguments(args: argparse.Namespace) -> PravegaConnectionConfig:
+    """The connection config the options describe; bad values raise PravegaConfigError naming the option."""
+    extra: dict[str, Any] = {}
+    if getattr(args, "lease_ms", None) is not None:
+        extra["transaction_lease_ms"] = args.lease_ms
+    if args.trust_store:
+        extra["trust_store"] = args.trust_store
+    if args.no_validate_hostname:
+        extra["validate_hostname"] = False
+    return PravegaConnectionConfig.from_connection_fields(
+        host=args.controller_uri, login=args.username, password=_password(args), extra=extra,
+    )
+
+
+def _password(args: argparse.Namespace) -> str | None:
+    """The password from a file or an environment variable, only when a user is named."""
+    if args.password_file:
+        with open(args.password_file, encoding="utf-8") as f:
+            return f.readline().rstrip("\r\n") or None
+    if args.username:
+        return os.environ.get(args.password_env) or None
+    return None
