@@ -104,3 +104,37 @@ def make_test_pki(directory: str | os.PathLike[str], *, hosts: tuple[str, ...] =
     with os.fdopen(fd, "wb") as f:
         f.write(key_pem)
     return pki
+
+
+def make_java_stores(pki: TestPKI, directory: str | os.PathLike[str], java: str) -> tuple[Path, Path, Path]:
+    """JKS key and trust stores made from ``pki`` with the ``keytool`` next to ``java``, plus the file
+    holding their password: Pravega standalone insists on them with TLS (its ZooKeeper uses mutual TLS).
+
+    Returns ``(key_store, trust_store, password_file)``.
+    """
+    import subprocess
+
+    from cryptography.hazmat.primitives.serialization import (
+        BestAvailableEncryption,
+        load_pem_private_key,
+        pkcs12,
+    )
+
+    work = Path(directory)
+    password = "test-store-password"
+    pwd_file = work / "stores.pwd"
+    pwd_file.write_text(password)
+    p12 = work / "server.p12"
+    p12.write_bytes(pkcs12.serialize_key_and_certificates(
+        b"server", load_pem_private_key(pki.server_key.read_bytes(), None),
+        x509.load_pem_x509_certificate(pki.server_cert.read_bytes()),
+        [x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())], BestAvailableEncryption(password.encode())))
+    keytool = str(Path(java).parent / "keytool")
+    key_store, trust_store = work / "server.jks", work / "trust.jks"
+    subprocess.run([keytool, "-importkeystore", "-srckeystore", str(p12), "-srcstoretype", "PKCS12",
+                    "-srcstorepass", password, "-destkeystore", str(key_store), "-deststoretype", "JKS",
+                    "-deststorepass", password, "-noprompt"], check=True, capture_output=True, timeout=120)
+    subprocess.run([keytool, "-importcert", "-file", str(pki.ca_cert), "-alias", "ca", "-keystore", str(trust_store),
+                    "-storetype", "JKS", "-storepass", password, "-noprompt"], check=True, capture_output=True,
+                   timeout=120)
+    return key_store, trust_store, pwd_file

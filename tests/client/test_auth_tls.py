@@ -20,7 +20,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_ranges
+from airflow_provider_pravega.client.batch import (
+    plan_segment_ranges,
+    read_segment_ranges,
+)
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import (
     AuthenticationError,
@@ -34,7 +37,6 @@ from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.client.synchronizer import StateSynchronizer
 from airflow_provider_pravega.client.transactions import TxnStatus
 from airflow_provider_pravega.protocol import naming
-
 
 FAST_S = 10.0  # "within seconds": far below the official client's ~61 s of retries
 
@@ -546,32 +548,6 @@ def test_with_pravega_token_rules_a_reader_reads_and_admin_does_everything(
 # ----------------------------------------------------- the same against real Pravega 0.13 standalone
 
 
-def _java_keystores(pki: Any, work: Path, java: str) -> tuple[Path, Path, Path]:
-    """JKS key and trust stores from the test PKI (standalone's ZooKeeper insists on them with TLS)."""
-    import subprocess
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives.serialization import BestAvailableEncryption, load_pem_private_key, pkcs12
-
-    password = "test-store-password"
-    pwd_file = work / "stores.pwd"
-    pwd_file.write_text(password)
-    p12 = work / "server.p12"
-    p12.write_bytes(pkcs12.serialize_key_and_certificates(
-        b"server", load_pem_private_key(pki.server_key.read_bytes(), None),
-        x509.load_pem_x509_certificate(pki.server_cert.read_bytes()),
-        [x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())], BestAvailableEncryption(password.encode())))
-    keytool = str(Path(java).parent / "keytool")
-    key_store, trust_store = work / "server.jks", work / "trust.jks"
-    subprocess.run([keytool, "-importkeystore", "-srckeystore", str(p12), "-srcstoretype", "PKCS12",
-                    "-srcstorepass", password, "-destkeystore", str(key_store), "-deststoretype", "JKS",
-                    "-deststorepass", password, "-noprompt"], check=True, capture_output=True, timeout=120)
-    subprocess.run([keytool, "-importcert", "-file", str(pki.ca_cert), "-alias", "ca", "-keystore", str(trust_store),
-                    "-storetype", "JKS", "-storepass", password, "-noprompt"], check=True, capture_output=True,
-                   timeout=120)
-    return key_store, trust_store, pwd_file
-
-
 @pytest.fixture(scope="module")
 def standalone_secure(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Pravega 0.13 standalone with auth and TLS and the fixture's password file (skipped unless the
@@ -581,14 +557,14 @@ def standalone_secure(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
     from backends.standalone import PravegaStandalone, script
 
     from airflow_provider_pravega.testing import pytest_plugin
-    from airflow_provider_pravega.testing.tls import make_test_pki
+    from airflow_provider_pravega.testing.tls import make_java_stores, make_test_pki
 
     base = tmp_path_factory.mktemp("standalone-secure")
     users = dict(pytest_plugin.SECURE_USERS)
     auth_file = base / "passwd"
     auth_file.write_text("".join(pytest_plugin.auth_file_line(u, pw, acl) + "\n" for u, (pw, acl) in users.items()))
     pki = make_test_pki(base / "pki", client_auth=True)
-    key_store, trust_store, pwd_file = _java_keystores(pki, base, script.find_java(17)[0])
+    key_store, trust_store, pwd_file = make_java_stores(pki, base, script.find_java(17)[0])
     admin_password = users["admin"][0]
     original = script.write_config
 

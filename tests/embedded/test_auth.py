@@ -18,7 +18,6 @@ import ssl
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import grpc
 import jwt
@@ -661,31 +660,6 @@ assert sorted(got) == ["a", "b", "c"], got'''
     return out
 
 
-def _java_keystores(pki, work: Path, java: str) -> tuple[Path, Path, Path]:
-    """JKS key and trust stores (and their password file) from the test PKI: Pravega standalone
-    insists on them with TLS (its ZooKeeper uses them for mutual TLS)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives.serialization import BestAvailableEncryption, load_pem_private_key, pkcs12
-
-    password = "test-store-password"
-    pwd_file = work / "stores.pwd"
-    pwd_file.write_text(password)
-    p12 = work / "server.p12"
-    p12.write_bytes(pkcs12.serialize_key_and_certificates(
-        b"server", load_pem_private_key(pki.server_key.read_bytes(), None),
-        x509.load_pem_x509_certificate(pki.server_cert.read_bytes()),
-        [x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())], BestAvailableEncryption(password.encode())))
-    keytool = str(Path(java).parent / "keytool")
-    key_store, trust_store = work / "server.jks", work / "trust.jks"
-    subprocess.run([keytool, "-importkeystore", "-srckeystore", str(p12), "-srcstoretype", "PKCS12",
-                    "-srcstorepass", password, "-destkeystore", str(key_store), "-deststoretype", "JKS",
-                    "-deststorepass", password, "-noprompt"], check=True, capture_output=True, timeout=120)
-    subprocess.run([keytool, "-importcert", "-file", str(pki.ca_cert), "-alias", "ca", "-keystore", str(trust_store),
-                    "-storetype", "JKS", "-storepass", password, "-noprompt"], check=True, capture_output=True,
-                   timeout=120)
-    return key_store, trust_store, pwd_file
-
-
 @pytest.mark.parametrize("tls", [False, True], ids=["auth", "auth+tls"])
 def test_same_auth_file_same_outcomes_as_pravega_standalone(request, pravega_secure_embedded_factory, monkeypatch,
                                                             tmp_path, tls):
@@ -693,7 +667,7 @@ def test_same_auth_file_same_outcomes_as_pravega_standalone(request, pravega_sec
         pytest.skip("Pravega standalone not selected (--pravega-backend standalone/both/auto)")
     from backends.standalone import PravegaStandalone, script
 
-    from airflow_provider_pravega.testing.tls import make_test_pki
+    from airflow_provider_pravega.testing.tls import make_java_stores, make_test_pki
 
     embedded = pravega_secure_embedded_factory(tls=tls)
     admin_password = embedded.passwords["admin"]
@@ -708,7 +682,7 @@ def test_same_auth_file_same_outcomes_as_pravega_standalone(request, pravega_sec
                  f"singlenode.security.auth.credentials.pwd={admin_password}\n"
                  f"singlenode.security.auth.pwdAuthHandler.accountsDb.location={embedded.auth_file}\n")
         if pki is not None:
-            key_store, trust_store, pwd_file = _java_keystores(pki, tmp_path, script.find_java(17)[0])
+            key_store, trust_store, pwd_file = make_java_stores(pki, tmp_path, script.find_java(17)[0])
             text = text.replace("singlenode.security.tls.enable=false", "singlenode.security.tls.enable=true")
             # The official client verifies DNS names only: publish the segment store as localhost.
             text = text.replace("published.host.nameOrIp=127.0.0.1", "published.host.nameOrIp=localhost")
