@@ -4,10 +4,13 @@ PYTHON ?= .venv/bin/python
 
 .PHONY: bench bench-quick test
 
+# The virtualenv first (a no-op when pyproject.toml has not changed), as scripts/test does.
 bench:
+	scripts/bootstrap.sh
 	$(PYTHON) benchmarks/run.py full $(ARGS)
 
 bench-quick:
+	scripts/bootstrap.sh
 	$(PYTHON) benchmarks/run.py quick $(ARGS)
 
 test:
