@@ -7,7 +7,6 @@ Like the Kafka provider's hooks it only translates configuration; the Pravega se
 from __future__ import annotations
 
 import asyncio
-import base64
 import socket
 import ssl
 import time
@@ -227,7 +226,10 @@ def mask_credentials(config: PravegaConnectionConfig) -> None:
     that neither appears in task logs even if some library logs it."""
     if not config.password:
         return
-    basic = base64.b64encode(f"{config.username}:{config.password}".encode()).decode("ascii")
+    from airflow_provider_pravega.client.security import basic_auth_metadata
+
+    # The header our client and the official client send: its base64 part decodes to the password.
+    basic = basic_auth_metadata(config)[0][1].removeprefix("Basic ")
     try:
         asyncio.get_running_loop()
         in_event_loop = True
