@@ -6,7 +6,6 @@ Like the Kafka provider's hooks it only translates configuration; the Pravega se
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import ssl
 import time
@@ -222,8 +221,14 @@ class PravegaHook(BaseHook):
 
 
 def mask_credentials(config: PravegaConnectionConfig) -> None:
-    """Register the password (and the Basic header built from it) with Airflow's secrets masker, so
-    that neither appears in task logs even if some library logs it."""
+    """Teach this process's secrets masker the Basic header built from the password, so it never
+    appears in task logs even if some library logs it.
+
+    The password itself is not sent again: Airflow masks it whenever it hands out the connection
+    (``mask_secret(conn.password)`` in every ``get_connection``). The derived header goes to the
+    local masker only, never through ``mask_secret``: that forwards it to the supervisor, and
+    ``airflow dags test`` logs every forwarded value in the clear at DEBUG level.
+    """
     if not config.password:
         return
     from airflow_provider_pravega.client.security import basic_auth_metadata
@@ -231,24 +236,9 @@ def mask_credentials(config: PravegaConnectionConfig) -> None:
     # The header our client and the official client send: its base64 part decodes to the password.
     basic = basic_auth_metadata(config)[0][1].removeprefix("Basic ")
     try:
-        asyncio.get_running_loop()
-        in_event_loop = True
-    except RuntimeError:
-        in_event_loop = False
-    try:
-        if in_event_loop:
-            # mask_secret also tells the supervisor synchronously, which must not happen inside an event
-            # loop (a triggerer); there the connection's password was masked by aget_connection already,
-            # so only this process's masker learns the derived value.
-            from airflow.sdk.log import _secrets_masker  # type: ignore[attr-defined]
+        from airflow.sdk.log import _secrets_masker  # type: ignore[attr-defined]
 
-            _secrets_masker().add_mask(config.password, None)
-            _secrets_masker().add_mask(basic, None)
-        else:
-            from airflow.sdk.log import mask_secret
-
-            mask_secret(config.password)
-            mask_secret(basic)
+        _secrets_masker().add_mask(basic, None)
     except Exception:  # noqa: BLE001 - masking is best effort outside a configured Airflow
         pass
 
