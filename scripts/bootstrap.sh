@@ -3,9 +3,32 @@
 # provider with its test dependencies. Safe to run again: the install is skipped while
 # pyproject.toml is unchanged since the last successful one.
 #
+# It changes nothing outside the venv unless asked:
+#   --with-browser   also install Debian's chromium system-wide (apt-get, as root) for tests/ui;
+#                    same as PRAVEGA_BOOTSTRAP_BROWSER=1. scripts/test asks for it.
+#   --with-postgres  also install the provider's `postgres` extra (asyncpg, psycopg2-binary: an
+#                    Airflow metadata DB on PostgreSQL); same as PRAVEGA_BOOTSTRAP_POSTGRES=1.
+#
 # Environment: PYTHON  interpreter to build .venv with (default: python3.11)
 #              VENV    where the environment lives (default: <repo>/.venv)
 set -euo pipefail
+
+with_browser="${PRAVEGA_BOOTSTRAP_BROWSER:-0}"
+with_postgres="${PRAVEGA_BOOTSTRAP_POSTGRES:-0}"
+for arg in "$@"; do
+    case "$arg" in
+    --with-browser) with_browser=1 ;;
+    --with-postgres) with_postgres=1 ;;
+    -h | --help)
+        awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
+        exit 0
+        ;;
+    *)
+        printf 'bootstrap: unknown argument %q (known: --with-browser, --with-postgres)\n' "$arg" >&2
+        exit 2
+        ;;
+    esac
+done
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-python3.11}"
@@ -38,13 +61,13 @@ if ! [[ "$java_major" =~ ^[0-9]+$ ]] || ((java_major < 17)); then
   Or point JAVA_HOME at a JDK/JRE 17+ installation."
 fi
 
-# --- Chromium for tests/ui (the connection form in a real browser) -----------------------------
+# --- Chromium for tests/ui (the connection form in a real browser), only when asked ------------
 # Debian's chromium, driven by Playwright (Playwright's own browser download does not work
 # offline). Optional: without it the UI test skips and says why; nothing here stops the bootstrap.
-chromium_bin="/usr/bin/chromium"
-if [[ ! -x "$chromium_bin" ]]; then
+chromium_bin="${PRAVEGA_UI_CHROMIUM:-/usr/bin/chromium}"
+if [[ "$with_browser" == "1" && ! -x "$chromium_bin" ]]; then
     if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
-        echo "bootstrap: installing Debian's chromium for tests/ui (apt-get, about a minute)"
+        echo "bootstrap: installing Debian's 'chromium' package system-wide (apt-get update + install, about a minute) for tests/ui"
         if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; then
             echo "bootstrap: warning: 'apt-get install chromium' failed; tests/ui will be skipped" >&2
@@ -78,14 +101,20 @@ if ! venv_is_usable; then
 fi
 
 # --- install, unless pyproject.toml is unchanged since the last successful install ------------
+extras="test,bench"
 want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+if [[ "$with_postgres" == "1" ]]; then
+    extras="$extras,postgres"
+    want="$want+postgres"
+fi
+# A venv that also has the postgres extra is up to date for a bootstrap without it.
+if [[ -f "$stamp" && ("$(cat "$stamp")" == "$want" || "$(cat "$stamp")" == "$want+postgres") ]]; then
     echo "bootstrap: $venv is up to date (pyproject.toml unchanged)"
     exit 0
 fi
 rm -f "$stamp"
-echo "bootstrap: installing airflow-provider-pravega[test,bench] into $venv (a few minutes the first time)"
+echo "bootstrap: installing airflow-provider-pravega[$extras] into $venv (a few minutes the first time)"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[test,bench]"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[$extras]"
 echo "$want" >"$stamp"
 echo "bootstrap: done"

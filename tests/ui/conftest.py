@@ -1,7 +1,7 @@
 """A real Airflow api-server and a headless Chromium for the UI tests.
 
-Nothing is installed here: ``scripts/bootstrap.sh`` installs Debian's ``chromium`` (as root) and the
-``test`` extra brings the ``playwright`` package. When either is missing the tests skip and say how to
+Nothing is installed here: ``scripts/bootstrap.sh --with-browser`` (which ``scripts/test`` runs)
+installs Debian's ``chromium`` (as root) and the ``test`` extra brings the ``playwright`` package. When either is missing the tests skip and say how to
 get it. Everything binds to 127.0.0.1, every wait is bounded, and the server is stopped afterwards.
 """
 

@@ -1,0 +1,83 @@
+"""scripts/bootstrap.sh changes the system only when asked: Chromium is apt-installed with
+``--with-browser`` (or PRAVEGA_BOOTSTRAP_BROWSER=1) only, and scripts/test asks for it, saying so.
+
+Runs the real script against a venv that is already up to date (its install stamp matches
+pyproject.toml), with a recording ``apt-get`` first on PATH, and a Chromium path that does not exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def fake_system(tmp_path: Path) -> dict[str, str]:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    digest = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()
+    (venv / ".airflow-provider-pravega-install.sha256").write_text(digest + "\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "apt-calls"
+    (bin_dir / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "apt-get").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRAVEGA_BOOTSTRAP_")}
+    env.update(VENV=str(venv), PATH=f"{bin_dir}:{env['PATH']}", PRAVEGA_UI_CHROMIUM=str(tmp_path / "no-chromium"))
+    return env
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _apt_calls(env: dict[str, str]) -> list[str]:
+    calls = Path(env["VENV"]).parent / "apt-calls"
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_bootstrap_installs_no_browser_unless_asked(fake_system: dict[str, str]) -> None:
+    done = _run([str(REPO / "scripts" / "bootstrap.sh")], fake_system)
+    assert done.returncode == 0, done.stderr
+    assert "up to date" in done.stdout
+    assert _apt_calls(fake_system) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bootstrap installs Chromium only as root")
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_bootstrap_installs_the_browser_when_asked(fake_system: dict[str, str], how: str) -> None:
+    cmd = [str(REPO / "scripts" / "bootstrap.sh")]
+    if how == "flag":
+        cmd.append("--with-browser")
+    else:
+        fake_system["PRAVEGA_BOOTSTRAP_BROWSER"] = "1"
+    done = _run(cmd, fake_system)
+    assert done.returncode == 0, done.stderr
+    assert "installing Debian's 'chromium' package system-wide" in done.stdout
+    assert any(call.split()[:1] == ["install"] and "chromium" in call.split() for call in _apt_calls(fake_system))
+
+
+def test_bootstrap_refuses_unknown_arguments(fake_system: dict[str, str]) -> None:
+    done = _run([str(REPO / "scripts" / "bootstrap.sh"), "--with-browsr"], fake_system)
+    assert done.returncode == 2 and "--with-browsr" in done.stderr
+    assert _apt_calls(fake_system) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bootstrap installs Chromium only as root")
+def test_scripts_test_asks_for_the_browser_and_says_so(fake_system: dict[str, str]) -> None:
+    # --co of a test file that does not exist: pytest collects nothing; bootstrap ran first.
+    done = _run([str(REPO / "scripts" / "test"), "--co", "-q", "tests/test_bootstrap.py::nothing"], fake_system)
+    assert "asking bootstrap to install Debian's 'chromium' package" in done.stdout
+    assert any("chromium" in call.split() for call in _apt_calls(fake_system))
+    fake_system["PRAVEGA_BOOTSTRAP_BROWSER"] = "0"
+    Path(fake_system["VENV"]).parent.joinpath("apt-calls").unlink()
+    done = _run([str(REPO / "scripts" / "test"), "--co", "-q", "tests/test_bootstrap.py::nothing"], fake_system)
+    assert "chromium" not in done.stdout and _apt_calls(fake_system) == []
