@@ -12,14 +12,19 @@ import os
 
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
+from airflow_provider_pravega.hooks.pravega import PravegaHook
 from airflow_provider_pravega.triggers import PravegaStreamTrigger
 
 DATA = os.environ.get("PRAVEGA_EXAMPLES_DATA", "/data")
 
+# The asset's URI names the controller of the `pravega_default` connection. The watch starts at the
+# stream's head, so readings written before the triggerer first saw the stream (or before the stream
+# existed: it waits for it) are announced too; after that it resumes from the last cut it reported.
 readings = Asset(
-    "pravega://pravega:9090/iot/readings",
+    PravegaHook.asset_uri("iot", "readings"),
     watchers=[AssetWatcher(name="iot_readings_tail",
-                           trigger=PravegaStreamTrigger(scope="iot", stream="readings", poll_interval=30))],
+                           trigger=PravegaStreamTrigger(scope="iot", stream="readings", after_cut="head",
+                                                        poll_interval=30))],
 )
 
 with DAG(dag_id="pravega_on_new_readings", schedule=[readings], tags=["pravega", "example"]) as dag:
@@ -27,7 +32,6 @@ with DAG(dag_id="pravega_on_new_readings", schedule=[readings], tags=["pravega",
     @task
     def export_new_range(**context) -> dict:
         """Export the events between the asset event's cuts (head → tail when run by hand)."""
-        from airflow_provider_pravega.hooks.pravega import PravegaHook
         from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
         from airflow_provider_pravega.spark.session import get_spark_session
 

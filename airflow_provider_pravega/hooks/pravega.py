@@ -106,6 +106,24 @@ class PravegaHook(BaseHook):
 
         return PravegaClient(self.get_config())
 
+    @classmethod
+    def asset_uri(cls, scope: str, stream: str, pravega_conn_id: str = default_conn_name) -> str:
+        """``pravega://host:port/scope/stream`` of a stream behind this connection, for an ``Asset``
+        (the same host and port as its OpenLineage namespace).
+
+        Meant for DAG files: when the connection is not defined where the DAG is parsed, the
+        connection defaults (``localhost:9090``) are used, so the file still parses.
+        """
+        from airflow_provider_pravega.openlineage import stream_dataset_name, stream_namespace
+
+        try:
+            conn = cls.get_connection(pravega_conn_id)
+        except Exception:  # noqa: BLE001 - AirflowNotFoundException, or no Airflow context at all
+            config = PravegaConnectionConfig.from_connection_fields(host=None, port=None)
+        else:
+            config = cls.config_from_connection(conn)
+        return f"{stream_namespace(config)}/{stream_dataset_name(scope, stream)}"
+
     # -------------------------------------------------------------------------- UI metadata
 
     @classmethod

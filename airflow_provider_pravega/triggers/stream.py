@@ -15,6 +15,7 @@ predecessor received before the scale.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,13 +29,27 @@ from airflow_provider_pravega._streams import (
     parse_stream_cut,
     resolve_scope,
 )
-from airflow_provider_pravega.client.errors import ControllerUnreachableError, SegmentStoreUnreachableError
+from airflow_provider_pravega.client.errors import (
+    ControllerUnreachableError,
+    PravegaTLSError,
+    ScopeNotFoundError,
+    SegmentStoreUnreachableError,
+    StreamNotFoundError,
+)
 
 __all__ = ["PravegaStreamTrigger"]
 
 #: Key under which an AssetWatcher's trigger keeps its last seen cut in Airflow's asset state store.
 STATE_KEY = "pravega_last_seen_cut"
-_TRANSIENT = (ControllerUnreachableError, SegmentStoreUnreachableError)
+#: Conditions that may end by themselves (the stream is created, the server comes back): waited out.
+_RETRIED = (
+    ControllerUnreachableError,
+    SegmentStoreUnreachableError,
+    ScopeNotFoundError,
+    StreamNotFoundError,
+    ConnectionError,
+    TimeoutError,
+)
 
 
 class PravegaStreamTrigger(BaseEventTrigger):
@@ -43,14 +58,18 @@ class PravegaStreamTrigger(BaseEventTrigger):
     :param stream: The stream to watch.
     :param scope: Its scope (default: the connection's default scope).
     :param pravega_conn_id: The ``pravega`` connection.
-    :param after_cut: Stream-cut text (or ``"head"``/``"tail"``) after which data counts as new.
-        Default: the stream's tail when the trigger starts. When run by an AssetWatcher, the last
-        cut it reported is kept in Airflow's asset state store and takes precedence, so a restarted
-        triggerer neither repeats nor misses data.
+    :param after_cut: Where the watch starts when it has no saved cut: ``"tail"`` (the default:
+        only data written after the first successful start), ``"head"`` (everything in the stream,
+        including what was written before the trigger first started) or a stream-cut text. When
+        run by an AssetWatcher, the last cut it reported is kept in Airflow's asset state store and
+        wins over ``after_cut``, so a restarted triggerer neither repeats nor misses data.
     :param poll_interval: Seconds between polls (one controller call plus one segment-store call
         per segment each).
     :param end_time: Epoch seconds after which the trigger gives up with one ``timeout`` event
         (for a deferring sensor). None (the default, for AssetWatcher): watch forever.
+    :param max_retry_interval: Longest wait, in seconds, between retries while the scope or stream
+        does not exist or the controller or segment store cannot be reached. Retries start at
+        ``min(poll_interval, 1)`` seconds and double; each change of condition is logged once.
 
     Each event carries ``previous_cut`` and ``cut`` (Pravega texts: export exactly the new data
     between them), ``tail_positions``, ``grown_segments`` ({segment: [from, to]}) and ``new_bytes``.
@@ -63,7 +82,8 @@ class PravegaStreamTrigger(BaseEventTrigger):
         orders = Asset(
             "pravega://controller:9090/shop/orders",
             watchers=[AssetWatcher(name="orders_tail",
-                                   trigger=PravegaStreamTrigger(scope="shop", stream="orders", poll_interval=30))],
+                                   trigger=PravegaStreamTrigger(scope="shop", stream="orders", after_cut="head",
+                                                                poll_interval=30))],
         )
 
         with DAG("on_new_orders", schedule=[orders]):
@@ -82,17 +102,26 @@ class PravegaStreamTrigger(BaseEventTrigger):
         stream: str,
         scope: str | None = None,
         pravega_conn_id: str = "pravega_default",
-        after_cut: str | None = None,
+        after_cut: str | None = "tail",
         poll_interval: float = 10.0,
         end_time: float | None = None,
+        max_retry_interval: float = 60.0,
     ) -> None:
         super().__init__()
         self.stream = stream
         self.scope = scope
         self.pravega_conn_id = pravega_conn_id
-        self.after_cut = after_cut
+        self.after_cut = "tail" if after_cut is None else after_cut
         self.poll_interval = float(poll_interval)
         self.end_time = None if end_time is None else float(end_time)
+        self.max_retry_interval = float(max_retry_interval)
+        if self.poll_interval <= 0 or self.max_retry_interval <= 0:
+            raise ValueError(
+                f"poll_interval ({poll_interval}) and max_retry_interval ({max_retry_interval}) must be positive"
+            )
+        if scope:  # a bad start is a DAG author's mistake: say so when the DAG is parsed
+            parse_stream_cut(self.after_cut, scope, stream, "after_cut")
+        self._condition: str | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -104,6 +133,7 @@ class PravegaStreamTrigger(BaseEventTrigger):
                 "after_cut": self.after_cut,
                 "poll_interval": self.poll_interval,
                 "end_time": self.end_time,
+                "max_retry_interval": self.max_retry_interval,
             },
         )
 
@@ -130,6 +160,15 @@ class PravegaStreamTrigger(BaseEventTrigger):
         except Exception as exc:  # noqa: BLE001 - losing the mark repeats an event later; stopping loses all
             self.log.warning("Cannot save the last seen cut to the asset state store: %s", exc)
 
+    def _enter(self, condition: str, level: int, message: str, *args: Any) -> None:
+        """Log ``message`` only when the watch's condition changes (not on every retry)."""
+        if condition != self._condition:
+            self._condition = condition
+            self.log.log(level, message, *args)
+
+    def _retry_delay(self, failures: int) -> float:
+        return min(self.max_retry_interval, min(self.poll_interval, 1.0) * 2 ** min(failures - 1, 30))
+
     # --------------------------------------------------------------------------------- run
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -139,37 +178,50 @@ class PravegaStreamTrigger(BaseEventTrigger):
         conn = await PravegaHook.aget_connection(self.pravega_conn_id)
         config = PravegaHook.config_from_connection(conn)
         scope = resolve_scope(self.scope, config, self.pravega_conn_id)
+        parse_stream_cut(self.after_cut, scope, self.stream, "after_cut")
+        where = f"{scope}/{self.stream}"
         client = PravegaClient(config)
+        previous: dict[int, int] | None = None
+        failures = 0
         try:
-            start = await self._stored_cut() or self.after_cut or "tail"
-            previous = await self._start_positions(client, scope, start)
-            await self._store_cut(cut_text(scope, self.stream, previous))
-            self.log.info("Watching %s/%s for data after %s", scope, self.stream, previous)
             while True:
                 try:
+                    if previous is None:  # not started yet: the saved cut, else after_cut
+                        start = await self._stored_cut() or self.after_cut
+                        previous = await self._start_positions(client, scope, start)
+                        await self._store_cut(cut_text(scope, self.stream, previous))
                     found: NewData = await asyncio.to_thread(find_new_data, client, scope, self.stream, previous)
-                except _TRANSIENT as exc:
-                    self.log.warning("Cannot read the tail of %s/%s yet (will retry): %s", scope, self.stream, exc)
+                except PravegaTLSError:
+                    raise  # a TLS mismatch does not heal by waiting
+                except _RETRIED as exc:
+                    failures += 1
+                    condition, reason = _describe(exc, scope, self.stream, config.controller_uri)
+                    self._enter(condition, logging.WARNING, "Cannot watch %s yet: %s; retrying (at most every %g s) "
+                                "until it works", where, reason, self.max_retry_interval)
+                    delay = self._retry_delay(failures)
                 else:
+                    failures = 0
+                    self._enter("watching", logging.INFO, "Watching %s for data after %s", where,
+                                cut_text(scope, self.stream, previous))
                     if found:
                         event = found.to_event()
-                        self.log.info("New data in %s/%s: %s", scope, self.stream, event["grown_segments"])
+                        self.log.info("New data in %s: %s", where, event["grown_segments"])
                         previous = found.tail
                         await self._store_cut(event["cut"])
                         yield TriggerEvent({"status": "success", **event})
+                    delay = self.poll_interval
                 if self.end_time is not None and time.time() >= self.end_time:
+                    after = "its start" if previous is None else cut_text(scope, self.stream, previous)
                     yield TriggerEvent(
                         {
                             "status": "timeout",
                             "scope": scope,
                             "stream": self.stream,
-                            "previous_cut": cut_text(scope, self.stream, previous),
-                            "message": f"no new data in Pravega stream {scope}/{self.stream} after "
-                            f"{cut_text(scope, self.stream, previous)} before the timeout",
+                            "previous_cut": None if previous is None else after,
+                            "message": f"no new data in Pravega stream {where} after {after} before the timeout",
                         }
                     )
                     return
-                delay = self.poll_interval
                 if self.end_time is not None:
                     delay = max(0.0, min(delay, self.end_time - time.time()))
                 await asyncio.sleep(delay)
@@ -183,3 +235,16 @@ class PravegaStreamTrigger(BaseEventTrigger):
         if cut == "tail":
             return dict(await asyncio.to_thread(client.admin.tail, scope, self.stream))
         return dict(cut)  # type: ignore[arg-type]
+
+
+def _describe(exc: BaseException, scope: str, stream: str, controller_uri: str) -> tuple[str, str]:
+    """(condition, reason) of a retried failure: the condition changes only when the cause does."""
+    if isinstance(exc, ScopeNotFoundError):
+        return "no-scope", f"scope {scope!r} does not exist"
+    if isinstance(exc, StreamNotFoundError):
+        return "no-stream", f"stream {scope}/{stream} does not exist"
+    if isinstance(exc, ControllerUnreachableError):
+        return "no-controller", f"the controller at {controller_uri} cannot be reached ({exc})"
+    if isinstance(exc, SegmentStoreUnreachableError):
+        return "no-segment-store", f"the segment store cannot be reached ({exc})"
+    return "unreachable", f"{type(exc).__name__}: {exc}"

@@ -116,8 +116,15 @@ def test_event_driven_dag_exports_the_new_range(tmp_path, monkeypatch, spark, ru
     from airflow_provider_pravega.client import PravegaClient
 
     monkeypatch.setenv("PRAVEGA_EXAMPLES_DATA", str(tmp_path / "data"))
+    from airflow_provider_pravega.triggers import PravegaStreamTrigger
+
     dag = load_dag(DAGS / "pravega_on_new_readings.py", "pravega_on_new_readings")
-    watcher = dag.timetable.asset_condition.objects[0].watchers[0] if hasattr(dag.timetable, "asset_condition") else None
+    # Scheduled on the stream's asset, named after the connection's controller, watched from the head.
+    (asset,) = dag.timetable.asset_condition.objects
+    assert asset.uri == pravega_default_conn.replace("tcp://", "pravega://") + "/iot/readings"
+    (watcher,) = asset.watchers
+    assert isinstance(watcher.trigger, PravegaStreamTrigger)
+    assert (watcher.trigger.scope, watcher.trigger.stream, watcher.trigger.after_cut) == ("iot", "readings", "head")
     with PravegaClient(pravega_default_conn) as client:
         client.admin.create_scope("iot")
         if client.admin.stream_exists("iot", "readings"):
@@ -132,4 +139,3 @@ def test_event_driven_dag_exports_the_new_range(tmp_path, monkeypatch, spark, ru
     assert {str(ti.state) for ti in run.get_task_instances()} == {"success"}
     (out,) = [p for p in (tmp_path / "data" / "export" / "on-new-readings").iterdir() if p.is_dir()]
     assert spark.read.json(str(out)).count() == 25
-    assert watcher is None or watcher.trigger is not None

@@ -310,8 +310,8 @@ def test_stream_trigger_resumes_from_the_cut_it_last_reported(
     scope, stream = stream_of(1)
     store = StateStore()
 
-    def watcher() -> PravegaStreamTrigger:
-        trigger = PravegaStreamTrigger(stream=stream, scope=scope, poll_interval=0.1)
+    def watcher() -> PravegaStreamTrigger:  # from the head, unless a saved cut says otherwise
+        trigger = PravegaStreamTrigger(stream=stream, scope=scope, after_cut="head", poll_interval=0.1)
         trigger.asset_state_store = store  # what the triggerer injects for an AssetWatcher's trigger
         return trigger
 
@@ -326,9 +326,12 @@ def test_stream_trigger_resumes_from_the_cut_it_last_reported(
         finally:
             await events.aclose()
 
-    first = asyncio.run(next_event(watcher(), write=2)).payload
-    assert store.values[STATE_KEY] == first["cut"]
-    # Written while no triggerer ran: the next watcher reports exactly these bytes, from the stored cut.
+    before = write_events(pravega_controller_uri, scope, stream, 3)  # before the first start: announced
+    first = asyncio.run(next_event(watcher())).payload
+    assert sum(streamcut_from_text(first["previous_cut"]).positions.values()) == 0
+    assert first["new_bytes"] == before and store.values[STATE_KEY] == first["cut"]
+    # Written while no triggerer ran: the next watcher reports exactly these bytes, from the stored cut
+    # (which wins over after_cut='head').
     missed = write_events(pravega_controller_uri, scope, stream, 7)
     resumed = asyncio.run(next_event(watcher())).payload
     assert resumed["previous_cut"] == first["cut"] and resumed["new_bytes"] == missed
@@ -373,3 +376,119 @@ def test_stream_trigger_in_an_asset_watcher_is_registered_by_dag_parsing(unique_
         ).all()
         stored = [row.kwargs for row in rows if row.kwargs.get("stream") == stream]
     assert stored == [trigger.serialize()[1]]
+
+
+# ------------------------------------------------------------------ stream trigger robustness
+
+
+class _TriggerLog:
+    """The trigger's log lines (Airflow renders them to the console; captured by pytest)."""
+
+    def __init__(self, capfd: pytest.CaptureFixture[str]) -> None:
+        self._capfd = capfd
+        self._text = ""
+
+    @property
+    def lines(self) -> list[str]:
+        captured = self._capfd.readouterr()
+        self._text += captured.out + captured.err
+        return [line for line in self._text.splitlines() if "triggers.stream" in line]
+
+    def matching(self, text: str) -> list[str]:
+        return [line for line in self.lines if text in line]
+
+
+@pytest.fixture
+def trigger_log(capfd: pytest.CaptureFixture[str]) -> _TriggerLog:
+    capfd.readouterr()
+    return _TriggerLog(capfd)
+
+
+def test_stream_trigger_waits_for_a_missing_scope_and_stream_then_announces_from_the_head(
+    pravega_conn: None, pravega_controller_uri: str, client: PravegaClient, unique_name: Callable[[str], str],
+    trigger_log: _TriggerLog,
+) -> None:
+    """Started before its scope exists (an event-driven DAG unpaused early): no crash, one log line
+    per condition, and with after_cut='head' the first event covers data written before the
+    trigger could first read the stream."""
+    from airflow_provider_pravega.triggers import PravegaStreamTrigger
+
+    scope, stream = unique_name("late"), unique_name("s")
+    trigger = PravegaStreamTrigger(stream=stream, scope=scope, after_cut="head", poll_interval=0.1,
+                                   max_retry_interval=0.4)
+
+    async def scenario() -> tuple[Any, int]:
+        events = trigger.run()
+        try:
+            pending = asyncio.create_task(anext(events))
+            await asyncio.sleep(2.0)  # several retries while the scope is missing
+            assert not pending.done(), pending.exception() if pending.done() else None
+            await asyncio.to_thread(client.admin.create_scope, scope)
+            await asyncio.sleep(1.5)  # several retries while the stream is missing
+            assert not pending.done(), pending.exception() if pending.done() else None
+            await asyncio.to_thread(client.admin.create_stream, scope, stream, 2)
+            size = await asyncio.to_thread(write_events, pravega_controller_uri, scope, stream, 5)
+            return await asyncio.wait_for(pending, 20), size
+        finally:
+            await events.aclose()
+
+    event, size = asyncio.run(scenario())
+    payload = event.payload
+    assert payload["status"] == "success" and payload["new_bytes"] == size
+    assert sum(streamcut_from_text(payload["previous_cut"]).positions.values()) == 0  # from the head
+    assert len(trigger_log.matching(f"scope {scope!r} does not exist")) == 1
+    assert len(trigger_log.matching(f"stream {scope}/{stream} does not exist")) == 1
+    assert len(trigger_log.matching(f"Watching {scope}/{stream}")) == 1
+
+
+def test_stream_trigger_rides_out_a_server_restart(
+    monkeypatch: pytest.MonkeyPatch, pravega_embedded_factory: Callable[..., Any], unique_name: Callable[[str], str],
+    trigger_log: _TriggerLog,
+) -> None:
+    """The controller goes away while the trigger watches: it logs that once, retries with backoff,
+    and when the server is back it announces exactly the data written after the restart."""
+    from airflow_provider_pravega.triggers import PravegaStreamTrigger
+
+    server = pravega_embedded_factory()
+    uri = server.controller_uri
+    host, port = uri.rsplit("//", 1)[1].rsplit(":", 1)
+    monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_DEFAULT", json.dumps({"conn_type": "pravega", "host": host,
+                                                                   "port": int(port)}))
+    scope, stream = unique_name("restart"), unique_name("s")
+    with PravegaClient(uri) as admin:
+        admin.admin.create_scope(scope)
+        admin.admin.create_stream(scope, stream, 1)
+    before = write_events(uri, scope, stream, 3)
+    trigger = PravegaStreamTrigger(stream=stream, scope=scope, poll_interval=0.1, max_retry_interval=0.5)
+
+    async def scenario() -> tuple[Any, int]:
+        events = trigger.run()
+        try:
+            pending = asyncio.create_task(anext(events))
+            await asyncio.sleep(1.0)  # watching from the tail
+            await asyncio.to_thread(server.stop)
+            await asyncio.sleep(3.0)  # many polls against a dead server
+            assert not pending.done(), pending.exception() if pending.done() else None
+            await asyncio.to_thread(server.restart)
+            size = await asyncio.to_thread(write_events, uri, scope, stream, 4)
+            return await asyncio.wait_for(pending, 30), size
+        finally:
+            await events.aclose()
+
+    event, size = asyncio.run(scenario())
+    payload = event.payload
+    assert payload["new_bytes"] == size
+    assert sum(streamcut_from_text(payload["previous_cut"]).positions.values()) == before
+    waits = trigger_log.matching("Cannot watch")
+    assert 1 <= len(waits) <= 2, waits  # the controller (and perhaps the segment store) went away: once each
+    assert len(trigger_log.matching(f"Watching {scope}/{stream}")) == 2  # started, then back after the restart
+
+
+def test_stream_trigger_refuses_a_bad_start_when_built() -> None:
+    from airflow_provider_pravega.client.errors import InvalidStreamCutError
+    from airflow_provider_pravega.triggers import PravegaStreamTrigger
+
+    with pytest.raises(InvalidStreamCutError, match="after_cut"):
+        PravegaStreamTrigger(scope="iot", stream="readings", after_cut="yesterday")
+    with pytest.raises(ValueError, match="poll_interval"):
+        PravegaStreamTrigger(scope="iot", stream="readings", poll_interval=0)
