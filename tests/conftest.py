@@ -147,6 +147,29 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _py4j_closed_before_exit() -> Iterator[None]:
+    """At the end of the run, close py4j's connections to Spark's JVM while logging still works.
+
+    Left open (by the ``spark`` fixture or an operator's own session), they are closed by their
+    ``__del__`` at interpreter exit, and py4j logs "Closing down clientserver connection" to a
+    handler whose stream (pytest's captured stderr) is already closed: a ``--- Logging error ---``
+    traceback at the end of the run.
+    """
+    yield
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        gateway.shutdown()
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+
+
 @pytest.fixture
 def read_stream():
     """``read_stream(uri, scope, stream, expected=None, timeout=60)``: every event of a stream from
