@@ -76,10 +76,6 @@ class PravegaClient:
     def controller_uri(self) -> str:
         return self.controller.uri
 
-    @property
-    def default_scope(self) -> str | None:
-        return self.config.scope if self.config is not None else None
-
     def lease_keeper(
         self, interval_s: float | None = None, **options: Any
     ) -> LeaseKeeper:

@@ -869,19 +869,6 @@ class ControllerClient:
             )
         self._check_update_status(status, scope, stream, "truncate")
 
-    def is_stream_cut_valid(
-        self, scope: str, stream: str, cut: Mapping[int, int]
-    ) -> bool:
-        request = pb.StreamCut(
-            streamInfo=self._stream_info(scope, stream), cut=_cut_map(cut)
-        )
-        try:
-            return bool(
-                self._stream_call("isStreamCutValid", request, scope, stream).response
-            )
-        except ControllerError:
-            return False
-
     # ------------------------------------------------------------------------------ segments
 
     def get_current_segments(self, scope: str, stream: str) -> list[SegmentRange]:
@@ -979,15 +966,6 @@ class ControllerClient:
                 f"{exc.details}"
             ) from None
         return {s.segmentId for s in reply.segments}
-
-    def is_segment_valid(self, scope: str, stream: str, segment_id: int) -> bool:
-        request = pb.SegmentId(
-            streamInfo=self._stream_info(scope, stream), segmentId=segment_id
-        )
-        try:
-            return bool(self._call("isSegmentValid", request).response)
-        except (_NotFound, _InvalidArgument, _FailedPrecondition):
-            return False
 
     def get_uri(self, scope: str, stream: str, segment_id: int) -> Endpoint:
         """The segment store that owns the segment (cached until :meth:`invalidate_uri`)."""

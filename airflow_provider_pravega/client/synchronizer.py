@@ -366,11 +366,6 @@ class StateSynchronizer(Generic[S, U]):
     def _sleep(self, attempt: int) -> None:
         time.sleep(random.uniform(0, min(self.max_backoff_s, self.backoff_s * (2 ** min(attempt, 16)))))
 
-    def try_update(self, fn: Callable[[S], list[U] | U | None]) -> bool:
-        """One attempt: fetch, compute, conditional append. False when another writer won."""
-        self.fetch_updates()
-        return self._attempt(fn)
-
     def _attempt(self, fn: Callable[[S], list[U] | U | None]) -> bool:
         result = fn(copy.deepcopy(self._state))
         if result is None:

@@ -262,11 +262,6 @@ class StreamRecord:
             return dict(self.head)
         return {s: 0 for s in self.epochs[0].segment_ids}
 
-    def last_epoch_of(self, segment_id: int) -> int:
-        """The last epoch that lists the segment (the active epoch if it was never replaced)."""
-        seg = self.segments[segment_id]
-        return (seg.sealed_epoch if seg.sealed_epoch is not None else len(self.epochs)) - 1
-
     def is_before(self, a: int, b: int) -> bool:
         """Whether segment ``a`` ended before segment ``b`` began (and their key ranges overlap)."""
         sa, sb = self.segments[a], self.segments[b]

@@ -16,10 +16,7 @@ import fcntl
 import ipaddress
 import logging
 import os
-import tempfile
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,17 +227,3 @@ def _is_ip(host: str) -> bool:
 def insecure_bind_warning(host: str) -> str:
     return (f"the embedded Pravega server listens on {host or 'all interfaces'} WITHOUT authentication: anyone who "
             "can reach it can read, write and delete every stream (give --auth-file, and --tls-cert/--tls-key)")
-
-
-@contextmanager
-def embedded_pravega(data_dir: str | os.PathLike[str] | None = None, **settings: object) -> Iterator[EmbeddedPravega]:
-    """Run an embedded server on free loopback ports (a temporary data dir unless one is given)."""
-    settings.setdefault("port", 0)
-    settings.setdefault("segment_store_port", 0)
-    if data_dir is None:
-        with tempfile.TemporaryDirectory(prefix="pravega-embedded-") as tmp:
-            with EmbeddedPravega(ServerSettings(Path(tmp), **settings)) as server:  # type: ignore[arg-type]
-                yield server
-    else:
-        with EmbeddedPravega(ServerSettings(Path(data_dir), **settings)) as server:  # type: ignore[arg-type]
-            yield server

@@ -267,13 +267,6 @@ class SegmentStorage:
         end = offset + n
         return ReadResult(data, end_of_segment=sealed_end and end == length, at_tail=end == length)
 
-    def writer_event_number(self, name: str, writer_id: bytes) -> int:
-        with self._lock:
-            seg = self._segments.get(name)
-            if seg is None:
-                raise NoSuchSegment(name)
-            return seg.writers.get(writer_id, NO_EVENT_NUMBER)
-
     # ------------------------------------------------------------------ data path
 
     def setup_writer(self, name: str, writer_id: bytes, done: Callable[[int | StorageError], None]) -> None:
