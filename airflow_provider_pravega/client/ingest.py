@@ -9,8 +9,8 @@ copy of the job:
    commit point (phase COMMITTING) is rolled forward — every listed transaction is committed —
    and a run still WRITING is rolled back — every registered transaction is aborted. A listed
    transaction that is ABORTED or UNKNOWN at that point is a loud error, never skipped.
-2. **Plan**: the files not yet committed (identity = path + size + content fingerprint; a committed
-   path whose content changed is an error unless re-ingesting is allowed). Files held by another
+2. **Plan**: the files not yet committed (identity = path + size + modification time, see
+   :func:`same_file`; a committed path that changed is an error unless re-ingesting is allowed). Files held by another
    *live* run are waited for, not taken.
 3. **Start** a run (conditional update). From here the run heartbeats; losing the run (someone
    recovered it as stale) fences this driver: its next update fails and it aborts its own work.
@@ -25,7 +25,6 @@ A crash anywhere, then a rerun, yields every record exactly once.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -62,10 +61,9 @@ class ChangedFileError(IngestError):
     def __init__(self, path: str, before: Mapping[str, Any], now: Mapping[str, Any]) -> None:
         self.path = path
         super().__init__(
-            f"{path} was already ingested (size {before['size']}, fingerprint {before['fp'][:16]}…) "
-            f"and has changed since (size {now['size']}, fingerprint {now['fp'][:16]}…). Ingesting it again "
-            "would duplicate its unchanged records. Pass allow_changed_files=True to ingest the new content "
-            "anyway, or write changes to a new file."
+            f"{path} was already ingested ({describe_identity(before)}) and has changed since "
+            f"({describe_identity(now)}). Ingesting it again would duplicate its unchanged records. Pass "
+            "allow_changed_files=True to ingest the new content anyway, or write changes to a new file."
         )
 
 
@@ -133,12 +131,47 @@ class StateStore(Protocol):
 # ---------------------------------------------------------------------------------------------
 
 
-def file_identity(path: str) -> dict[str, Any]:
-    """Size and a content fingerprint (BLAKE2b of every byte) of one file."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as fh:
-        digest = hashlib.file_digest(fh, lambda: hashlib.blake2b(digest_size=20))
-    return {"size": size, "fp": digest.hexdigest()}
+def file_identity(size: int, mtime_ms: int | None = None, fp: str | None = None) -> dict[str, Any]:
+    """What the state records about a file: its size and modification time as the filesystem lists
+    them (nothing is read), plus a content fingerprint when one was computed (BLAKE2b-160 of every
+    byte, hex; states written before listing through Spark hold only size and fingerprint)."""
+    ident: dict[str, Any] = {"size": int(size)}
+    if mtime_ms is not None:
+        ident["mtime"] = int(mtime_ms)
+    if fp is not None:
+        ident["fp"] = fp
+    return ident
+
+
+def same_file(before: Mapping[str, Any], now: Mapping[str, Any]) -> bool | None:
+    """Whether a listed file is the one already committed: True/False, or None when only a content
+    fingerprint of the listed file can tell (the record has a fingerprint but no usable time)."""
+    if before["size"] != now["size"]:
+        return False
+    if before.get("mtime") is not None and before.get("mtime") == now.get("mtime"):
+        return True
+    if before.get("fp") is not None:
+        return before["fp"] == now["fp"] if now.get("fp") is not None else None
+    # Same size, another modification time and no recorded fingerprint: it was rewritten; whether
+    # with the same bytes cannot be known, so it counts as changed (an error, never a silent skip).
+    return False
+
+
+def needs_fingerprint(state: Mapping[str, Any], identities: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Files whose planning needs a content fingerprint (see same_file)."""
+    committed = state["committed"]
+    return sorted(p for p, ident in identities.items()
+                  if p in committed and same_file(committed[p], ident) is None)
+
+
+def describe_identity(ident: Mapping[str, Any]) -> str:
+    parts = [f"size {ident['size']}"]
+    if ident.get("mtime") is not None:
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ident["mtime"] / 1000))
+        parts.append(f"modified {when}.{ident['mtime'] % 1000:03d}Z")
+    if ident.get("fp"):
+        parts.append(f"fingerprint {ident['fp'][:16]}…")
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -157,7 +190,7 @@ def plan_files(
         before = committed.get(path)
         if before is None:
             to_ingest[path] = dict(ident)
-        elif before["size"] == ident["size"] and before["fp"] == ident["fp"]:
+        elif same_file(before, ident):
             skipped.append(path)
         elif allow_changed_files:
             to_ingest[path] = dict(ident)

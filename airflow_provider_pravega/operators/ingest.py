@@ -112,7 +112,10 @@ class PravegaTransactionalIngestOperator(BaseOperator):
             allow_changed_files=self.allow_changed_files, wait_for_commit=self.wait_for_commit,
             num_writers=self.num_writers, stale_after_s=self.stale_after_s,
         )
-        spark = get_spark_session(self.spark_conn_id, f"pravega-ingest-{self.dag_id}.{self.task_id}", **self.spark_conf)
+        def spark() -> Any:  # only when there is something to ingest (run_ingest checks inputs first)
+            return get_spark_session(self.spark_conn_id, f"pravega-ingest-{self.dag_id}.{self.task_id}",
+                                     **self.spark_conf)
+
         with hook.get_client() as client:
             result = run_ingest(client, spark, spec)
         self._result = result.to_dict()

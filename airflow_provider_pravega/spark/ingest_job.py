@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
@@ -37,6 +36,7 @@ from airflow_provider_pravega.client.ingest import (
     IngestCoordinator,
     IngestError,
     file_identity,
+    needs_fingerprint,
     open_state_store,
     register_txn,
 )
@@ -139,111 +139,327 @@ def crash_point(step: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def resolve_sources(source: str | Sequence[str]) -> list[str]:
-    """Files named by a path, a directory (every file in it) or a glob; sorted, absolute."""
+GLOB_CHARS = "*?[{"
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One listed file: its name in the ingest state (a plain absolute path for local files, as
+    states always held; the URI otherwise), the URI Spark reads, and what the listing says."""
+
+    key: str
+    uri: str
+    size: int
+    mtime_ms: int
+
+
+def _items(source: str | Sequence[str]) -> list[str]:
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-    files: set[str] = set()
-    for item in items:
-        item = os.fspath(item)
-        if any(ch in item for ch in "*?["):
-            files.update(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
-        elif os.path.isdir(item):
-            files.update(str(p) for p in Path(item).iterdir() if p.is_file() and not p.name.startswith((".", "_")))
-        elif os.path.isfile(item):
-            files.add(item)
-        else:
-            raise SourceError(f"source path {item!r} does not exist")
-    return sorted(os.path.abspath(f) for f in files)
+    return [os.fspath(i) for i in items]
+
+
+def _scheme(item: str) -> str | None:
+    head, sep, _ = item.partition("://")
+    if sep and head.isidentifier():
+        return head.lower()
+    if item.startswith("file:/"):
+        return "file"
+    return None
+
+
+def _local_path(item: str) -> str | None:
+    """The local filesystem path of a plain path or ``file:`` URI; None for other schemes."""
+    scheme = _scheme(item)
+    if scheme is None:
+        return os.path.abspath(item)
+    if scheme == "file":
+        from urllib.parse import unquote, urlsplit
+
+        return unquote(urlsplit(item).path) if item.startswith("file://") else item[len("file:"):]
+    return None
+
+
+def key_of(uri: str) -> str:
+    """State key of a file URI as Spark reports it (``file:/x``, ``file:///x%20y``, ``s3a://b/k``)."""
+    from urllib.parse import unquote
+
+    uri = unquote(uri)
+    if uri.startswith("file:"):
+        return "/" + uri[len("file:"):].lstrip("/")
+    return uri
+
+
+def uri_of(key: str) -> str:
+    """What Spark is given to read a state key (local paths explicitly on ``file:``, whatever the
+    cluster's default filesystem is)."""
+    return f"file://{key}" if key.startswith("/") else key
+
+
+def precheck_sources(source: str | Sequence[str]) -> bool | None:
+    """What can be known about local sources without Spark: a missing path is a SourceError at
+    once; False when every item is a local glob matching nothing (so no SparkSession is started for
+    an empty interval); None when Spark has to list (another filesystem, or a local match)."""
+    definitely_empty = True
+    for item in _items(source):
+        path = _local_path(item)
+        if path is None:
+            definitely_empty = False
+            continue
+        if not any(ch in path for ch in GLOB_CHARS):
+            if not os.path.exists(path):
+                raise SourceError(f"source path {item!r} does not exist")
+            definitely_empty = False
+        elif "{" in path or "\\" in path or "[^" in path or "[!" in path:
+            definitely_empty = False  # Hadoop glob syntax Python's glob does not share: let Spark decide
+        elif any(not os.path.basename(p).startswith((".", "_")) for p in glob.iglob(path)):
+            definitely_empty = False
+    return False if definitely_empty else None
+
+
+def list_sources(spark: Any, source: str | Sequence[str]) -> list[SourceFile]:
+    """Files named by paths, directories or globs on any Hadoop filesystem (plain paths, ``file://``,
+    ``s3a://``, ``hdfs://`` …), listed by Spark through Hadoop — one code path for every scheme,
+    on classic Spark and Spark Connect alike. ``binaryFile`` with only path, length and modification
+    time selected reads no file content (Spark prunes that column): executors get each file's listed
+    status, the driver a few numbers per file. A directory means the files in it; names starting
+    with ``_`` or ``.`` are skipped (Spark's hidden-file rule); a glob matching nothing, or an empty
+    directory, adds nothing; a path that does not exist is a SourceError."""
+    from pyspark.sql import functions as F
+
+    frames = []
+    for item in _items(source):
+        local = _local_path(item)
+        target = uri_of(local) if local is not None else item
+        try:
+            frames.append(spark.read.format("binaryFile").load(target)
+                          .select("path", "length", F.unix_millis("modificationTime").alias("mtime")))
+        except Exception as exc:  # AnalysisException (classic and Connect) or a Hadoop error
+            text = str(exc)
+            if "PATH_NOT_FOUND" in text or "Path does not exist" in text:
+                if any(ch in item for ch in GLOB_CHARS):
+                    continue  # a glob matching nothing
+                raise SourceError(f"source path {item!r} does not exist") from None
+            raise SourceError(f"cannot list source {item!r}: {_first_line(text)}") from None
+    if not frames:
+        return []
+    frame = frames[0]
+    for other in frames[1:]:
+        frame = frame.unionByName(other)
+    try:
+        rows = frame.collect()
+    except Exception as exc:
+        raise SourceError(f"cannot list source {_items(source)!r}: {_first_line(str(exc))}") from None
+    files = {key_of(r["path"]): SourceFile(key_of(r["path"]), uri_of(key_of(r["path"])), r["length"], r["mtime"])
+             for r in rows}
+    return [files[k] for k in sorted(files)]
+
+
+def resolve_sources(source: str | Sequence[str], spark: Any = None) -> list[str]:
+    """State keys (sorted) of the files a source names; see :func:`list_sources`."""
+    from airflow_provider_pravega.spark.session import get_spark_session
+
+    return [f.key for f in list_sources(spark or get_spark_session(None), source)]
+
+
+def fingerprint_files(spark: Any, keys: Sequence[str]) -> dict[str, str]:
+    """BLAKE2b-160 content fingerprints (the form states recorded before listing went through
+    Spark), computed inside Spark tasks — one file per row, never on the driver."""
+    if not keys:
+        return {}
+
+    def digest(batches: Iterator[Any]) -> Iterator[Any]:
+        import hashlib
+
+        import pyarrow as pa
+
+        for batch in batches:
+            paths = batch.column("path").to_pylist()
+            fps = [hashlib.blake2b(c, digest_size=20).hexdigest() for c in batch.column("content").to_pylist()]
+            yield pa.RecordBatch.from_pydict({"path": paths, "fp": fps})
+
+    rows = (spark.read.format("binaryFile").load([uri_of(k) for k in keys]).select("path", "content")
+            .mapInArrow(digest, "path string, fp string").collect())
+    return {key_of(r["path"]): r["fp"] for r in rows}
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), text)[:500]
 
 
 # ---------------------------------------------------------------------------------------------
-# The Spark plan
+# The Spark plan and record validation (one definition of a bad record, for both modes)
 # ---------------------------------------------------------------------------------------------
 
+EVENT_LIMIT = 8 * 1024 * 1024  # Pravega's event size limit (protocol.wire.MAX_EVENT_SIZE)
 
-def build_frame(spark: Any, files: Sequence[str], spec: IngestSpec) -> Any:
-    """A DataFrame of (f, b, m, payload, k, bad) in source order, partitioned for writing."""
+
+def _record_columns(df: Any, spec: IngestSpec, header: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
+    """(payload as binary, routing key, reason-if-bad) columns of one format's raw rows; the reason
+    is NULL for a good record. The same expressions check records in the write path and find the
+    failing line afterwards."""
     from pyspark.sql import functions as F
 
     key_field, payload_field = spec.routing_key_field, spec.payload_field
+    none = F.lit(None).cast("string")
     if spec.format in ("jsonl", "text"):
-        df = spark.read.text(list(files))
-        df = df.filter(F.length(F.trim("value")) > 0)
         value = F.col("value")
         if spec.format == "jsonl":
-            valid = F.get_json_object(value, "$").isNotNull() & F.trim(value).startswith("{")
+            reason = (F.when(F.get_json_object(value, "$").isNull(), F.lit("not valid JSON"))
+                      .when(~F.ltrim(value).startswith("{"), F.lit("not a JSON object")))
             payload = F.get_json_object(value, f"$.{payload_field}") if payload_field else value
-            key = F.get_json_object(value, f"$.{key_field}") if key_field else F.lit(None).cast("string")
+            key = F.get_json_object(value, f"$.{key_field}") if key_field else none
         else:
-            valid, payload, key = F.lit(True), value, F.lit(None).cast("string")
+            reason, payload, key = F.when(F.lit(False), none), value, none
     elif spec.format == "csv":
-        header = _csv_header(files[0])
+        fields = [F.col(f"`{c}`") for c in header or ()]
+        reason = F.when(F.col("_corrupt").isNotNull(), F.lit("the number of fields differs from the header"))
+        payload = F.col(f"`{payload_field}`") if payload_field else F.to_json(F.struct(*fields))
+        key = F.col(f"`{key_field}`") if key_field else none
+    else:  # parquet
+        reason = F.when(F.lit(False), none)
+        payload = F.col(f"`{payload_field}`").cast("string") if payload_field else F.to_json(
+            F.struct(*[F.col(f"`{c}`") for c in df.columns]))
+        key = F.col(f"`{key_field}`").cast("string") if key_field else none
+    payload = payload.cast("binary")
+    if key_field:
+        what = "routing key field" if spec.format == "jsonl" else "value for routing key field"
+        reason = reason.when(key.isNull(), F.lit(f"no {what} {key_field!r}"))
+    if payload_field:
+        reason = reason.when(payload.isNull(), F.lit(f"no payload field {payload_field!r}"))
+    reason = reason.when(F.length(payload) > EVENT_LIMIT, F.concat(
+        F.lit("an event of "), F.length(payload).cast("string"),
+        F.lit(f" bytes is over Pravega's {EVENT_LIMIT}-byte (8 MiB) event limit")))
+    return payload, key, reason
+
+
+def _read(spark: Any, uris: Sequence[str], spec: IngestSpec, header: Sequence[str] | None) -> Any:
+    if spec.format in ("jsonl", "text"):
+        from pyspark.sql import functions as F
+
+        return spark.read.text(list(uris)).filter(F.length(F.trim("value")) > 0)
+    if spec.format == "csv":
         from pyspark.sql.types import StringType, StructField, StructType
 
-        schema = StructType([StructField(c, StringType()) for c in header] + [StructField("_corrupt", StringType())])
-        df = (spark.read.option("header", True).option("mode", "PERMISSIVE")
-              .option("columnNameOfCorruptRecord", "_corrupt").schema(schema).csv(list(files)))
-        fields = [F.col(f"`{c}`") for c in header]
-        valid = F.col("_corrupt").isNull()
-        payload = F.col(f"`{payload_field}`") if payload_field else F.to_json(F.struct(*fields))
-        key = F.col(f"`{key_field}`") if key_field else F.lit(None).cast("string")
-    else:  # parquet
-        df = spark.read.parquet(*files)
-        cols = [F.col(f"`{c}`") for c in df.columns]
-        valid = F.lit(True)
-        payload = F.col(f"`{payload_field}`").cast("string") if payload_field else F.to_json(F.struct(*cols))
-        key = F.col(f"`{key_field}`").cast("string") if key_field else F.lit(None).cast("string")
-    if key_field:
-        valid = valid & key.isNotNull()
-    df = df.select(
+        schema = StructType([StructField(c, StringType()) for c in header or ()]
+                            + [StructField("_corrupt", StringType())])
+        return (spark.read.option("header", True).option("mode", "PERMISSIVE")
+                .option("columnNameOfCorruptRecord", "_corrupt").schema(schema).csv(list(uris)))
+    return spark.read.parquet(*uris)
+
+
+def record_frame(spark: Any, files: Sequence[str], spec: IngestSpec) -> Any:
+    """A DataFrame of (f, b, m, payload, k, bad, why) in source order, not yet partitioned:
+    ``bad`` marks a record no mode may write (malformed, no routing key, over the event limit)."""
+    from pyspark.sql import functions as F
+
+    uris = [uri_of(f) for f in files]
+    header = _csv_header(spark, uris[0]) if spec.format == "csv" else None
+    df = _read(spark, uris, spec, header)
+    payload, key, reason = _record_columns(df, spec, header)
+    return df.select(
         F.input_file_name().alias("f"), F.input_file_block_start().alias("b"),
         F.monotonically_increasing_id().alias("m"),
-        payload.cast("binary").alias("payload"), key.alias("k"), (~valid).alias("bad"),
+        payload.alias("payload"), key.alias("k"), reason.isNotNull().alias("bad"),
     )
-    writers = spec.num_writers or spark.sparkContext.defaultParallelism
-    if key_field:
-        # All events of one key to one task, in source order.
+
+
+def writers_of(spark: Any, spec: IngestSpec) -> int:
+    """Write tasks (transactions) per run: ``num_writers``, else the cluster's parallelism."""
+    if spec.num_writers:
+        return spec.num_writers
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect has no SparkContext: the configured parallelism
+        conf = spark.conf.get("spark.default.parallelism", None) or spark.conf.get("spark.sql.shuffle.partitions")
+        return max(1, int(conf))
+
+
+def build_frame(spark: Any, files: Sequence[str], spec: IngestSpec) -> Any:
+    """The record frame of ``files`` partitioned for writing."""
+    return partition_for_writing(spark, record_frame(spark, files, spec), spec)
+
+
+def partition_for_writing(spark: Any, df: Any, spec: IngestSpec) -> Any:
+    """With a routing key, all events of one key go to one task, in source order."""
+    writers = writers_of(spark, spec)
+    if spec.routing_key_field:
         return df.repartition(writers, "k").sortWithinPartitions("f", "b", "m")
-    return df.coalesce(writers) if df.rdd.getNumPartitions() > writers else df
+    return df.coalesce(writers)  # never more partitions than there are (coalesce only merges)
 
 
-def _csv_header(path: str) -> list[str]:
+def validate_records(spark: Any, frame: Any, spec: IngestSpec) -> None:
+    """Fail with file and line on the first bad record before anything is written (the writes of
+    ``at_least_once`` are visible at once); one Spark pass that stops at the first bad record."""
+    bad = frame.where("bad").select("f").limit(1).collect()
+    if bad:
+        raise bad_record_error(spark, bad[0]["f"], spec)
+
+
+def bad_record_error(spark: Any, file_uri: str, spec: IngestSpec) -> BadRecordError:
+    key = key_of(file_uri)
+    line, reason = first_bad_line(spark, key, spec)
+    where = f"{key}, {'record' if spec.format == 'parquet' else 'line'} {line}" if line else key
+    return BadRecordError(f"{where}: {reason}. Nothing of this run was committed; fix the file and re-run.")
+
+
+def _csv_header(spark: Any, uri: str) -> list[str]:
+    """The header of a CSV file, read through Spark (any filesystem): only its first line."""
     import csv
 
-    with open(path, newline="", encoding="utf-8") as fh:
+    first = spark.read.text(uri).limit(1).collect()
+    if not first:
+        raise BadRecordError(f"{key_of(uri)}: empty CSV file (no header line)")
+    return next(csv.reader([first[0]["value"]]))
+
+
+def first_bad_line(spark: Any, key: str, spec: IngestSpec) -> tuple[int, str]:
+    """(1-based line number — record number for Parquet —, reason) of the first bad record of one
+    file; only on errors. Read through Spark, so it works on every filesystem: each line carries
+    its split's start offset and an id rising within the split, so its number is the count of lines
+    in earlier splits plus its position in its own split."""
+    from pyspark.sql import functions as F
+
+    uri = uri_of(key)
+    pos = [F.input_file_block_start().alias("b"), F.monotonically_increasing_id().alias("m")]
+    header = None
+    if spec.format == "parquet":
+        raw = spark.read.parquet(uri)
+        payload, _key, reason = _record_columns(raw, spec)
+        lines = rows = raw.select("*", *pos)
+        good_line = F.lit(True)
+        text = F.lit(None).cast("string")
+    else:
+        lines = rows = spark.read.text(uri).select("value", *pos)
+        good_line = F.length(F.trim("value")) > 0
+        text = F.when(F.length("value") <= 65536, F.col("value"))
+        if spec.format == "csv":
+            header = _csv_header(spark, uri)
+            ddl = ", ".join(f"`{c}` string" for c in header) + ", _corrupt string"
+            parsed = F.from_csv("value", ddl, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"})
+            rows = lines.withColumn("r", parsed).select(
+                "value", "b", "m", *[F.col("r")[c].alias(c) for c in header], F.col("r")["_corrupt"].alias("_corrupt"))
+            first = lines.orderBy("b", "m").select("b", "m").limit(1).collect()[0]  # line 1: the header
+            good_line = good_line & ~((F.col("b") == first["b"]) & (F.col("m") == first["m"]))
+        payload, _key, reason = _record_columns(rows, spec, header)
+    found = (rows.withColumn("why", reason).where(good_line & F.col("why").isNotNull())
+             .select("b", "m", "why", text.alias("text")).orderBy("b", "m").limit(1).collect())
+    if not found:
+        return 0, "bad record"
+    bad = found[0]
+    before = lines.where(F.col("b") < bad["b"]).count()
+    start = lines.where(F.col("b") == bad["b"]).agg(F.min("m")).collect()[0][0]
+    why = bad["why"]
+    if why == "not valid JSON" and bad["text"] is not None:
         try:
-            return next(csv.reader(fh))
-        except StopIteration:
-            raise BadRecordError(f"{path}: empty CSV file (no header line)") from None
-
-
-def first_bad_line(path: str, spec: IngestSpec) -> tuple[int, str]:
-    """(1-based line number, reason) of the first malformed record of a file — only on errors."""
-    if spec.format == "csv":
+            json.loads(bad["text"])
+        except ValueError as exc:
+            why = f"not valid JSON ({exc.msg})"
+    elif spec.format == "csv" and why.startswith("the number of fields") and bad["text"] is not None:
         import csv
 
-        with open(path, newline="", encoding="utf-8") as fh:
-            reader = csv.reader(fh)
-            header = next(reader, [])
-            for row in reader:
-                if len(row) != len(header):
-                    return reader.line_num, f"{len(row)} fields where the header has {len(header)}"
-                if spec.routing_key_field and not row[header.index(spec.routing_key_field)]:
-                    return reader.line_num, f"no value for routing key field {spec.routing_key_field!r}"
-        return 0, "malformed record"
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for n, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                return n, f"not valid JSON ({exc.msg})"
-            if not isinstance(record, dict):
-                return n, "not a JSON object"
-            if spec.routing_key_field and record.get(spec.routing_key_field) is None:
-                return n, f"no routing key field {spec.routing_key_field!r}"
-    return 0, "malformed record"
+        n = len(next(csv.reader([bad["text"]])))
+        why = f"{n} fields where the header has {len(header or ())}"
+    return before + (bad["m"] - start) + 1, why
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +502,6 @@ def make_writer(ctx: TaskContext):
 
     def write_partition(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         def result(txn: str | None, events: int, size: int, error: str | None = None, bad_file: str | None = None):
             return pa.RecordBatch.from_pydict(
@@ -318,12 +533,10 @@ def make_writer(ctx: TaskContext):
             writer = txns.writer(spec.scope, spec.stream, info, check_open=False)
             try:
                 for batch in _chain(first, batches):
-                    bad = batch.column("bad")
-                    if pc.any(bad).as_py():
-                        idx = pc.index(bad, True).as_py()
-                        bad_file = batch.column("f")[idx].as_py()
+                    bad_file = _first_bad_file(batch)
+                    if bad_file is not None:  # nothing of this transaction will be committed
                         txns.abort(spec.scope, spec.stream, info.txn_id)
-                        yield result(hex_id, events, size, "malformed record", bad_file)
+                        yield result(hex_id, events, size, "bad record", bad_file)
                         return
                     payloads = batch.column("payload").to_pylist()
                     if spec.routing_key_field:
@@ -353,12 +566,29 @@ def _first_attempt() -> bool:
     return tc is None or tc.attemptNumber() == 0
 
 
+def _first_bad_file(batch: Any) -> str | None:
+    """The file of the batch's first bad record (see record_frame), or None: the one check both
+    modes make before writing a batch."""
+    import pyarrow.compute as pc
+
+    bad = batch.column("bad")
+    if not pc.any(bad).as_py():
+        return None
+    return batch.column("f")[pc.index(bad, True).as_py()].as_py()
+
+
 def _write_plain(ctx: TaskContext, first: Any, batches: Iterator[Any], result: Any) -> Any:
-    """at_least_once: the official client's pipelined writer, no transaction (may duplicate on retry)."""
+    """at_least_once: the official client's pipelined writer, no transaction (may duplicate on
+    retry). Its writes are visible at once, so the driver validated every record before this job
+    (validate_records); the per-batch check is the same as exactly-once's."""
     manager = ctx.config.create_stream_manager()
     writer = manager.create_writer(ctx.spec.scope, ctx.spec.stream, 1000)
     events = size = 0
     for batch in _chain(first, batches):
+        bad_file = _first_bad_file(batch)
+        if bad_file is not None:
+            writer.flush()
+            return result(None, events, size, "bad record", bad_file)
         payloads = batch.column("payload").to_pylist()
         keys = batch.column("k").to_pylist() if ctx.spec.routing_key_field else [None] * len(payloads)
         for payload, key in zip(payloads, keys):
@@ -440,14 +670,15 @@ def _log_progress(spark: Any) -> None:
 
 
 def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
-    """Ingest ``spec.source`` into ``spec.scope/spec.stream`` exactly once (or at least once)."""
+    """Ingest ``spec.source`` into ``spec.scope/spec.stream`` exactly once (or at least once).
+
+    ``spark`` is a SparkSession or a function returning one, called only once there is work (an
+    empty interval of local files, a missing path or stream never starts a session)."""
     started = time.monotonic()
-    files = resolve_sources(spec.source)
-    if not files:
-        if spec.on_empty == "succeed":
-            log.info("source %r matches no file: nothing to ingest", spec.source)
-            return IngestResult(run_id=None)
-        raise SourceError(f"source {spec.source!r} matches no file (pass on_empty='succeed' to accept that)")
+    # Everything checkable without Spark comes first; the session starts only when there is work.
+    get_spark = spark if callable(spark) else (lambda: spark)
+    if precheck_sources(spec.source) is False:
+        return _nothing_to_ingest(spec)
     admin = client.admin
     if not admin.stream_exists(spec.scope, spec.stream):
         if not spec.create_stream:
@@ -458,8 +689,17 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     store = open_state_store(client, state_scope, state_stream)
     coord = IngestCoordinator(store, client.transactions, spec.scope, spec.stream,
                               stale_after_s=spec.stale_after_s, crash_hook=crash_point)
-    log.info("fingerprinting %d file(s)", len(files))
-    identities = {f: file_identity(f) for f in files}
+    spark = get_spark()
+    listed = list_sources(spark, spec.source)
+    if not listed:
+        return _nothing_to_ingest(spec)
+    files = [f.key for f in listed]
+    identities = {f.key: file_identity(f.size, f.mtime_ms) for f in listed}
+    unsure = needs_fingerprint(store.fetch(), identities)
+    if unsure:  # recorded with a content fingerprint only (older states): compare contents
+        log.info("fingerprinting %d file(s) in Spark tasks", len(unsure))
+        for key, fp in fingerprint_files(spark, unsure).items():
+            identities[key]["fp"] = fp
     recovered = coord.recover_stale_runs()
     crash_point("before_run_record")
     run_id, plan = coord.start_run(identities, allow_changed_files=spec.allow_changed_files)
@@ -477,18 +717,17 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     keeper.start()
     committing = False
     try:
-        frame = build_frame(spark, to_ingest, spec)
+        records = record_frame(spark, to_ingest, spec)
+        if spec.mode == "at_least_once":
+            validate_records(spark, records, spec)  # its writes are visible at once: check first
+        frame = partition_for_writing(spark, records, spec)
         rows = frame.mapInArrow(make_writer(ctx), RESULT_SCHEMA).collect()
         crash_point("after_tasks")
         if keeper.fenced is not None:
             raise keeper.fenced
         bad = [r for r in rows if r["error"]]
         if bad:
-            path = bad[0]["bad_file"].removeprefix("file://")
-            line, reason = first_bad_line(path, spec)
-            raise BadRecordError(
-                f"{path}, line {line}: {reason}. Nothing of this run was committed; fix the file and re-run."
-            )
+            raise bad_record_error(spark, bad[0]["bad_file"], spec)
         txns = [r["txn"] for r in rows if r["txn"]]
         result.events = sum(r["events"] for r in rows)
         result.bytes = sum(r["bytes"] for r in rows)
@@ -520,6 +759,13 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     log.info("run %s: %d events (%d bytes) from %d file(s) in %.1f s (%.0f events/s)", run_id, result.events,
              result.bytes, len(to_ingest), result.seconds, result.events_per_second)
     return result
+
+
+def _nothing_to_ingest(spec: IngestSpec) -> IngestResult:
+    if spec.on_empty == "succeed":
+        log.info("source %r matches no file: nothing to ingest", spec.source)
+        return IngestResult(run_id=None)
+    raise SourceError(f"source {spec.source!r} matches no file (pass on_empty='succeed' to accept that)")
 
 
 def config_of(client: Any) -> PravegaConnectionConfig:
@@ -574,7 +820,9 @@ def main(argv: list[str] | None = None) -> int:
         mode=args.mode, create_stream=args.create_stream, stream_segments=args.segments,
         num_writers=args.num_writers, stale_after_s=args.stale_after,
     )
-    spark = get_spark_session(None, "pravega-ingest", **({"spark.master": args.master} if args.master else {}))
+    def spark() -> Any:  # started only when there is something to ingest
+        return get_spark_session(None, "pravega-ingest", **({"spark.master": args.master} if args.master else {}))
+
     try:
         config = config_from_arguments(args)
     except ValueError as exc:

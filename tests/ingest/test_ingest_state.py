@@ -11,7 +11,9 @@ from airflow_provider_pravega.client.ingest import (
     apply_update,
     file_identity,
     initial_state,
+    needs_fingerprint,
     plan_files,
+    same_file,
 )
 
 
@@ -77,10 +79,21 @@ def test_plan_skips_committed_and_refuses_changed_files():
     assert sorted(plan.to_ingest) == ["/d/a.jsonl", "/d/c.jsonl"]
 
 
-def test_file_identity_changes_with_content(tmp_path):
-    p = tmp_path / "f.jsonl"
-    p.write_text('{"a": 1}\n')
-    one = file_identity(str(p))
-    p.write_text('{"a": 2}\n')
-    two = file_identity(str(p))
-    assert one["size"] == two["size"] and one["fp"] != two["fp"]
+def test_identity_is_size_and_time_and_old_fingerprint_records_still_compare():
+    new = file_identity(3, 1_700_000_000_123)
+    assert new == {"size": 3, "mtime": 1_700_000_000_123}
+    assert same_file(new, file_identity(3, 1_700_000_000_123)) is True
+    assert same_file(new, file_identity(4, 1_700_000_000_123)) is False
+    # Same size, rewritten (new time), no fingerprint on record: changed (an error, never a skip).
+    assert same_file(new, file_identity(3, 1_700_000_009_000)) is False
+    # A record from before listing through Spark ({size, fp}): only a fingerprint decides.
+    old = {"size": 3, "fp": "aa", "run": "r0"}
+    listed = file_identity(3, 1_700_000_000_123)
+    assert same_file(old, listed) is None
+    state = {"committed": {"/d/a.jsonl": old, "/d/b.jsonl": {"size": 9, "fp": "bb"}}, "runs": {}}
+    assert needs_fingerprint(state, {"/d/a.jsonl": listed, "/d/b.jsonl": file_identity(3, 1)}) == ["/d/a.jsonl"]
+    assert same_file(old, {**listed, "fp": "aa"}) is True and same_file(old, {**listed, "fp": "zz"}) is False
+    plan = plan_files(state, {"/d/a.jsonl": {**listed, "fp": "aa"}}, allow_changed_files=False)
+    assert plan.skipped == ["/d/a.jsonl"]
+    with pytest.raises(ChangedFileError, match=r"size 3, modified 2023-11-14T22:13:20.123Z, fingerprint zz"):
+        plan_files(state, {"/d/a.jsonl": {**listed, "fp": "zz"}}, allow_changed_files=False)
