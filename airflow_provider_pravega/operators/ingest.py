@@ -72,9 +72,15 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         spark_conf: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        from airflow_provider_pravega.spark.ingest_job import check_options
+
         # A retry must come back while the transactions of a crashed attempt are still leased.
         kwargs.setdefault("retry_delay", timedelta(seconds=20))
         super().__init__(**kwargs)
+        # Options no run could accept fail when the DAG is parsed, not after a SparkSession started.
+        check_options(format=format, mode=mode, on_empty=on_empty, routing_key_field=routing_key_field,
+                      payload_field=payload_field, num_writers=num_writers, stream_segments=stream_segments,
+                      stale_after_s=float(stale_after_s))
         self.scope = scope
         self.stream = stream
         self.source = source

@@ -62,6 +62,26 @@ class SourceError(IngestError, FileNotFoundError):
     """The source path/glob is missing or matches nothing."""
 
 
+def check_options(*, format: str = "jsonl", mode: str = "exactly_once", on_empty: str = "fail",
+                  routing_key_field: str | None = None, payload_field: str | None = None,
+                  num_writers: int | None = None, stream_segments: int = 1, stale_after_s: float = 60.0) -> None:
+    """ValueError for an option no run could accept (the operator calls it when the DAG is parsed)."""
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if on_empty not in ("fail", "succeed"):
+        raise ValueError(f"on_empty must be 'fail' or 'succeed', got {on_empty!r}")
+    if format == "text" and (routing_key_field or payload_field):
+        raise ValueError("format 'text' has no fields: routing_key_field and payload_field do not apply")
+    if num_writers is not None and num_writers < 1:
+        raise ValueError(f"num_writers must be at least 1, got {num_writers}")
+    if stream_segments < 1:
+        raise ValueError(f"stream_segments must be at least 1, got {stream_segments}")
+    if not stale_after_s > 0:
+        raise ValueError(f"stale_after_s must be positive, got {stale_after_s}")
+
+
 @dataclass(frozen=True)
 class IngestSpec:
     """What to ingest where; every field is plain data (it travels to Spark tasks)."""
@@ -83,16 +103,12 @@ class IngestSpec:
     stale_after_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.on_empty not in ("fail", "succeed"):
-            raise ValueError(f"on_empty must be 'fail' or 'succeed', got {self.on_empty!r}")
-        if self.format == "text" and (self.routing_key_field or self.payload_field):
-            raise ValueError("format 'text' has no fields: routing_key_field and payload_field do not apply")
-        if self.num_writers is not None and self.num_writers < 1:
-            raise ValueError(f"num_writers must be at least 1, got {self.num_writers}")
+        check_options(format=self.format, mode=self.mode, on_empty=self.on_empty,
+                      routing_key_field=self.routing_key_field, payload_field=self.payload_field,
+                      num_writers=self.num_writers, stream_segments=self.stream_segments,
+                      stale_after_s=self.stale_after_s)
+        if not _items(self.source) or any(not i for i in _items(self.source)):
+            raise ValueError(f"source must be a non-empty path, glob or URI (or a list of them), got {self.source!r}")
 
     @property
     def effective_ingest_id(self) -> str:
@@ -355,6 +371,12 @@ def record_frame(spark: Any, files: Sequence[str], spec: IngestSpec) -> Any:
     uris = [uri_of(f) for f in files]
     header = _csv_header(spark, uris[0]) if spec.format == "csv" else None
     df = _read(spark, uris, spec, header)
+    if spec.format in ("csv", "parquet"):  # a field no record can have: say so before any write
+        columns = list(header) if header is not None else df.columns
+        for what, name in (("routing_key_field", spec.routing_key_field), ("payload_field", spec.payload_field)):
+            if name and name not in columns:
+                raise BadRecordError(f"{what} {name!r} is not a column of {files[0]} (columns: "
+                                     f"{', '.join(columns)}). Nothing of this run was committed.")
     payload, key, reason = _record_columns(df, spec, header)
     return df.select(
         F.input_file_name().alias("f"), F.input_file_block_start().alias("b"),

@@ -1,0 +1,222 @@
+"""The ingest's data side against the embedded server and real Spark local mode: sources as plain
+paths, ``file://`` URIs, directories, globs and lists (listed through Spark); file identity from the
+listing (no driver read) and states recorded before it; bad records named by file and line in both
+modes with nothing written; input errors before any SparkSession. The last test also writes the
+README's bad-input table, docs/bad-input.md (PRAVEGA_UPDATE_DOCS=1 regenerates it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.client.errors import StreamNotFoundError
+from airflow_provider_pravega.client.ingest import ChangedFileError, IngestCoordinator, open_state_store
+from airflow_provider_pravega.client.streamcut import StreamCut
+from airflow_provider_pravega.spark.ingest_job import (
+    BadRecordError,
+    IngestSpec,
+    SourceError,
+    list_sources,
+    run_ingest,
+    state_location,
+)
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "bad-input.md"
+
+
+@pytest.fixture
+def client(pravega_controller_uri):
+    with PravegaClient(pravega_controller_uri) as c:
+        yield c
+
+
+def no_session():
+    """A SparkSession factory that fails the test if anything calls it."""
+    raise AssertionError("a SparkSession was started although there was nothing to do")
+
+
+def nothing_written(client, scope, stream) -> bool:
+    return all(offset == 0 for offset in StreamCut.tail(client, scope, stream).positions.values())
+
+
+def jsonl(path: Path, records) -> list[str]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    path.write_text("".join(line + "\n" for line in lines))
+    return lines
+
+
+def test_sources_as_uris_directories_globs_and_lists(tmp_path, client, spark, read_stream, unique_name,
+                                                     pravega_controller_uri):
+    d = tmp_path / "in dir"
+    a = jsonl(d / "a.jsonl", [{"k": "a", "n": n} for n in range(5)])
+    b = jsonl(d / "b c.jsonl", [{"k": "b", "n": n} for n in range(3)])
+    jsonl(d / "_SUCCESS", ["{}"])
+    jsonl(d / ".a.jsonl.crc", ["{}"])
+    c = jsonl(d / "sub" / "c.jsonl", [{"k": "c"}])
+    e = jsonl(tmp_path / "other" / "e.jsonl", [{"k": "e"}])
+    keys = lambda src: [f.key for f in list_sources(spark, src)]  # noqa: E731
+    uri = (tmp_path / "in dir").as_uri()
+    assert keys(str(d)) == [str(d / "a.jsonl"), str(d / "b c.jsonl")]  # hidden names skipped
+    assert keys(f"{uri}/*.jsonl") == keys(str(d / "*.jsonl")) == keys(str(d))
+    assert keys(str(d / "{a,b c}.jsonl")) == keys(str(d))  # Hadoop glob syntax
+    assert keys(str(d / "*")) == [str(d / "a.jsonl"), str(d / "b c.jsonl"), str(d / "sub" / "c.jsonl")]
+    assert keys([str(d / "*.csv"), str(tmp_path / "other")]) == [str(tmp_path / "other" / "e.jsonl")]
+    listed = list_sources(spark, str(d / "a.jsonl"))[0]
+    assert listed.size == (d / "a.jsonl").stat().st_size
+    assert listed.mtime_ms == (d / "a.jsonl").stat().st_mtime_ns // 1_000_000
+
+    scope = unique_name("src")
+    spec = IngestSpec(scope=scope, stream="s", source=[f"{uri}/*", (tmp_path / "other").as_uri()],
+                      routing_key_field="k", create_stream=True)
+    result = run_ingest(client, spark, spec)
+    assert result.files_ingested == sorted([str(d / "a.jsonl"), str(d / "b c.jsonl"), str(d / "sub" / "c.jsonl"),
+                                            str(tmp_path / "other" / "e.jsonl")])
+    got = read_stream(pravega_controller_uri, scope, "s", expected=10)
+    assert Counter(x.decode() for x in got) == Counter(a + b + c + e)
+    # The same files named as plain paths are the same files: nothing to do.
+    again = IngestSpec(scope=scope, stream="s", source=[str(d), str(d / "sub"), str(tmp_path / "other" / "e.jsonl")],
+                       routing_key_field="k")
+    assert run_ingest(client, spark, again).run_id is None
+
+
+def test_identity_from_the_listing_and_states_recorded_with_fingerprints(tmp_path, client, spark, unique_name):
+    scope = unique_name("ident")
+    f = tmp_path / "in" / "a.jsonl"
+    jsonl(f, [{"v": 1}, {"v": 2}])
+    spec = IngestSpec(scope=scope, stream="s", source=str(tmp_path / "in"), create_stream=True)
+    assert run_ingest(client, spark, spec).events == 2
+    st = f.stat()
+    jsonl(f, [{"v": 3}, {"v": 4}])  # same size, new content
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    with pytest.raises(ChangedFileError, match=r"a\.jsonl was already ingested \(size 18, modified .*\) and has "
+                                               r"changed since \(size 18, modified"):
+        run_ingest(client, spark, spec)
+
+    # A state written before identities came from the listing: {size, fp} (BLAKE2b of the bytes).
+    old = tmp_path / "old" / "b.jsonl"
+    jsonl(old, [{"v": n} for n in range(4)])
+    old_spec = IngestSpec(scope=scope, stream="s", source=str(old.parent), ingest_id="before-upgrade")
+    coord = IngestCoordinator(open_state_store(client, *state_location(old_spec)), client.transactions, scope, "s")
+    digest = hashlib.blake2b(old.read_bytes(), digest_size=20).hexdigest()
+    run_id, _ = coord.start_run({str(old): {"size": old.stat().st_size, "fp": digest}})
+    coord.finish(run_id)
+    skipped = run_ingest(client, spark, old_spec)  # fingerprinted in a Spark task: unchanged
+    assert skipped.run_id is None and skipped.files_skipped == [str(old)]
+    jsonl(old, [{"v": n} for n in range(5, 9)])
+    with pytest.raises(ChangedFileError, match=r"fingerprint " + digest[:16]):
+        run_ingest(client, spark, old_spec)
+
+
+def test_line_numbers_across_splits_and_at_least_once_validation(tmp_path, client, spark, unique_name):
+    """A file read as several splits (tiny maxPartitionBytes) still gets the right line number, and
+    at_least_once writes nothing of a run with a bad record anywhere."""
+    scope = unique_name("split")
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, "s", segments=2)
+    lines = [{"k": f"k{n % 7}", "n": n, "pad": "x" * 40} for n in range(1, 1500)]
+    lines.insert(1233, '{"k": "k1", "n": oops}')
+    jsonl(tmp_path / "in" / "big.jsonl", lines)
+    jsonl(tmp_path / "in" / "fine.jsonl", [{"k": "k2"}] * 10)
+    before = spark.conf.get("spark.sql.files.maxPartitionBytes")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "4096")
+    try:
+        with pytest.raises(BadRecordError, match=r"big\.jsonl, line 1234: not valid JSON"):
+            run_ingest(client, spark, IngestSpec(scope=scope, stream="s", source=str(tmp_path / "in"),
+                                                 routing_key_field="k", mode="at_least_once", num_writers=4))
+    finally:
+        spark.conf.set("spark.sql.files.maxPartitionBytes", before)
+    assert nothing_written(client, scope, "s")
+
+
+def _case(tmp_path: Path, name: str, format: str, body: str | bytes, **spec):
+    d = tmp_path / name
+    d.mkdir()
+    (d / f"data.{format}").write_bytes(body.encode() if isinstance(body, str) else body)
+    return {"source": str(d), "format": format, **spec}
+
+
+def test_bad_inputs_fail_before_writing_and_make_the_readme_table(tmp_path, client, spark, unique_name):
+    """Every bad input: the error and its message, nothing written; the table of them is
+    docs/bad-input.md (kept in step with these messages)."""
+    scope = unique_name("badin")
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, "s")
+    big = '{"k": "a", "blob": "' + "x" * (9 * 1024 * 1024) + '"}\n'
+    rows: list[tuple[str, str]] = []
+
+    def expect(what: str, error: type, pattern: str, spark_arg=spark, **kw) -> None:
+        spec = IngestSpec(**{"scope": scope, "stream": "s", **kw})
+        with pytest.raises(error, match=pattern) as info:
+            run_ingest(client, spark_arg, spec)
+        message = str(info.value).replace(str(tmp_path), "/data").replace(scope, "myscope")
+        message = re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+Z", "<time>", message)
+        rows.append((what, f"`{type(info.value).__name__}`: {message}"))
+        assert nothing_written(client, scope, "s"), what
+
+    # Before any SparkSession (no_session fails the test if one is asked for).
+    expect("source path does not exist", SourceError, "does not exist", no_session,
+           source=str(tmp_path / "missing.jsonl"))
+    expect("glob matches no file (`on_empty='fail'`)", SourceError, "matches no file", no_session,
+           source=str(tmp_path / "*.jsonl"))
+    assert run_ingest(client, no_session, IngestSpec(scope=scope, stream="s", source=(tmp_path / "*.jsonl").as_uri(),
+                                                     on_empty="succeed")).run_id is None
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "a.jsonl").write_text('{"k": "a"}\n')
+    expect("target stream missing (`create_stream=False`)", StreamNotFoundError, "missing", no_session,
+           source=str(tmp_path / "ok"), stream="missing")
+    # Records: one definition of a bad record, checked before writing in both modes.
+    for mode in ("exactly_once", "at_least_once"):
+        expect(f"malformed JSON line ({mode})", BadRecordError, r"data\.jsonl, line 2: not valid JSON",
+               mode=mode, routing_key_field="k",
+               **_case(tmp_path, f"json-{mode}", "jsonl", '{"k": "a"}\n{"k": "b", "value": 5,,, BROKEN\n'))
+        expect(f"event over 8 MiB ({mode})", BadRecordError, r"data\.jsonl, line 3: an event of \d+ bytes is "
+               r"over Pravega's 8388608-byte", mode=mode,
+               **_case(tmp_path, f"big-{mode}", "jsonl", '{"k": "a"}\n\n' + big))
+        expect(f"routing key field missing ({mode})", BadRecordError,
+               r"data\.jsonl, line 2: no routing key field 'k'", mode=mode, routing_key_field="k",
+               **_case(tmp_path, f"nokey-{mode}", "jsonl", '{"k": "a"}\n{"other": 1}\n'))
+    expect("JSON line that is not an object", BadRecordError, r"line 1: not a JSON object",
+           **_case(tmp_path, "array", "jsonl", '[1, 2]\n'))
+    expect("payload field missing", BadRecordError, r"line 2: no payload field 'v'", payload_field="v",
+           **_case(tmp_path, "nopayload", "jsonl", '{"v": 1}\n{"w": 2}\n'))
+    expect("CSV row with more fields than the header", BadRecordError, r"data\.csv, line 4: 3 fields where the "
+           r"header has 2", **_case(tmp_path, "csvfields", "csv", "k,v\na,1\n\nb,2,3\n"))
+    expect("CSV row without the routing key value", BadRecordError,
+           r"data\.csv, line 3: no value for routing key field 'k'", routing_key_field="k",
+           **_case(tmp_path, "csvkey", "csv", "k,v\na,1\n,2\n"))
+    expect("routing key field that is not a CSV column", BadRecordError,
+           r"routing_key_field 'sensor' is not a column of .*data\.csv \(columns: k, v\)", routing_key_field="sensor",
+           **_case(tmp_path, "csvcol", "csv", "k,v\na,1\n"))
+    spark.createDataFrame([("a", 1), ("b", None)], "k string, v long").coalesce(1).write.parquet(
+        str(tmp_path / "pqw"))
+    (tmp_path / "pq").mkdir()
+    next((tmp_path / "pqw").glob("*.parquet")).rename(tmp_path / "pq" / "data.parquet")
+    expect("Parquet record without the payload field's value", BadRecordError,
+           r"data\.parquet, record 2: no payload field 'v'", format="parquet", payload_field="v",
+           source=str(tmp_path / "pq"))
+    # A file changed after it was ingested.
+    run_ingest(client, spark, IngestSpec(scope=scope, stream="ok", source=str(tmp_path / "ok"), create_stream=True,
+                                         ingest_id="changed"))
+    (tmp_path / "ok" / "a.jsonl").write_text('{"k": "a"}\n{"k": "b"}\n')
+    expect("file changed since it was ingested", ChangedFileError, "allow_changed_files=True",
+           source=str(tmp_path / "ok"), ingest_id="changed", stream="ok")
+
+    table = ["# Bad input → message", "",
+             "Generated by `tests/ingest/test_ingest_inputs.py` from the messages the ingest gives (paths shown",
+             "as `/data`); regenerate with `PRAVEGA_UPDATE_DOCS=1`. Every one fails before anything is",
+             "committed; the first three before a SparkSession starts.", "",
+             "| Input | Error and message |", "|---|---|"]
+    table += ["| " + what + " | " + msg.replace("|", "\\|") + " |" for what, msg in rows]
+    text = "\n".join(table) + "\n"
+    if os.environ.get("PRAVEGA_UPDATE_DOCS"):
+        DOC.write_text(text)
+    assert DOC.exists() and DOC.read_text() == text, \
+        "docs/bad-input.md is stale: rerun this test with PRAVEGA_UPDATE_DOCS=1 and commit it"
