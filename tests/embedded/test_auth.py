@@ -33,6 +33,7 @@ from airflow_provider_pravega.protocol import controller_pb2 as pb
 from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
 from airflow_provider_pravega.protocol import wire
 from airflow_provider_pravega.testing.pytest_plugin import SecureServer
+from airflow_provider_pravega.testing.wire_peer import WirePeer
 
 # ------------------------------------------------------------------------------------- unit level
 
@@ -434,7 +435,7 @@ w.write_event("from-writer-iot"); w.flush()
                                            timeout=10).delegationToken
             for r in segs.segmentRanges:
                 name = f"{scope}/{stream}/{r.segmentId.segmentId}.#epoch.0"
-                with WirePeer(secure) as p:
+                with _peer(secure) as p:
                     p.send(wire.GetStreamSegmentInfo(1, name, token))
                     info = p.recv()
                     assert isinstance(info, wire.StreamSegmentInfo) and info.write_offset == 0, info
@@ -459,37 +460,9 @@ print(json.dumps(asyncio.run(read_all({scope!r}, "s", 2, "rg"))))
 # ------------------------------------------------------------------------------------- segment store
 
 
-class WirePeer:
-    """Raw segment-store frames over a plain or TLS socket (our codec)."""
-
-    def __init__(self, server: SecureServer) -> None:
-        host, port = server.segment_store_endpoint.rsplit(":", 1)
-        sock = socket.create_connection((host, int(port)), timeout=10)
-        if server.tls:
-            ctx = ssl.create_default_context(cafile=str(server.ca_cert))
-            sock = ctx.wrap_socket(sock, server_hostname=host)
-        self.sock = sock
-        self.decoder = wire.FrameDecoder("reply")
-        self.pending: list = []
-        self.send(wire.Hello(wire.WIRE_VERSION, wire.OLDEST_COMPATIBLE_VERSION))
-        assert isinstance(self.recv(), wire.Hello)
-
-    def send(self, cmd) -> None:
-        self.sock.sendall(wire.encode(cmd))
-
-    def recv(self):
-        while not self.pending:
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError("closed by server")
-            self.pending.extend(self.decoder.feed(data))
-        return self.pending.pop(0)
-
-    def __enter__(self) -> WirePeer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.sock.close()
+def _peer(server: SecureServer) -> WirePeer:
+    """Raw segment-store frames to the secure server (over TLS when it has TLS)."""
+    return WirePeer.to(server.segment_store_endpoint, cafile=str(server.ca_cert) if server.tls else None)
 
 
 def _token(server: SecureServer, user: str, scope: str, stream: str) -> str:
@@ -530,7 +503,7 @@ def test_segment_store_refuses_bad_tokens(secure, unique_name):
         "unsigned": jwt.encode({"sub": "admin", "aud": "segmentstore", "exp": int(time.time()) + 60,
                                 "prn::/scope:iot/stream:tok": "READ_UPDATE"}, None, algorithm="none"),
     }
-    with WirePeer(secure) as p:
+    with _peer(secure) as p:
         rid = 0
         for name, token in cases.items():
             for request in (lambda r, t: wire.ReadSegment(seg, 0, 100, t, r),
@@ -553,7 +526,7 @@ def test_read_token_cannot_append_or_change_segments(secure):
     ensure_scope_and_stream(secure, "iot", "ro")
     seg = "iot/ro/0.#epoch.0"
     read_token = _token(secure, "reader", "iot", "ro")
-    with WirePeer(secure) as p:
+    with _peer(secure) as p:
         p.send(wire.ReadSegment(seg, 0, 100, read_token, 1))
         assert isinstance(p.recv(), wire.SegmentRead)
         for rid, request in enumerate([wire.SetupAppend(2, 5, seg, read_token),
@@ -568,7 +541,7 @@ def test_read_token_cannot_append_or_change_segments(secure):
         p.send(wire.AppendBlockEnd(5, len(block), block, 1, 1, 9))
         with pytest.raises((ConnectionError, OSError)):
             p.recv()
-    with WirePeer(secure) as p:
+    with _peer(secure) as p:
         p.send(wire.GetStreamSegmentInfo(1, seg, _token(secure, "admin", "iot", "ro")))
         info = p.recv()
         assert info.write_offset == 0 and not info.is_sealed
@@ -580,7 +553,7 @@ def test_expired_token_answers_code_1(pravega_secure_embedded_factory):
         ensure_scope_and_stream(server, "iot", "exp")
         token = _token(server, "admin", "iot", "exp")
         seg = "iot/exp/0.#epoch.0"
-        with WirePeer(server) as p:
+        with _peer(server) as p:
             p.send(wire.GetStreamSegmentInfo(1, seg, token))
             assert isinstance(p.recv(), wire.StreamSegmentInfo)
             time.sleep(2.2)

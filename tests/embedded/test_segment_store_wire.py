@@ -15,6 +15,7 @@ import pytest
 from airflow_provider_pravega.embedded.segment_store import SegmentStoreServer
 from airflow_provider_pravega.embedded.storage import SegmentStorage
 from airflow_provider_pravega.protocol import wire
+from airflow_provider_pravega.testing.wire_peer import WirePeer
 
 SEG = "sc/st/0.#epoch.0"
 
@@ -31,47 +32,9 @@ def store_server(tmp_path):
     storage.close()
 
 
-class Peer:
-    """A minimal blocking client on our codec."""
-
-    def __init__(self, port: int, hello: bool = True) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.decoder = wire.FrameDecoder("reply")
-        self.pending: list = []
-        if hello:
-            self.send(wire.Hello(15, 5))
-            assert isinstance(self.recv(), wire.Hello)
-
-    def send(self, cmd) -> None:
-        self.sock.sendall(wire.encode(cmd))
-
-    def recv(self):
-        while not self.pending:
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError("closed by server")
-            self.pending.extend(self.decoder.feed(data))
-        return self.pending.pop(0)
-
-    def closed_by_server(self, timeout: float = 5.0) -> bool:
-        self.sock.settimeout(timeout)
-        try:
-            while True:
-                data = self.sock.recv(65536)
-                if not data:
-                    return True
-        except (ConnectionResetError, BrokenPipeError):
-            return True
-        except TimeoutError:
-            return False
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def test_append_then_read_and_dedup(store_server):
     _, server = store_server
-    p = Peer(server.port)
+    p = WirePeer("127.0.0.1", server.port)
     p.send(wire.SetupAppend(1, 42, SEG, ""))
     setup = p.recv()
     assert isinstance(setup, wire.AppendSetup) and setup.last_event_number == wire.NO_EVENT_NUMBER
@@ -92,7 +55,7 @@ def test_append_then_read_and_dedup(store_server):
 
 def test_tail_read_waits_for_data(store_server):
     _, server = store_server
-    reader, writer = Peer(server.port), Peer(server.port)
+    reader, writer = WirePeer("127.0.0.1", server.port), WirePeer("127.0.0.1", server.port)
     reader.send(wire.ReadSegment(SEG, 0, 1 << 20, "", 7))
     time.sleep(0.2)
     writer.send(wire.SetupAppend(1, 9, SEG, ""))
@@ -113,7 +76,7 @@ def test_tail_read_waits_for_data(store_server):
 
 def test_errors_for_unknown_segments(store_server):
     _, server = store_server
-    p = Peer(server.port)
+    p = WirePeer("127.0.0.1", server.port)
     p.send(wire.ReadSegment("no/such/0", 0, 100, "", 3))
     r = p.recv()
     assert isinstance(r, wire.NoSuchSegment) and r.request_id == 3
@@ -135,10 +98,10 @@ GARBAGE = [
 @pytest.mark.parametrize("garbage", GARBAGE)
 def test_bad_input_closes_only_that_connection(store_server, garbage):
     _, server = store_server
-    good = Peer(server.port)
+    good = WirePeer("127.0.0.1", server.port)
     good.send(wire.SetupAppend(1, 77, SEG, ""))
     good.recv()
-    bad = Peer(server.port, hello=False)
+    bad = WirePeer("127.0.0.1", server.port, hello=False)
     bad.sock.sendall(garbage)
     assert bad.closed_by_server()
     # The well-behaved client is unaffected.
@@ -148,17 +111,17 @@ def test_bad_input_closes_only_that_connection(store_server, garbage):
 
 def test_append_without_setup_and_before_hello_close_the_connection(store_server):
     _, server = store_server
-    p = Peer(server.port)
+    p = WirePeer("127.0.0.1", server.port)
     p.send(wire.AppendBlockEnd(5, 9, wire.frame_event(b"x"), 1, 1, 2))
     assert p.closed_by_server()
-    q = Peer(server.port, hello=False)
+    q = WirePeer("127.0.0.1", server.port, hello=False)
     q.send(wire.ReadSegment(SEG, 0, 10, "", 1))
     assert q.closed_by_server()
 
 
 def test_garbage_flood_does_not_hurt_other_clients(store_server):
     _, server = store_server
-    good = Peer(server.port)
+    good = WirePeer("127.0.0.1", server.port)
     good.send(wire.SetupAppend(1, 88, SEG, ""))
     good.recv()
     stop = threading.Event()

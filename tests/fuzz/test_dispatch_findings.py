@@ -6,13 +6,13 @@ in-process SegmentStoreServer; the fuzz harness checks the same property on ever
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 
 from airflow_provider_pravega.embedded.segment_store import SegmentStoreServer
 from airflow_provider_pravega.embedded.storage import SegmentStorage
 from airflow_provider_pravega.protocol import wire
+from airflow_provider_pravega.testing.wire_peer import WirePeer
 
 SEG = "fz/st/0.#epoch.0"
 
@@ -28,25 +28,8 @@ def server(tmp_path):
     storage.close()
 
 
-class Client:
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.decoder = wire.FrameDecoder("reply")
-        self.pending: list = []
-        assert isinstance(self.call(wire.Hello()), wire.Hello)
-
-    def call(self, cmd):
-        self.sock.sendall(wire.encode(cmd))
-        while not self.pending:
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise ConnectionError(f"server closed the connection after {cmd!r}")
-            self.pending.extend(self.decoder.feed(data))
-        return self.pending.pop(0)
-
-
 def test_merging_a_segment_into_itself_is_refused_and_keeps_its_data(server):
-    c = Client(server.port)
+    c = WirePeer("127.0.0.1", server.port)
     assert isinstance(c.call(wire.CreateSegment(1, SEG, 0, 0, "")), wire.SegmentCreated)
     assert isinstance(c.call(wire.SetupAppend(2, 7, SEG, "")), wire.AppendSetup)
     event = wire.frame_event(b"keep me")
