@@ -609,11 +609,12 @@ class SegmentStoreClient:
 
     # TokenSource: what the pool's connections ask before sending a request that carries a token.
     def current_token(self, segment: str, access: str = "read") -> str | None:
+        """:meth:`token_for`, or None for a name that is not a stream segment's."""
         try:
-            scope, stream, _ = self.locate(segment)
+            self.locate(segment)
         except ValueError:
             return None
-        return self.controller.get_delegation_token(scope, stream, access)
+        return self.token_for(segment, access)
 
     def renewed_token(self, segment: str, stale: str, access: str = "read") -> str | None:
         try:

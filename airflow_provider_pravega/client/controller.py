@@ -43,7 +43,7 @@ from airflow_provider_pravega.client.security import (
     TokenCache,
     basic_auth_metadata,
     certificate_name,
-    read_trust_store,
+    grpc_channel_credentials,
     speaks_tls,
     tls_handshake,
 )
@@ -517,19 +517,12 @@ class ControllerClient:
                         # store; gRPC checks the certificate against its own name instead of ours.
                         options.append(("grpc.ssl_target_name_override", name_override))
                     self._channel = grpc.secure_channel(
-                        target, self._tls_credentials(), options=options
+                        target, grpc_channel_credentials(self.config), options=options
                     )
                 else:
                     self._channel = grpc.insecure_channel(target, options=options)
                 self._stub = pb_grpc.ControllerServiceStub(self._channel)
             return self._stub
-
-    def _tls_credentials(self) -> grpc.ChannelCredentials:
-        root: bytes | None = None
-        trust = self.config.effective_trust_store() if self.config is not None else None
-        if trust:
-            root = read_trust_store(trust)  # a file, or every file of a CA directory
-        return grpc.ssl_channel_credentials(root_certificates=root)
 
     def _call(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
         stub = self._get_stub()

@@ -24,7 +24,7 @@ from airflow_provider_pravega.client.errors import PravegaTLSError
 from airflow_provider_pravega.client.security import (
     basic_auth_metadata,
     certificate_name,
-    read_trust_store,
+    grpc_channel_credentials,
     speaks_tls,
     tls_handshake,
 )
@@ -103,9 +103,7 @@ def _open_channel(config: PravegaConnectionConfig, timeout: float) -> grpc.Chann
         name = certificate_name(cert)
         if name:  # the chain was verified; only the host-name match is given up
             options.append(("grpc.ssl_target_name_override", name))
-    trust_store = config.effective_trust_store()
-    roots = read_trust_store(trust_store) if trust_store else None
-    return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
+    return grpc.secure_channel(target, grpc_channel_credentials(config), options=options)
 
 
 def _metadata(config: PravegaConnectionConfig) -> list[tuple[str, str]]:

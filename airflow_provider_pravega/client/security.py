@@ -36,6 +36,7 @@ __all__ = [
     "basic_auth_metadata",
     "certificate_name",
     "client_ssl_context",
+    "grpc_channel_credentials",
     "read_trust_store",
     "speaks_tls",
     "tls_handshake",
@@ -185,6 +186,14 @@ def read_trust_store(path: str) -> bytes:
         return target.read_bytes()
     except OSError as exc:
         raise PravegaTLSError(path, f"cannot read the trust store {path}: {exc.strerror or exc}") from None
+
+
+def grpc_channel_credentials(config: PravegaConnectionConfig | None) -> Any:
+    """gRPC TLS credentials trusting the connection's trust store (the system CAs without one)."""
+    import grpc
+
+    trust = config.effective_trust_store() if config is not None else None
+    return grpc.ssl_channel_credentials(root_certificates=read_trust_store(trust) if trust else None)
 
 
 def client_ssl_context(config: PravegaConnectionConfig) -> ssl.SSLContext:
