@@ -247,8 +247,9 @@ def list_sources(spark: Any, source: str | Sequence[str]) -> list[SourceFile]:
         local = _local_path(item)
         target = uri_of(local) if local is not None else item
         try:
-            frames.append(spark.read.format("binaryFile").load(target)
-                          .select("path", "length", F.unix_millis("modificationTime").alias("mtime")))
+            frame = spark.read.format("binaryFile").load(target)
+            frame.schema  # analysed now (Spark Connect analyses lazily): a missing path fails here
+            frames.append(frame.select("path", "length", F.unix_millis("modificationTime").alias("mtime")))
         except Exception as exc:  # AnalysisException (classic and Connect) or a Hadoop error
             text = str(exc)
             if "PATH_NOT_FOUND" in text or "Path does not exist" in text:
@@ -306,6 +307,7 @@ def _first_line(text: str) -> str:
 # The Spark plan and record validation (one definition of a bad record, for both modes)
 # ---------------------------------------------------------------------------------------------
 
+CONNECT_DEFAULT_WRITERS = 8  # writers on Spark Connect when its configuration does not say
 EVENT_LIMIT = 8 * 1024 * 1024  # Pravega's event size limit (protocol.wire.MAX_EVENT_SIZE)
 
 
@@ -391,9 +393,19 @@ def writers_of(spark: Any, spec: IngestSpec) -> int:
         return spec.num_writers
     try:
         return int(spark.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect has no SparkContext: the configured parallelism
-        conf = spark.conf.get("spark.default.parallelism", None) or spark.conf.get("spark.sql.shuffle.partitions")
-        return max(1, int(conf))
+    except Exception:  # Spark Connect has no SparkContext: what the server's configuration says
+        pass
+    conf = spark.conf.get
+    if conf("spark.default.parallelism", None):
+        return max(1, int(conf("spark.default.parallelism")))
+    master = conf("spark.master", None) or ""
+    if master.startswith("local"):
+        cores = master[len("local"):].strip("[]").split(",")[0] or "1"
+        return max(1, os.cpu_count() or 1) if cores == "*" else max(1, int(cores))
+    instances, cores = conf("spark.executor.instances", None), conf("spark.executor.cores", None)
+    if instances and cores:
+        return max(1, int(instances) * int(cores))
+    return CONNECT_DEFAULT_WRITERS  # not the SQL shuffle default (200 transactions per run)
 
 
 def build_frame(spark: Any, files: Sequence[str], spec: IngestSpec) -> Any:
@@ -468,8 +480,13 @@ def first_bad_line(spark: Any, key: str, spec: IngestSpec) -> tuple[int, str]:
     if not found:
         return 0, "bad record"
     bad = found[0]
-    before = lines.where(F.col("b") < bad["b"]).count()
-    start = lines.where(F.col("b") == bad["b"]).agg(F.min("m")).collect()[0][0]
+    splits = lines.where(F.col("b") <= bad["b"]).groupBy("b").agg(F.count("*").alias("n"), F.min("m").alias("m0"))
+    before, start = 0, bad["m"]
+    for split in splits.collect():  # one row per split before the bad one: a few numbers
+        if split["b"] < bad["b"]:
+            before += split["n"]
+        else:
+            start = split["m0"]
     why = bad["why"]
     if why == "not valid JSON" and bad["text"] is not None:
         try:
