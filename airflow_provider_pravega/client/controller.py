@@ -10,6 +10,7 @@ status to a return value or to one of the exceptions in :mod:`.errors`.
 from __future__ import annotations
 
 import enum
+import os
 import re
 import socket
 import threading
@@ -18,7 +19,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Self
 
-import grpc
+# gRPC >= 1.81 restarts its poller in a fork()ed child (grpc/grpc#43055): a subprocess started with
+# preexec_fn after a channel was used — PySpark launching its JVM once an ingest found work, for
+# one — aborts before exec now and then. Its fork handlers only serve processes that keep using
+# gRPC after fork without exec, which nothing here does. Read when grpc is first imported; a value
+# set by the user wins.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc  # noqa: E402
 
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import (
