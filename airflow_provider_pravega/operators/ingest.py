@@ -17,11 +17,13 @@ class PravegaTransactionalIngestOperator(BaseOperator):
     Whatever happens — task retries, a worker killed at any moment, two copies of the task at once,
     backfills re-running old intervals — each record lands once (``mode="exactly_once"``, the
     default: one Pravega transaction per Spark task, committed together after a durable commit
-    record). Files already ingested by this ingest id (same path, size and content) are skipped.
+    record). Files already ingested by this ingest id (same path, size and modification time) are
+    skipped.
 
     :param scope: Scope of the target stream (default: the connection's default scope).
     :param stream: Target stream.
-    :param source: A path, a directory or a glob (templated), or a list of them.
+    :param source: A path, a directory or a glob (templated), plain or as a Hadoop filesystem URI
+        (``file://``, ``s3a://``, ``hdfs://`` …), or a list of them; listed through Spark.
     :param format: ``jsonl`` (default), ``csv`` (with a header), ``parquet`` or ``text``.
     :param routing_key_field: Field whose value is the routing key; all events of one key are
         written in file order by one task, so readers see them in source order.

@@ -271,13 +271,6 @@ def list_sources(spark: Any, source: str | Sequence[str]) -> list[SourceFile]:
     return [files[k] for k in sorted(files)]
 
 
-def resolve_sources(source: str | Sequence[str], spark: Any = None) -> list[str]:
-    """State keys (sorted) of the files a source names; see :func:`list_sources`."""
-    from airflow_provider_pravega.spark.session import get_spark_session
-
-    return [f.key for f in list_sources(spark or get_spark_session(None), source)]
-
-
 def fingerprint_files(spark: Any, keys: Sequence[str]) -> dict[str, str]:
     """BLAKE2b-160 content fingerprints (the form states recorded before listing went through
     Spark), computed inside Spark tasks — one file per row, never on the driver."""
@@ -837,7 +830,8 @@ def main(argv: list[str] | None = None) -> int:
     add_connection_arguments(ap, lease=True)
     ap.add_argument("--scope", required=True)
     ap.add_argument("--stream", required=True)
-    ap.add_argument("--source", required=True, action="append", help="path, directory or glob (repeatable)")
+    ap.add_argument("--source", required=True, action="append",
+                    help="path, directory or glob, plain or a Hadoop filesystem URI (repeatable)")
     ap.add_argument("--format", default="jsonl", choices=FORMATS)
     ap.add_argument("--routing-key-field")
     ap.add_argument("--payload-field")

@@ -220,3 +220,16 @@ def test_bad_inputs_fail_before_writing_and_make_the_readme_table(tmp_path, clie
         DOC.write_text(text)
     assert DOC.exists() and DOC.read_text() == text, \
         "docs/bad-input.md is stale: rerun this test with PRAVEGA_UPDATE_DOCS=1 and commit it"
+
+
+def test_options_no_run_could_accept_fail_when_the_dag_is_parsed():
+    from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
+
+    for bad, message in (({"format": "xml"}, "format must be one of"), ({"mode": "maybe"}, "mode must be one of"),
+                         ({"on_empty": "skip"}, "on_empty must be"), ({"num_writers": 0}, "num_writers must be"),
+                         ({"stream_segments": 0}, "stream_segments must be"),
+                         ({"format": "text", "routing_key_field": "k"}, "format 'text' has no fields")):
+        with pytest.raises(ValueError, match=message):
+            PravegaTransactionalIngestOperator(task_id="t", stream="s", source="/in", **bad)
+    with pytest.raises(ValueError, match="source must be a non-empty"):
+        IngestSpec(scope="x", stream="s", source=[])
