@@ -12,9 +12,9 @@ input: ``python scripts/generate_sample_data.py --out $PRAVEGA_EXAMPLES_DATA/inc
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import DAG, task
+from pravega_examples_common import DATA, SCOPE, STREAM, daily
 
 from airflow_provider_pravega.operators import (
     PravegaCreateScopeOperator,
@@ -23,19 +23,7 @@ from airflow_provider_pravega.operators import (
 )
 from airflow_provider_pravega.sensors import PravegaTransactionSensor
 
-DATA = os.environ.get("PRAVEGA_EXAMPLES_DATA", "/data")
-SCOPE = "iot"
-STREAM = "readings"
-
-with DAG(
-    dag_id="pravega_exactly_once_ingest",
-    schedule="@daily",
-    start_date=datetime(2026, 11, 1, tzinfo=timezone.utc),
-    catchup=True,
-    max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=20)},
-    tags=["pravega", "example"],
-) as dag:
+with DAG(dag_id="pravega_exactly_once_ingest", **daily()) as dag:
     create_scope = PravegaCreateScopeOperator(task_id="create_scope", scope=SCOPE)
     create_stream = PravegaCreateStreamOperator(
         task_id="create_stream", scope=SCOPE, stream=STREAM, scaling_policy="fixed", segments=4,

@@ -8,22 +8,19 @@ the event's cuts instead of an interval).
 
 from __future__ import annotations
 
-import os
-
 from airflow.sdk import DAG, Asset, AssetWatcher, task
+from pravega_examples_common import DATA, SCOPE, STREAM
 
 from airflow_provider_pravega.hooks.pravega import PravegaHook
 from airflow_provider_pravega.triggers import PravegaStreamTrigger
-
-DATA = os.environ.get("PRAVEGA_EXAMPLES_DATA", "/data")
 
 # The asset's URI names the controller of the `pravega_default` connection. The watch starts at the
 # stream's head, so readings written before the triggerer first saw the stream (or before the stream
 # existed: it waits for it) are announced too; after that it resumes from the last cut it reported.
 readings = Asset(
-    PravegaHook.asset_uri("iot", "readings"),
+    PravegaHook.asset_uri(SCOPE, STREAM),
     watchers=[AssetWatcher(name="iot_readings_tail",
-                           trigger=PravegaStreamTrigger(scope="iot", stream="readings", after_cut="head",
+                           trigger=PravegaStreamTrigger(scope=SCOPE, stream=STREAM, after_cut="head",
                                                         poll_interval=30))],
 )
 
@@ -39,7 +36,7 @@ with DAG(dag_id="pravega_on_new_readings", schedule=[readings], tags=["pravega",
         payload = events[-1].extra.get("payload", {}) if events else {}
         start, end = payload.get("previous_cut", "head"), payload.get("cut", "tail")
         run_id = context["run_id"].replace(":", "_").replace("+", "_")
-        spec = ExportSpec(scope="iot", stream="readings", start_cut=start, end_cut=end,
+        spec = ExportSpec(scope=SCOPE, stream=STREAM, start_cut=start, end_cut=end,
                           output_path=f"{DATA}/export/on-new-readings/{run_id}", format="jsonl",
                           export_id="pravega_on_new_readings")
         with PravegaHook().get_client() as client:

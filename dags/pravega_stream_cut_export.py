@@ -9,28 +9,16 @@ and no overlap. Output: ``<data>/export/readings/{{ ds }}/`` (``$PRAVEGA_EXAMPLE
 
 from __future__ import annotations
 
-import os
-from datetime import datetime, timedelta, timezone
-
 from airflow.sdk import DAG
+from pravega_examples_common import DATA, SCOPE, STREAM, daily
 
 from airflow_provider_pravega.operators import PravegaStreamCutExportOperator
 
-DATA = os.environ.get("PRAVEGA_EXAMPLES_DATA", "/data")
-
-with DAG(
-    dag_id="pravega_stream_cut_export",
-    schedule="@daily",
-    start_date=datetime(2026, 11, 1, tzinfo=timezone.utc),
-    catchup=True,
-    max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=20)},
-    tags=["pravega", "example"],
-) as dag:
+with DAG(dag_id="pravega_stream_cut_export", **daily()) as dag:
     PravegaStreamCutExportOperator(
         task_id="export",
-        scope="iot",
-        stream="readings",
+        scope=SCOPE,
+        stream=STREAM,
         start_cut="previous",
         end_cut="tail",
         output_path=DATA + "/export/readings/{{ ds }}",

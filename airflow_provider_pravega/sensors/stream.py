@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from datetime import timedelta
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
-from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
+from airflow.sdk import PokeReturnValue
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
 from airflow_provider_pravega._streams import (
     cut_text,
     find_new_data,
     parse_stream_cut,
-    resolve_scope,
     resolve_stream_cut,
 )
-from airflow_provider_pravega.hooks.pravega import PravegaHook
+from airflow_provider_pravega.sensors._base import PravegaSensorBase
 from airflow_provider_pravega.triggers.stream import PravegaStreamTrigger
 
 if TYPE_CHECKING:
@@ -29,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["PravegaStreamSensor"]
 
 
-class PravegaStreamSensor(BaseSensorOperator):
+class PravegaStreamSensor(PravegaSensorBase):
     """Wait until a stream holds data after ``after_cut``.
 
     :param stream: The stream to watch.
@@ -48,37 +45,16 @@ class PravegaStreamSensor(BaseSensorOperator):
     """
 
     template_fields: Sequence[str] = ("scope", "stream", "after_cut")
-    ui_color = "#d6ecfa"
 
-    def __init__(
-        self,
-        *,
-        stream: str,
-        after_cut: Any = "tail",
-        scope: str | None = None,
-        pravega_conn_id: str = PravegaHook.default_conn_name,
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.stream = stream
+    def __init__(self, *, stream: str, after_cut: Any = "tail", **kwargs: Any) -> None:
+        super().__init__(stream=stream, **kwargs)
         self.after_cut = after_cut
-        self.scope = scope
-        self.pravega_conn_id = pravega_conn_id
-        self.deferrable = deferrable
         self._baseline: dict[int, int] | None = None
         if self.mode == "reschedule" and isinstance(after_cut, str) and after_cut.strip().lower() == "tail":
             raise ValueError(
                 f"{self.task_id}: after_cut='tail' cannot be used in reschedule mode (each poke would take a new "
                 f"tail); pass a stream cut (e.g. from XCom) or use poke or deferrable mode"
             )
-
-    @cached_property
-    def hook(self) -> PravegaHook:
-        return PravegaHook(pravega_conn_id=self.pravega_conn_id)
-
-    def _scope(self) -> str:
-        return resolve_scope(self.scope, self.hook.get_config(), self.pravega_conn_id)
 
     def _client(self) -> PravegaClient:
         return self.hook.get_client()
@@ -104,34 +80,16 @@ class PravegaStreamSensor(BaseSensorOperator):
         self.log.info("No new data in %s/%s yet", scope, self.stream)
         return False
 
-    def _first_poke(self, context: Context) -> bool | PokeReturnValue:
-        """The check made before deferring, failing (or skipping, with soft_fail) as a poke would."""
-        try:
-            return self.poke(context)
-        except (AirflowFailException, AirflowSensorTimeout) as exc:
-            if self.soft_fail or self.never_fail:
-                raise AirflowSkipException(f"Skipping ({'soft_fail' if self.soft_fail else 'never_fail'}): {exc}") from exc
-            raise
-
-    def execute(self, context: Context) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        done = self._first_poke(context)
-        if done:
-            return done.xcom_value if isinstance(done, PokeReturnValue) else None
-        assert self._baseline is not None
+    def deferred_trigger(self) -> PravegaStreamTrigger:
+        assert self._baseline is not None  # set by the first poke
         scope = self._scope()
-        self.defer(
-            trigger=PravegaStreamTrigger(
-                stream=self.stream,
-                scope=scope,
-                pravega_conn_id=self.pravega_conn_id,
-                after_cut=cut_text(scope, self.stream, self._baseline),
-                poll_interval=self.poke_interval,
-                end_time=time.time() + self.timeout,
-            ),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout),
+        return PravegaStreamTrigger(
+            stream=self.stream,
+            scope=scope,
+            pravega_conn_id=self.pravega_conn_id,
+            after_cut=cut_text(scope, self.stream, self._baseline),
+            poll_interval=self.poke_interval,
+            end_time=time.time() + self.timeout,
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from datetime import timedelta
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
-from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
+from airflow.sdk import PokeReturnValue
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
-from airflow_provider_pravega._streams import resolve_scope
 from airflow_provider_pravega.client.controller import TxnStatus
-from airflow_provider_pravega.hooks.pravega import PravegaHook
+from airflow_provider_pravega.sensors._base import PravegaSensorBase
 from airflow_provider_pravega.triggers.transaction import (
     _FAILED_DETAIL,
     FAILED_STATES,
@@ -32,7 +29,7 @@ class PravegaTransactionFailedError(AirflowFailException):
     """A transaction is ABORTING, ABORTED or UNKNOWN: it will never commit, so retrying cannot help."""
 
 
-class PravegaTransactionSensor(BaseSensorOperator):
+class PravegaTransactionSensor(PravegaSensorBase):
     """Wait until every given transaction of a stream is COMMITTED.
 
     Fails at once, naming the transaction and its state, when one is ABORTING, ABORTED or UNKNOWN
@@ -53,32 +50,11 @@ class PravegaTransactionSensor(BaseSensorOperator):
     """
 
     template_fields: Sequence[str] = ("scope", "stream", "transaction_ids")
-    ui_color = "#d6ecfa"
 
-    def __init__(
-        self,
-        *,
-        stream: str,
-        transaction_ids: Any,
-        scope: str | None = None,
-        pravega_conn_id: str = PravegaHook.default_conn_name,
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.stream = stream
+    def __init__(self, *, stream: str, transaction_ids: Any, **kwargs: Any) -> None:
+        super().__init__(stream=stream, **kwargs)
         self.transaction_ids = transaction_ids
-        self.scope = scope
-        self.pravega_conn_id = pravega_conn_id
-        self.deferrable = deferrable
         self._committed: set[int] = set()
-
-    @cached_property
-    def hook(self) -> PravegaHook:
-        return PravegaHook(pravega_conn_id=self.pravega_conn_id)
-
-    def _scope(self) -> str:
-        return resolve_scope(self.scope, self.hook.get_config(), self.pravega_conn_id)
 
     def _ids(self) -> list[int]:
         value = self.transaction_ids
@@ -118,32 +94,14 @@ class PravegaTransactionSensor(BaseSensorOperator):
         self.log.info("All %d transactions on %s/%s are COMMITTED", len(committed), scope, self.stream)
         return PokeReturnValue(is_done=True, xcom_value=committed)
 
-    def _first_poke(self, context: Context) -> bool | PokeReturnValue:
-        """The check made before deferring, failing (or skipping, with soft_fail) as a poke would."""
-        try:
-            return self.poke(context)
-        except (AirflowFailException, AirflowSensorTimeout) as exc:
-            if self.soft_fail or self.never_fail:
-                raise AirflowSkipException(f"Skipping ({'soft_fail' if self.soft_fail else 'never_fail'}): {exc}") from exc
-            raise
-
-    def execute(self, context: Context) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        done = self._first_poke(context)  # no need to defer when everything is already committed
-        if done:
-            return done.xcom_value if isinstance(done, PokeReturnValue) else None
-        self.defer(
-            trigger=PravegaTransactionTrigger(
-                scope=self._scope(),
-                stream=self.stream,
-                transaction_ids=[format_txn_id(t) for t in self._ids() if t not in self._committed],
-                pravega_conn_id=self.pravega_conn_id,
-                poll_interval=self.poke_interval,
-                end_time=time.time() + self.timeout,
-            ),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout),
+    def deferred_trigger(self) -> PravegaTransactionTrigger:
+        return PravegaTransactionTrigger(
+            scope=self._scope(),
+            stream=self.stream,
+            transaction_ids=[format_txn_id(t) for t in self._ids() if t not in self._committed],
+            pravega_conn_id=self.pravega_conn_id,
+            poll_interval=self.poke_interval,
+            end_time=time.time() + self.timeout,
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> list[str]:

@@ -8,7 +8,10 @@ machine can read it there): from an environment variable or from a file.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
@@ -55,3 +58,25 @@ def _password(args: argparse.Namespace) -> str | None:
     if args.username:
         return os.environ.get(args.password_env) or None
     return None
+
+
+def run_job_command(name: str, args: argparse.Namespace, job: Callable[[Any], Any],
+                    failures: tuple[type[BaseException], ...]) -> int:
+    """The common end of a job's ``main``: build the client from the options (exit 2 naming a bad
+    one), run ``job(client)`` (exit 1 with the message of an expected failure), print the result's
+    JSON (exit 0)."""
+    from airflow_provider_pravega.client import PravegaClient
+
+    try:
+        config = config_from_arguments(args)
+    except ValueError as exc:
+        print(f"{name} failed: {exc}", file=sys.stderr)
+        return 2
+    with PravegaClient(config) as client:
+        try:
+            result = job(client)
+        except failures as exc:
+            print(f"{name} failed: {exc}", file=sys.stderr)
+            return 1
+    print(json.dumps(result.to_dict()))
+    return 0

@@ -76,7 +76,7 @@ from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
 from airflow_provider_pravega.protocol import wire
 from airflow_provider_pravega.spark.connection_args import (
     add_connection_arguments,
-    config_from_arguments,
+    run_job_command,
 )
 
 log = logging.getLogger(__name__)
@@ -937,7 +937,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--master", default=None, help="Spark master (default: local mode on every core)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from airflow_provider_pravega.client import PravegaClient
     from airflow_provider_pravega.spark.session import get_spark_session
 
     try:
@@ -947,19 +946,15 @@ def main(argv: list[str] | None = None) -> int:
             interval_key=args.interval, on_truncated=args.on_truncated, num_partitions=args.num_partitions,
             json_schema=args.json_schema, compression=args.compression,
         )
-        config = config_from_arguments(args)
     except ValueError as exc:
         print(f"export failed: {exc}", file=sys.stderr)
         return 2
-    spark = get_spark_session(None, "pravega-export", **({"spark.master": args.master} if args.master else {}))
-    with PravegaClient(config) as client:
-        try:
-            result = run_export(client, spark, spec)
-        except (PravegaError, ValueError) as exc:
-            print(f"export failed: {exc}", file=sys.stderr)
-            return 1
-    print(json.dumps(result.to_dict()))
-    return 0
+
+    def job(client: Any) -> ExportResult:
+        spark = get_spark_session(None, "pravega-export", **({"spark.master": args.master} if args.master else {}))
+        return run_export(client, spark, spec)
+
+    return run_job_command("export", args, job, (PravegaError, ValueError))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from airflow_provider_pravega.client.ingest import (
 )
 from airflow_provider_pravega.spark.connection_args import (
     add_connection_arguments,
-    config_from_arguments,
+    run_job_command,
 )
 
 log = logging.getLogger(__name__)
@@ -844,7 +844,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--master", default=None, help="Spark master (default: local mode on every core)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from airflow_provider_pravega.client import PravegaClient
     from airflow_provider_pravega.spark.session import get_spark_session
 
     spec = IngestSpec(
@@ -856,19 +855,7 @@ def main(argv: list[str] | None = None) -> int:
     def spark() -> Any:  # started only when there is something to ingest
         return get_spark_session(None, "pravega-ingest", **({"spark.master": args.master} if args.master else {}))
 
-    try:
-        config = config_from_arguments(args)
-    except ValueError as exc:
-        print(f"ingest failed: {exc}", file=sys.stderr)
-        return 2
-    with PravegaClient(config) as client:
-        try:
-            result = run_ingest(client, spark, spec)
-        except (IngestError, PravegaError) as exc:
-            print(f"ingest failed: {exc}", file=sys.stderr)
-            return 1
-    print(json.dumps(result.to_dict()))
-    return 0
+    return run_job_command("ingest", args, lambda client: run_ingest(client, spark, spec), (IngestError, PravegaError))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,28 @@
+"""What the example pipelines share: where their data lives, the stream they use, and the daily
+schedule with retries. Not a pipeline itself (listed in .airflowignore); the folder of these files
+is on the import path when they are parsed, as every DAG folder is."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+#: Input and output files (``/data`` in docker-compose.yaml).
+DATA = os.environ.get("PRAVEGA_EXAMPLES_DATA", "/data")
+SCOPE = "iot"
+STREAM = "readings"
+
+
+def daily(**overrides: Any) -> dict[str, Any]:
+    """Keyword arguments of a daily example pipeline from 2026-11-01 with catchup, one run at a
+    time, and two retries 20 s apart (a retry recovers a crashed ingest)."""
+    return {
+        "schedule": "@daily",
+        "start_date": datetime(2026, 11, 1, tzinfo=timezone.utc),
+        "catchup": True,
+        "max_active_runs": 1,
+        "default_args": {"retries": 2, "retry_delay": timedelta(seconds=20)},
+        "tags": ["pravega", "example"],
+        **overrides,
+    }
