@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from airflow.sdk import DAG, task
-from pravega_examples_common import DATA, SCOPE, STREAM, daily
+from pravega_examples_common import SCOPE, STREAM, daily, data_dir
 
 from airflow_provider_pravega.operators import (
     PravegaCreateScopeOperator,
@@ -22,6 +22,8 @@ from airflow_provider_pravega.operators import (
     PravegaTransactionalIngestOperator,
 )
 from airflow_provider_pravega.sensors import PravegaTransactionSensor
+
+DATA = data_dir()
 
 with DAG(dag_id="pravega_exactly_once_ingest", **daily()) as dag:
     create_scope = PravegaCreateScopeOperator(task_id="create_scope", scope=SCOPE)

@@ -8,10 +8,14 @@ import os
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-#: Input and output files (``/data`` in docker-compose.yaml).
-DATA = os.environ.get("PRAVEGA_EXAMPLES_DATA", "/data")
 SCOPE = "iot"
 STREAM = "readings"
+
+
+def data_dir() -> str:
+    """Input and output files: ``$PRAVEGA_EXAMPLES_DATA``, default ``/data`` (as in docker-compose.yaml);
+    read when a pipeline file is parsed."""
+    return os.environ.get("PRAVEGA_EXAMPLES_DATA", "/data")
 
 
 def daily(**overrides: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ the event's cuts instead of an interval).
 from __future__ import annotations
 
 from airflow.sdk import DAG, Asset, AssetWatcher, task
-from pravega_examples_common import DATA, SCOPE, STREAM
+from pravega_examples_common import SCOPE, STREAM, data_dir
 
 from airflow_provider_pravega.hooks.pravega import PravegaHook
 from airflow_provider_pravega.triggers import PravegaStreamTrigger
@@ -23,6 +23,8 @@ readings = Asset(
                            trigger=PravegaStreamTrigger(scope=SCOPE, stream=STREAM, after_cut="head",
                                                         poll_interval=30))],
 )
+
+DATA = data_dir()
 
 with DAG(dag_id="pravega_on_new_readings", schedule=[readings], tags=["pravega", "example"]) as dag:
 

@@ -10,9 +10,11 @@ and no overlap. Output: ``<data>/export/readings/{{ ds }}/`` (``$PRAVEGA_EXAMPLE
 from __future__ import annotations
 
 from airflow.sdk import DAG
-from pravega_examples_common import DATA, SCOPE, STREAM, daily
+from pravega_examples_common import SCOPE, STREAM, daily, data_dir
 
 from airflow_provider_pravega.operators import PravegaStreamCutExportOperator
+
+DATA = data_dir()
 
 with DAG(dag_id="pravega_stream_cut_export", **daily()) as dag:
     PravegaStreamCutExportOperator(
