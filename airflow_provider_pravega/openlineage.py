@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LIFECYCLE_CHANGES",
+    "controller_namespace",
     "file_dataset",
     "operator_lineage",
     "stream_dataset",
@@ -38,8 +39,13 @@ LIFECYCLE_CHANGES = ("ALTER", "CREATE", "DROP", "OVERWRITE", "RENAME", "TRUNCATE
 
 def stream_namespace(config: PravegaConnectionConfig) -> str:
     """``pravega://host:port`` of the controller (IPv6 hosts in brackets)."""
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    return f"pravega://{host}:{config.port}"
+    return controller_namespace(config.host, config.port)
+
+
+def controller_namespace(host: str, port: int) -> str:
+    """``pravega://host:port`` (IPv6 hosts in brackets): also the prefix of ``pravega://`` asset URIs."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"pravega://{shown}:{port}"
 
 
 def stream_dataset_name(scope: str, stream: str) -> str:

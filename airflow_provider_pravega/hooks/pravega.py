@@ -114,7 +114,7 @@ class PravegaHook(BaseHook):
         Meant for DAG files: when the connection is not defined where the DAG is parsed, the
         connection defaults (``localhost:9090``) are used, so the file still parses.
         """
-        from airflow_provider_pravega.openlineage import stream_dataset_name, stream_namespace
+        from airflow_provider_pravega.assets import stream_uri
 
         try:
             conn = cls.get_connection(pravega_conn_id)
@@ -122,7 +122,7 @@ class PravegaHook(BaseHook):
             config = PravegaConnectionConfig.from_connection_fields(host=None, port=None)
         else:
             config = cls.config_from_connection(conn)
-        return f"{stream_namespace(config)}/{stream_dataset_name(scope, stream)}"
+        return stream_uri(config.host, config.port, scope, stream)
 
     # -------------------------------------------------------------------------- UI metadata
 

@@ -1,0 +1,75 @@
+"""The ``pravega`` asset URI scheme: ``pravega://host:port/scope/stream``.
+
+Registered in provider.yaml (``asset-uris``), so Airflow normalizes every ``Asset("pravega://…")``
+through :func:`sanitize_uri` (the controller port defaults to 9090; scope and stream must be valid
+Pravega names), builds assets with :func:`create_asset` and maps them to OpenLineage datasets with
+:func:`convert_asset_to_openlineage` (the same namespace and name the operators report).
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_pravega.openlineage import controller_namespace, stream_dataset_name
+from airflow_provider_pravega.protocol.naming import validate_scope_name, validate_stream_name
+
+if TYPE_CHECKING:
+    from urllib.parse import SplitResult
+
+__all__ = ["DEFAULT_PORT", "SCHEME", "convert_asset_to_openlineage", "create_asset", "sanitize_uri", "stream_uri"]
+
+SCHEME = "pravega"
+#: Pravega's controller port, assumed when an asset URI names none.
+DEFAULT_PORT = 9090
+
+
+def stream_uri(host: str, port: int | None, scope: str, stream: str) -> str:
+    """``pravega://host:port/scope/stream`` (IPv6 hosts in brackets), names checked."""
+    validate_scope_name(scope)
+    validate_stream_name(stream)
+    return f"{controller_namespace(host, port or DEFAULT_PORT)}/{stream_dataset_name(scope, stream)}"
+
+
+def _parts(uri: SplitResult) -> tuple[str, int, str, str]:
+    text = urllib.parse.urlunsplit(uri)
+    if not uri.hostname:
+        raise ValueError(f"{text}: a pravega asset URI names its controller: pravega://host:port/scope/stream")
+    try:
+        port = uri.port or DEFAULT_PORT
+    except ValueError:
+        raise ValueError(f"{text}: the controller port is not a number") from None
+    path = [part for part in uri.path.split("/") if part]
+    if len(path) != 2:
+        raise ValueError(f"{text}: the path must be /scope/stream, got {uri.path or '/'!r}")
+    scope, stream = (urllib.parse.unquote(part) for part in path)
+    try:
+        validate_scope_name(scope)
+        validate_stream_name(stream)
+    except ValueError as exc:
+        raise ValueError(f"{text}: {exc}") from None
+    return uri.hostname, port, scope, stream
+
+
+def sanitize_uri(uri: SplitResult) -> SplitResult:
+    """Airflow's normalizer for ``pravega://``: default port, host in lower case, scope and stream
+    validated (a bad one is an error naming it)."""
+    host, port, scope, stream = _parts(uri)
+    return urllib.parse.urlsplit(stream_uri(host, port, scope, stream))
+
+
+def create_asset(*, scope: str, stream: str, host: str = "localhost", port: int = DEFAULT_PORT,
+                 extra: dict[str, Any] | None = None) -> Any:
+    """An ``Asset`` for a stream (Airflow's asset factory for the ``pravega`` scheme)."""
+    from airflow.sdk import Asset
+
+    return Asset(uri=stream_uri(host, port, scope, stream), extra=extra)
+
+
+def convert_asset_to_openlineage(asset: Any, lineage_context: Any) -> Any:
+    """The OpenLineage dataset of a ``pravega://`` asset: namespace ``pravega://host:port``, name
+    ``scope/stream`` (what the operators report for the same stream)."""
+    from airflow.providers.common.compat.openlineage.facet import Dataset
+
+    host, port, scope, stream = _parts(urllib.parse.urlsplit(asset.uri))
+    return Dataset(namespace=controller_namespace(host, port), name=stream_dataset_name(scope, stream))
