@@ -222,6 +222,25 @@ def run_dag():
 
 
 @pytest.fixture
+def client(pravega_controller_uri: str):
+    """This provider's client on the test's Pravega (closed after the test)."""
+    from airflow_provider_pravega.client import PravegaClient
+
+    with PravegaClient(pravega_controller_uri) as c:
+        yield c
+
+
+@pytest.fixture
+def pravega_conn(monkeypatch, pravega_embedded) -> None:
+    """``pravega_default`` pointed at the session's embedded server (AIRFLOW_CONN_* JSON)."""
+    import json
+
+    host, port = pravega_embedded.controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
+    monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_DEFAULT", json.dumps({"conn_type": "pravega", "host": host,
+                                                                   "port": int(port)}))
+
+
+@pytest.fixture
 def pravega_default_conn(monkeypatch, pravega_controller_uri):
     """``pravega_default`` pointed at the test's Pravega (AIRFLOW_CONN_* JSON); returns its URI."""
     import json

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,12 +32,6 @@ def controller(monkeypatch: pytest.MonkeyPatch, pravega_embedded: Any) -> tuple[
         "AIRFLOW_CONN_PRAVEGA_DEFAULT", json.dumps({"conn_type": "pravega", "host": host, "port": int(port)})
     )
     return host, int(port)
-
-
-@pytest.fixture
-def client(pravega_controller_uri: str) -> Iterator[PravegaClient]:
-    with PravegaClient(pravega_controller_uri) as c:
-        yield c
 
 
 def extracted(operator: Any) -> Any:

@@ -41,12 +41,6 @@ DAY2 = "2026-11-21T00:00:00+00:00/2026-11-22T00:00:00+00:00"
 DAY3 = "2026-11-22T00:00:00+00:00/2026-11-23T00:00:00+00:00"
 
 
-@pytest.fixture
-def client(pravega_controller_uri):
-    with PravegaClient(pravega_controller_uri) as c:
-        yield c
-
-
 def write(uri: str, scope: str, stream: str, phase: str, count: int) -> list[str]:
     """``count`` events ``phase|key|seq`` written with the official writer; returns them."""
     manager = pravega_client.StreamManager(uri)

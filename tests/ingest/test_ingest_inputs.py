@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.errors import StreamNotFoundError
 from airflow_provider_pravega.client.ingest import ChangedFileError, IngestCoordinator, open_state_store
 from airflow_provider_pravega.client.streamcut import StreamCut
@@ -29,12 +28,6 @@ from airflow_provider_pravega.spark.ingest_job import (
 )
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bad-input.md"
-
-
-@pytest.fixture
-def client(pravega_controller_uri):
-    with PravegaClient(pravega_controller_uri) as c:
-        yield c
 
 
 def no_session():

@@ -32,12 +32,6 @@ def write_jsonl(directory, files=3, per_file=500, keys=11):
     return lines
 
 
-@pytest.fixture
-def client(pravega_controller_uri):
-    with PravegaClient(pravega_controller_uri) as c:
-        yield c
-
-
 def test_jsonl_exactly_once_in_key_order_and_rerun_skips(tmp_path, client, spark, read_stream, unique_name,
                                                           pravega_controller_uri):
     scope = unique_name("ing")

@@ -8,7 +8,7 @@ is checked on the server, not only by its return value.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pendulum
@@ -45,12 +45,6 @@ def pravega_conn(monkeypatch: pytest.MonkeyPatch, pravega_embedded: Any) -> Call
 
     set_conn()
     return set_conn
-
-
-@pytest.fixture
-def client(pravega_controller_uri: str) -> Iterator[PravegaClient]:
-    with PravegaClient(pravega_controller_uri) as c:
-        yield c
 
 
 def write_events(controller_uri: str, scope: str, stream: str, count: int, prefix: str) -> int:

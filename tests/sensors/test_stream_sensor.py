@@ -3,9 +3,8 @@ written, poke mode with a cut from XCom, timeout while deferred, and a sealed st
 
 from __future__ import annotations
 
-import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pendulum
@@ -18,20 +17,6 @@ from airflow_provider_pravega.protocol.streamcut import streamcut_from_text
 from airflow_provider_pravega.testing.dag_test import run_dag
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
-
-
-@pytest.fixture
-def pravega_conn(monkeypatch: pytest.MonkeyPatch, pravega_embedded: Any) -> None:
-    host, port = pravega_embedded.controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_PRAVEGA_DEFAULT", json.dumps({"conn_type": "pravega", "host": host, "port": int(port)})
-    )
-
-
-@pytest.fixture
-def client(pravega_controller_uri: str) -> Iterator[PravegaClient]:
-    with PravegaClient(pravega_controller_uri) as c:
-        yield c
 
 
 def write_events(controller_uri: str, scope: str, stream: str, count: int) -> int:

@@ -13,7 +13,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pendulum
@@ -25,20 +25,6 @@ from airflow_provider_pravega.client.controller import TransactionInfo
 from airflow_provider_pravega.testing.dag_test import run_dag
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
-
-
-@pytest.fixture
-def pravega_conn(monkeypatch: pytest.MonkeyPatch, pravega_embedded: Any) -> None:
-    host, port = pravega_embedded.controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_PRAVEGA_DEFAULT", json.dumps({"conn_type": "pravega", "host": host, "port": int(port)})
-    )
-
-
-@pytest.fixture
-def client(pravega_controller_uri: str) -> Iterator[PravegaClient]:
-    with PravegaClient(pravega_controller_uri) as c:
-        yield c
 
 
 def official_committed_txn(controller_uri: str, scope: str, stream: str) -> int:

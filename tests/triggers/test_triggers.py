@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pravega_client
@@ -19,20 +19,6 @@ from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.controller import ControllerClient
 from airflow_provider_pravega.protocol.naming import qualified_segment_name
 from airflow_provider_pravega.protocol.streamcut import streamcut_from_text
-
-
-@pytest.fixture
-def pravega_conn(monkeypatch: pytest.MonkeyPatch, pravega_embedded: Any) -> None:
-    host, port = pravega_embedded.controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_PRAVEGA_DEFAULT", json.dumps({"conn_type": "pravega", "host": host, "port": int(port)})
-    )
-
-
-@pytest.fixture
-def client(pravega_controller_uri: str) -> Iterator[PravegaClient]:
-    with PravegaClient(pravega_controller_uri) as c:
-        yield c
 
 
 @pytest.fixture
