@@ -22,6 +22,7 @@ import glob
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -256,7 +257,7 @@ def list_sources(spark: Any, source: str | Sequence[str]) -> list[SourceFile]:
                 if any(ch in item for ch in GLOB_CHARS):
                     continue  # a glob matching nothing
                 raise SourceError(f"source path {item!r} does not exist") from None
-            raise SourceError(f"cannot list source {item!r}: {_first_line(text)}") from None
+            raise SourceError(f"cannot list source {item!r}: {_listing_error(text)}") from None
     if not frames:
         return []
     frame = frames[0]
@@ -265,7 +266,7 @@ def list_sources(spark: Any, source: str | Sequence[str]) -> list[SourceFile]:
     try:
         rows = frame.collect()
     except Exception as exc:
-        raise SourceError(f"cannot list source {_items(source)!r}: {_first_line(str(exc))}") from None
+        raise SourceError(f"cannot list source {_items(source)!r}: {_listing_error(str(exc))}") from None
     files = {key_of(r["path"]): SourceFile(key_of(r["path"]), uri_of(key_of(r["path"])), r["length"], r["mtime"])
              for r in rows}
     return [files[k] for k in sorted(files)]
@@ -294,6 +295,23 @@ def fingerprint_files(spark: Any, keys: Sequence[str]) -> dict[str, str]:
 
 def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), text)[:500]
+
+
+_JAVA_ERROR = re.compile(r"(?:^|: )(?:[a-z_$][\w$]*\.)+([A-Z][\w$]*(?:Exception|Error))(?:: (.*))?$")
+
+
+def _listing_error(text: str) -> str:
+    """The Hadoop/Spark reason of a failed listing, without the Py4J wrapper and stack."""
+    reason = _first_line(text)
+    for line in text.splitlines():
+        match = _JAVA_ERROR.search(line.strip())
+        if match and not line.strip().startswith("at "):
+            reason = f"{match.group(1)}: {match.group(2)}" if match.group(2) else match.group(1)
+            break
+    if "ClassNotFoundException" in text or "No FileSystem for scheme" in text:
+        reason += (" (the filesystem's Hadoop connector is not on Spark's classpath: add it with "
+                   "spark.jars.packages, e.g. org.apache.hadoop:hadoop-aws matching Spark's Hadoop for s3a://)")
+    return reason[:600]
 
 
 # ---------------------------------------------------------------------------------------------

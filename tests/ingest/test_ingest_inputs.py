@@ -165,6 +165,9 @@ def test_bad_inputs_fail_before_writing_and_make_the_readme_table(tmp_path, clie
     (tmp_path / "ok" / "a.jsonl").write_text('{"k": "a"}\n')
     expect("target stream missing (`create_stream=False`)", StreamNotFoundError, "missing", no_session,
            source=str(tmp_path / "ok"), stream="missing")
+    expect("filesystem whose Hadoop connector Spark lacks", SourceError,
+           r"cannot list source 'gs://bucket/in/\*\.jsonl': .*GoogleHadoopFileSystem not found \(the filesystem's "
+           r"Hadoop connector is not on Spark's classpath", source="gs://bucket/in/*.jsonl")
     # Records: one definition of a bad record, checked before writing in both modes.
     for mode in ("exactly_once", "at_least_once"):
         expect(f"malformed JSON line ({mode})", BadRecordError, r"data\.jsonl, line 2: not valid JSON",
