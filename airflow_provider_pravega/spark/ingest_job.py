@@ -225,12 +225,24 @@ def precheck_sources(source: str | Sequence[str]) -> bool | None:
         if not any(ch in path for ch in GLOB_CHARS):
             if not os.path.exists(path):
                 raise SourceError(f"source path {item!r} does not exist")
-            definitely_empty = False
+            entries = [e.path for e in os.scandir(path)] if os.path.isdir(path) else [path]
         elif "{" in path or "\\" in path or "[^" in path or "[!" in path:
-            definitely_empty = False  # Hadoop glob syntax Python's glob does not share: let Spark decide
-        elif any(not os.path.basename(p).startswith((".", "_")) for p in glob.iglob(path)):
+            entries = [path]  # Hadoop glob syntax Python's glob does not share: let Spark decide
+        else:
+            entries = glob.glob(path)
+        if any(_may_hold_records(e) for e in entries):
             definitely_empty = False
     return False if definitely_empty else None
+
+
+def _may_hold_records(path: str) -> bool:
+    """False only for what Spark's listing skips: hidden names (``_*``, ``.*``) and empty files."""
+    if os.path.basename(path).startswith((".", "_")):
+        return False
+    try:
+        return not os.path.isfile(path) or os.path.getsize(path) > 0
+    except OSError:
+        return True
 
 
 def list_sources(spark: Any, source: str | Sequence[str]) -> list[SourceFile]:

@@ -161,6 +161,12 @@ def test_bad_inputs_fail_before_writing_and_make_the_readme_table(tmp_path, clie
            source=str(tmp_path / "*.jsonl"))
     assert run_ingest(client, no_session, IngestSpec(scope=scope, stream="s", source=(tmp_path / "*.jsonl").as_uri(),
                                                      on_empty="succeed")).run_id is None
+    (tmp_path / "done").mkdir()  # a directory holding only what Spark's listing skips
+    (tmp_path / "done" / "_SUCCESS").write_text("")
+    (tmp_path / "done" / ".part-0.crc").write_text("x")
+    (tmp_path / "done" / "part-0.jsonl").write_text("")
+    assert run_ingest(client, no_session, IngestSpec(scope=scope, stream="s", source=str(tmp_path / "done"),
+                                                     on_empty="succeed")).run_id is None
     (tmp_path / "ok").mkdir()
     (tmp_path / "ok" / "a.jsonl").write_text('{"k": "a"}\n')
     expect("target stream missing (`create_stream=False`)", StreamNotFoundError, "missing", no_session,
