@@ -17,7 +17,8 @@ from airflow_provider_pravega.protocol.naming import validate_scope_name, valida
 if TYPE_CHECKING:
     from urllib.parse import SplitResult
 
-__all__ = ["DEFAULT_PORT", "SCHEME", "convert_asset_to_openlineage", "create_asset", "sanitize_uri", "stream_uri"]
+__all__ = ["DEFAULT_PORT", "SCHEME", "convert_asset_to_openlineage", "create_asset", "parse_stream_uri", "sanitize_uri",
+           "stream_uri"]
 
 SCHEME = "pravega"
 #: Pravega's controller port, assumed when an asset URI names none.
@@ -32,6 +33,7 @@ def stream_uri(host: str, port: int | None, scope: str, stream: str) -> str:
 
 
 def _parts(uri: SplitResult) -> tuple[str, int, str, str]:
+    """(host, port, scope, stream) of a ``pravega://`` URI; a bad one raises ValueError saying why."""
     text = urllib.parse.urlunsplit(uri)
     if not uri.hostname:
         raise ValueError(f"{text}: a pravega asset URI names its controller: pravega://host:port/scope/stream")
@@ -49,6 +51,11 @@ def _parts(uri: SplitResult) -> tuple[str, int, str, str]:
     except ValueError as exc:
         raise ValueError(f"{text}: {exc}") from None
     return uri.hostname, port, scope, stream
+
+
+def parse_stream_uri(uri: str) -> tuple[str, int, str, str]:
+    """(host, port, scope, stream) of ``pravega://host[:port]/scope/stream`` (port 9090 by default)."""
+    return _parts(urllib.parse.urlsplit(uri))
 
 
 def sanitize_uri(uri: SplitResult) -> SplitResult:

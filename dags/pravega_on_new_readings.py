@@ -1,27 +1,29 @@
 """A DAG that runs whenever new sensor readings arrive in the stream (event-driven, no schedule).
 
-``PravegaStreamTrigger`` watches the tail of ``iot/readings`` in the triggerer; each time it moves
-past the last seen stream cut, the asset event carries the cut before and after the new data, and
-this DAG exports exactly that range (the same stream-cut export as the daily DAG, but bounded by
+``PravegaStreamTrigger`` (through common.messaging's ``MessageQueueTrigger``) watches the tail of
+``iot/readings`` in the triggerer; each time it moves past the last seen stream cut, the asset event
+carries the cut before and after the new data, and this DAG exports exactly that range (the same stream-cut export as the daily DAG, but bounded by
 the event's cuts instead of an interval).
 """
 
 from __future__ import annotations
 
+from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 from pravega_examples_common import SCOPE, STREAM, data_dir
 
 from airflow_provider_pravega.hooks.pravega import PravegaHook
-from airflow_provider_pravega.triggers import PravegaStreamTrigger
 
-# The asset's URI names the controller of the `pravega_default` connection. The watch starts at the
-# stream's head, so readings written before the triggerer first saw the stream (or before the stream
-# existed: it waits for it) are announced too; after that it resumes from the last cut it reported.
+# The asset's URI names the controller of the `pravega_default` connection. The watcher is Airflow's
+# MessageQueueTrigger with this provider's `pravega` scheme (a PravegaStreamTrigger underneath). It
+# starts at the stream's head, so readings written before the triggerer first saw the stream (or
+# before the stream existed: it waits for it) are announced too; then it resumes from the last cut
+# it reported. Needs apache-airflow-providers-common-messaging (the provider's `messaging` extra).
 readings = Asset(
     PravegaHook.asset_uri(SCOPE, STREAM),
     watchers=[AssetWatcher(name="iot_readings_tail",
-                           trigger=PravegaStreamTrigger(scope=SCOPE, stream=STREAM, after_cut="head",
-                                                        poll_interval=30))],
+                           trigger=MessageQueueTrigger(scheme="pravega", scope=SCOPE, stream=STREAM,
+                                                       after_cut="head", poll_interval=30))],
 )
 
 DATA = data_dir()

@@ -70,6 +70,10 @@ class PravegaStreamTrigger(BaseEventTrigger):
     :param max_retry_interval: Longest wait, in seconds, between retries while the scope or stream
         does not exist or the controller or segment store cannot be reached. Retries start at
         ``min(poll_interval, 1)`` seconds and double; each change of condition is logged once.
+    :param controller: ``host:port`` of the controller, instead of the connection's (credentials
+        and TLS still come from the connection); set from a ``pravega://`` queue URI.
+    :param sample_events: Put up to this many of the new events (UTF-8 text) in each event's
+        ``sample``; 0 (the default) reads no event data.
 
     Each event carries ``previous_cut`` and ``cut`` (Pravega texts: export exactly the new data
     between them), ``tail_positions``, ``grown_segments`` ({segment: [from, to]}) and ``new_bytes``.
@@ -106,6 +110,8 @@ class PravegaStreamTrigger(BaseEventTrigger):
         poll_interval: float = 10.0,
         end_time: float | None = None,
         max_retry_interval: float = 60.0,
+        controller: str | None = None,
+        sample_events: int = 0,
     ) -> None:
         super().__init__()
         self.stream = stream
@@ -115,6 +121,10 @@ class PravegaStreamTrigger(BaseEventTrigger):
         self.poll_interval = float(poll_interval)
         self.end_time = None if end_time is None else float(end_time)
         self.max_retry_interval = float(max_retry_interval)
+        self.controller = controller or None
+        self.sample_events = int(sample_events)
+        if self.sample_events < 0:
+            raise ValueError(f"sample_events must be 0 or more, got {sample_events}")
         if self.poll_interval <= 0 or self.max_retry_interval <= 0:
             raise ValueError(
                 f"poll_interval ({poll_interval}) and max_retry_interval ({max_retry_interval}) must be positive"
@@ -134,6 +144,8 @@ class PravegaStreamTrigger(BaseEventTrigger):
                 "poll_interval": self.poll_interval,
                 "end_time": self.end_time,
                 "max_retry_interval": self.max_retry_interval,
+                "controller": self.controller,
+                "sample_events": self.sample_events,
             },
         )
 
@@ -147,7 +159,8 @@ class PravegaStreamTrigger(BaseEventTrigger):
         try:
             value = await store.aget(STATE_KEY)
         except Exception as exc:  # noqa: BLE001 - a store error must not stop the watch; kwargs still give a start
-            self.log.warning("Cannot read the last seen cut from the asset state store: %s", exc)
+            self.log.warning("Cannot read the last seen cut from the asset state store (starting at after_cut=%r): %s",
+                             self.after_cut, exc)
             return None
         return value if isinstance(value, str) and value else None
 
@@ -177,6 +190,8 @@ class PravegaStreamTrigger(BaseEventTrigger):
 
         conn = await PravegaHook.aget_connection(self.pravega_conn_id)
         config = PravegaHook.config_from_connection(conn)
+        if self.controller:
+            config = _with_controller(config, self.controller)
         scope = resolve_scope(self.scope, config, self.pravega_conn_id)
         parse_stream_cut(self.after_cut, scope, self.stream, "after_cut")
         where = f"{scope}/{self.stream}"
@@ -205,6 +220,8 @@ class PravegaStreamTrigger(BaseEventTrigger):
                                 cut_text(scope, self.stream, previous))
                     if found:
                         event = found.to_event()
+                        if self.sample_events:
+                            event["sample"] = await asyncio.to_thread(_sample, client, found, self.sample_events)
                         self.log.info("New data in %s: %s", where, event["grown_segments"])
                         previous = found.tail
                         await self._store_cut(event["cut"])
@@ -248,3 +265,24 @@ def _describe(exc: BaseException, scope: str, stream: str, controller_uri: str) 
     if isinstance(exc, SegmentStoreUnreachableError):
         return "no-segment-store", f"the segment store cannot be reached ({exc})"
     return "unreachable", f"{type(exc).__name__}: {exc}"
+
+
+def _with_controller(config: Any, controller: str) -> Any:
+    """The connection's settings aimed at another controller (``host:port``)."""
+    import dataclasses
+
+    from airflow_provider_pravega.client.config import PravegaConnectionConfig
+
+    other = PravegaConnectionConfig.from_connection_fields(host=controller)
+    return dataclasses.replace(config, host=other.host, port=other.port)
+
+
+def _sample(client: Any, found: NewData, limit: int) -> list[str]:
+    """Up to ``limit`` of the new events, segment by segment, as text (undecodable bytes replaced)."""
+    from itertools import islice
+
+    from airflow_provider_pravega.client.batch import SegmentRange, read_segment_ranges
+
+    ranges = [SegmentRange(found.scope, found.stream, segment, start, end)
+              for segment, (start, end) in sorted(found.grown.items())]
+    return [e.payload.decode("utf-8", "replace") for e in islice(read_segment_ranges(client, ranges), limit)]

@@ -128,8 +128,9 @@ def test_event_driven_dag_exports_the_new_range(tmp_path, monkeypatch, spark, ru
     (asset,) = dag.timetable.asset_condition.objects
     assert asset.uri == pravega_default_conn.replace("tcp://", "pravega://") + "/iot/readings"
     (watcher,) = asset.watchers
-    assert isinstance(watcher.trigger, PravegaStreamTrigger)
-    assert (watcher.trigger.scope, watcher.trigger.stream, watcher.trigger.after_cut) == ("iot", "readings", "head")
+    trigger = watcher.trigger.trigger  # MessageQueueTrigger(scheme="pravega") → this provider's trigger
+    assert isinstance(trigger, PravegaStreamTrigger)
+    assert (trigger.scope, trigger.stream, trigger.after_cut) == ("iot", "readings", "head")
     with PravegaClient(pravega_default_conn) as client:
         client.admin.create_scope("iot")
         if client.admin.stream_exists("iot", "readings"):
