@@ -48,6 +48,8 @@ with DAG(dag_id="pravega_exactly_once_ingest", **daily()) as dag:
         scope=SCOPE,
         stream=STREAM,
         transaction_ids="{{ ti.xcom_pull(task_ids='ingest')['transaction_ids'] or [] }}",
+        # Records the ingest run done once committed (and accepts commits the controller forgot).
+        ingest_run="{{ ti.xcom_pull(task_ids='ingest') }}",
         deferrable=True,
         poke_interval=1,
         timeout=600,

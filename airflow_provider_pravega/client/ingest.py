@@ -1,36 +1,49 @@
 """The exactly-once ingest protocol, independent of Spark and Airflow.
 
-An *ingest* (a stable id such as ``dag_id.task_id``) moves files into a stream. Its durable
-record lives in a state synchronizer (a revisioned single-segment stream, updated with conditional
-appends), so every step below is decided against the latest state and fenced against any other
-copy of the job:
+An *ingest* moves files into one target stream. Its durable record lives in a state synchronizer
+(a revisioned single-segment stream, updated with conditional appends) keyed by what the ingest
+means — the target ``scope/stream`` and the ingest id — so every step below is decided against the
+latest state and fenced against any other copy of the job. :meth:`IngestCoordinator.run` drives
+every step; the caller (the Spark job) supplies only the files and the write stage:
 
-1. **Recover** runs whose driver died (no heartbeat for ``stale_after_s``): a run that reached its
-   commit point (phase COMMITTING) is rolled forward — every listed transaction is committed —
-   and a run still WRITING is rolled back — every registered transaction is aborted. A listed
-   transaction that is ABORTED or UNKNOWN at that point is a loud error, never skipped.
+1. **Recover** earlier runs: a run whose commit requests were acknowledged (REQUESTED) is recorded
+   done (Pravega completes an acknowledged commit; a transaction it later forgets, UNKNOWN, still
+   counts as committed). A run whose driver died — no heartbeat for ``stale_after_s``, or owned by
+   an earlier try of the same Airflow task instance (taken over at once) — is rolled forward when
+   it reached its commit point (COMMITTING: every listed transaction is committed) and rolled back
+   otherwise (WRITING: every registered transaction is aborted).
 2. **Plan**: the files not yet committed (identity = path + size + modification time, see
-   :func:`same_file`; a committed path that changed is an error unless re-ingesting is allowed). Files held by another
-   *live* run are waited for, not taken.
-3. **Start** a run (conditional update). From here the run heartbeats; losing the run (someone
-   recovered it as stale) fences this driver: its next update fails and it aborts its own work.
-4. **Tasks** each begin one transaction, **register** it (conditional update, fenced) *before*
-   writing, write and flush (pre-commit), and report (txn, events, bytes).
-5. The driver keeps every registered transaction's lease alive until it ends.
-6. **Commit point**: phase COMMITTING with the exact list of transactions of successful tasks.
-7. Commit them all, wait for COMMITTED, then **done**: the run's files become committed.
+   :func:`same_file`; a committed path that changed is an error unless re-ingesting is allowed).
+   Files held by another *live* run are waited for, not taken.
+3. **Start** a run (conditional update). From here the run heartbeats; losing the run (another
+   copy took it over) fences this driver and its tasks: their next update fails.
+4. **Write** (the caller): each task begins one transaction, **registers** it (fenced) *before*
+   writing, writes and flushes (pre-commit). The driver keeps every registered transaction's
+   lease alive until the commit requests are recorded.
+5. **Commit point**: phase COMMITTING with the exact list of transactions (recorded *before* any
+   commit request is sent).
+6. **Request** every commit; once the controller acknowledged all of them, phase REQUESTED.
+7. **Done** when every transaction is COMMITTED (the driver with ``wait_for_commit``, the commit
+   sensor, or the next run): the run's files become committed.
 
-A crash anywhere, then a rerun, yields every record exactly once.
+A crash anywhere, then a rerun, yields every record exactly once — with one documented exception
+that is never silent: a driver killed between its commit point and the REQUESTED record, whose
+retry comes only after the controller forgot the transactions, finds them UNKNOWN; nothing can
+tell "committed, then forgotten" from "never committed, expired, then forgotten", so the run stops
+with :class:`UnresolvedCommitError` naming the run, its files and ``unknown_commits``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import math
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from airflow_provider_pravega.client.errors import PravegaError
@@ -39,6 +52,16 @@ log = logging.getLogger(__name__)
 
 WRITING = "WRITING"
 COMMITTING = "COMMITTING"
+REQUESTED = "REQUESTED"
+
+#: The driver heartbeats at least this many times per ``stale_after_s``.
+HEARTBEATS_PER_STALE = 4
+#: ... but never more often than this (synchronizer traffic).
+MIN_HEARTBEAT_S = 0.5
+MAX_HEARTBEAT_S = 10.0
+#: So the smallest ``stale_after_s`` that can be safe.
+MIN_STALE_AFTER_S = HEARTBEATS_PER_STALE * MIN_HEARTBEAT_S
+UNKNOWN_COMMITS = ("committed", "not_committed")
 
 
 class IngestError(PravegaError):
@@ -71,13 +94,40 @@ class LostCommitError(IngestError):
     """A transaction listed at the commit point was aborted: its events can never be committed."""
 
 
+class UnresolvedCommitError(IngestError):
+    """Nothing can tell whether a crashed run's transactions were committed (see the module doc)."""
+
+
+def check_timing(stale_after_s: float, lease_ms: int) -> float:
+    """The driver's heartbeat interval for these settings; IngestError when they cannot be safe.
+
+    Rule: the driver heartbeats every ``min(10 s, lease/3, stale_after_s/4)`` but at most every
+    0.5 s, so a live run misses at least four heartbeats before it is presumed dead, and every
+    lease is renewed three times per lease. Hence ``stale_after_s >= 2 s`` and ``lease >= 1.5 s``.
+    """
+    if not isinstance(stale_after_s, (int, float)) or not math.isfinite(stale_after_s) or (
+        stale_after_s < MIN_STALE_AFTER_S
+    ):
+        raise IngestError(
+            f"stale_after_s={stale_after_s!r} is below the safe minimum of {MIN_STALE_AFTER_S:g} s: the driver "
+            f"heartbeats at most every {MIN_HEARTBEAT_S:g} s and a run is presumed dead only after "
+            f"{HEARTBEATS_PER_STALE} missed heartbeats (a live run would be taken over). Raise stale_after_s."
+        )
+    if lease_ms < 3 * MIN_HEARTBEAT_S * 1000:
+        raise IngestError(
+            f"a transaction lease of {lease_ms} ms is too short: leases are renewed at most every "
+            f"{MIN_HEARTBEAT_S:g} s, three times per lease; use at least {int(3 * MIN_HEARTBEAT_S * 1000)} ms"
+        )
+    return max(MIN_HEARTBEAT_S, min(MAX_HEARTBEAT_S, lease_ms / 3000, stale_after_s / HEARTBEATS_PER_STALE))
+
+
 # ---------------------------------------------------------------------------------------------
 # The state and its transitions (pure: the synchronizer replays them in every process)
 # ---------------------------------------------------------------------------------------------
 
 
 def initial_state() -> dict[str, Any]:
-    return {"committed": {}, "runs": {}, "completed_runs": 0}
+    return {"committed": {}, "runs": {}, "completed_runs": 0, "target": None}
 
 
 def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,12 +135,26 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
     against exactly this state (conditional append), so applying them needs no checks beyond
     tolerating updates that became moot."""
     kind = op["op"]
+    if kind == "init":
+        if state.get("target") is None:
+            adopted = op.get("adopted")
+            if adopted:
+                state["committed"] = dict(adopted.get("committed", {}))
+                state["runs"] = dict(adopted.get("runs", {}))
+                state["completed_runs"] = adopted.get("completed_runs", 0)
+            state["target"] = op["target"]
+            state["ingest_id"] = op.get("ingest_id")
+        return state
+    if kind == "migrated":  # a state of the old layout, adopted by the state of ``to``
+        state["migrated_to"] = op["to"]
+        return state
     runs = state["runs"]
     run = runs.get(op.get("run"))
     if kind == "start":
         runs[op["run"]] = {
             "phase": WRITING, "files": dict(op["files"]), "txns": [], "commit": [],
             "owner": op["owner"], "heartbeat_ms": op["ts"], "started_ms": op["ts"],
+            "ti": op.get("ti"), "try": op.get("try"), "stale_ms": op.get("stale_ms"),
         }
     elif run is None:
         return state
@@ -103,6 +167,10 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
         run["phase"] = COMMITTING
         run["commit"] = list(op["txns"])
         run["heartbeat_ms"] = max(run["heartbeat_ms"], op["ts"])
+    elif kind == "requested":
+        if run["phase"] == COMMITTING:
+            run["phase"] = REQUESTED
+            run["requested_ms"] = op.get("ts")
     elif kind == "done":
         for path, ident in run["files"].items():
             state["committed"][path] = {**ident, "run": op["run"]}
@@ -113,6 +181,8 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
     elif kind == "takeover":
         run["owner"] = op["owner"]
         run["heartbeat_ms"] = op["ts"]
+        if "ti" in op:
+            run["ti"], run["try"] = op.get("ti"), op.get("try")
     return state
 
 
@@ -220,8 +290,34 @@ class TransactionOps(Protocol):
     def wait_for(self, scope: str, stream: str, txn_id: int, states: Any, timeout_s: float, **kw: Any) -> Any: ...
 
 
+@dataclass
+class WriteResult:
+    """What the write stage reports: the transactions its tasks pre-committed, and counters."""
+
+    txns: list[str]
+    events: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class RunOutcome:
+    run_id: str | None
+    plan: FilePlan
+    recovered: list[str] = field(default_factory=list)  # killed runs rolled forward/back
+    finished: list[str] = field(default_factory=list)  # earlier runs with acknowledged commits, recorded done
+    txns: list[str] = field(default_factory=list)
+    status: str | None = None  # COMMITTED (awaited) or COMMITTING (requested, acknowledged)
+    events: int = 0
+    bytes: int = 0
+
+
 class IngestCoordinator:
-    """Drives one ingest's protocol against its state store and the controller."""
+    """Drives one ingest's protocol against its state store and the controller.
+
+    ``task_instance``/``try_number`` identify the Airflow task try running this driver: a run
+    owned by an earlier try of the same task instance is taken over at once (Airflow already
+    decided that try is gone), without waiting ``stale_after_s``.
+    """
 
     def __init__(
         self,
@@ -232,21 +328,102 @@ class IngestCoordinator:
         *,
         owner: str | None = None,
         stale_after_s: float = 60.0,
+        lease_ms: int = 120_000,
+        task_instance: str | None = None,
+        try_number: int | None = None,
+        unknown_commits: str | None = None,
+        lease_keeper: Callable[[float], Any] | None = None,
         crash_hook: Callable[[str], None] | None = None,
     ) -> None:
+        self.heartbeat_s = check_timing(stale_after_s, lease_ms)
+        if unknown_commits is not None and unknown_commits not in UNKNOWN_COMMITS:
+            raise IngestError(f"unknown_commits must be one of {', '.join(UNKNOWN_COMMITS)} or None, "
+                              f"got {unknown_commits!r}")
         self.store = store
         self.txns = txns
         self.scope = scope
         self.stream = stream
         self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stale_after_ms = int(stale_after_s * 1000)
+        self.task_instance = task_instance
+        self.try_number = try_number
+        self.unknown_commits = unknown_commits
+        self._lease_keeper = lease_keeper
         self._crash = crash_hook or (lambda _step: None)
+
+    # the whole protocol --------------------------------------------------------------------
+
+    def run(
+        self, identities: Mapping[str, Mapping[str, Any]], write: Callable[[str, FilePlan], WriteResult], *,
+        allow_changed_files: bool = False, wait_for_commit: bool = True, transactional: bool = True,
+        wait_for_live_runs_s: float = 3600.0, commit_timeout_s: float = 300.0,
+    ) -> RunOutcome:
+        """Recover, plan, start, write (``write(run_id, plan)``), commit point, commit, done.
+
+        ``transactional=False`` (at-least-once writes): no transactions, the run is recorded done
+        once the write stage returns.
+        """
+        recovered, finished = self.recover()
+        self._crash("before_run_record")
+        run_id, plan, more_recovered, more_finished = self.start_run(
+            identities, allow_changed_files=allow_changed_files, wait_for_live_runs_s=wait_for_live_runs_s)
+        out = RunOutcome(run_id, plan, recovered + more_recovered, finished + more_finished)
+        if run_id is None:
+            return out
+        keeper = _RunKeeper(self, run_id)
+        keeper.start()
+        committing = False
+        try:
+            written = write(run_id, plan)
+            self._crash("after_tasks")
+            keeper.check()
+            out.events, out.bytes = written.events, written.bytes
+            if not transactional:
+                keeper.stop()
+                self.finish(run_id)
+                return out
+            txns = list(written.txns)
+            orphans = [t for t in self.registered_txns(run_id) if t not in set(txns)]
+            self.mark_committing(run_id, txns)
+            committing = True
+            self._abort_quietly(orphans)  # task attempts that failed and were retried
+            self.request_commits(run_id, txns)
+            self.record_requested(run_id)
+        except BaseException:
+            keeper.stop()
+            if not committing:
+                self.abandon(run_id)
+            raise
+        keeper.stop()  # leases no longer matter: every commit is acknowledged and recorded
+        out.txns = txns
+        out.status = "COMMITTING"
+        if wait_for_commit:
+            self.wait_committed(run_id, txns, timeout_s=commit_timeout_s)
+            self.finish(run_id)
+            out.status = "COMMITTED"
+        return out
 
     # recovery --------------------------------------------------------------------------------
 
+    def _stale(self, run: Mapping[str, Any], now_ms: int) -> bool:
+        if (self.task_instance is not None and run.get("ti") == self.task_instance
+                and self.try_number is not None and run.get("try") is not None and run["try"] < self.try_number):
+            return True  # an earlier try of this very task instance: Airflow gave up on it
+        window = max(self.stale_after_ms, int(run.get("stale_ms") or 0))
+        return run["heartbeat_ms"] < now_ms - window
+
     def stale_runs(self, state: Mapping[str, Any]) -> list[str]:
-        horizon = _now_ms() - self.stale_after_ms
-        return [rid for rid, run in state["runs"].items() if run["heartbeat_ms"] < horizon]
+        now = _now_ms()
+        return [rid for rid, run in state["runs"].items() if run["phase"] != REQUESTED and self._stale(run, now)]
+
+    def recover(self) -> tuple[list[str], list[str]]:
+        """Record done every run whose commits were acknowledged, and finish or undo every run
+        whose driver is gone. Returns (recovered killed runs, finished acknowledged runs)."""
+        state = self.store.fetch()
+        finished = [rid for rid, run in state["runs"].items() if run["phase"] == REQUESTED]
+        for run_id in finished:
+            self.resolve_requested(run_id, state["runs"][run_id])
+        return self.recover_stale_runs(), finished
 
     def recover_stale_runs(self) -> list[str]:
         """Finish or undo every run whose driver stopped heartbeating; returns their ids."""
@@ -255,9 +432,10 @@ class IngestCoordinator:
             # Take the run over first (fenced): two recoverers never act on one run at once.
             def take(state: dict[str, Any], run_id: str = run_id) -> dict | None:
                 run = state["runs"].get(run_id)
-                if run is None or run["heartbeat_ms"] >= _now_ms() - self.stale_after_ms:
+                if run is None or run["phase"] == REQUESTED or not self._stale(run, _now_ms()):
                     raise _Skip()
-                return {"op": "takeover", "run": run_id, "owner": self.owner, "ts": _now_ms()}
+                return {"op": "takeover", "run": run_id, "owner": self.owner, "ts": _now_ms(),
+                        "ti": self.task_instance, "try": self.try_number}
 
             try:
                 state = self.store.update(take)
@@ -271,27 +449,43 @@ class IngestCoordinator:
         if run["phase"] == COMMITTING:
             log.warning("recovering ingest run %s: it reached its commit point; committing its %d transaction(s)",
                         run_id, len(run["commit"]))
-            self.commit_all(run_id, run["commit"])
+            if not self.request_commits(run_id, run["commit"], run=run):
+                return  # resolved as never committed: abandoned
             self._abort_quietly(t for t in run["txns"] if t not in set(run["commit"]))
-            self.store.update(self._owned(run_id, lambda: {"op": "done", "run": run_id}))
+            self.record_requested(run_id)
+            self.resolve_requested(run_id, run)
         else:
             log.warning("recovering ingest run %s: it died while writing; aborting its %d transaction(s)",
                         run_id, len(run["txns"]))
             self._abort_quietly(run["txns"])
             self.store.update(self._owned(run_id, lambda: {"op": "abandon", "run": run_id}))
 
+    def resolve_requested(self, run_id: str, run: Mapping[str, Any]) -> None:
+        """A run whose commits the controller acknowledged: done (UNKNOWN = committed, forgotten)."""
+        for hex_id in run["commit"]:
+            state = _state_name(self.txns.status(self.scope, self.stream, int(hex_id, 16)))
+            if state in ("ABORTED", "ABORTING"):
+                raise LostCommitError(
+                    f"transaction {hex_id} of ingest run {run_id} is {state} although the controller acknowledged "
+                    f"its commit request; this should never happen. The run's files "
+                    f"({_files_text(run)}) stay uncommitted; inspect the stream before re-running."
+                )
+        self.finish(run_id)
+
     # a run -----------------------------------------------------------------------------------
 
     def start_run(
         self, identities: Mapping[str, Mapping[str, Any]], *, allow_changed_files: bool = False,
         wait_for_live_runs_s: float = 3600.0, poll_s: float = 2.0,
-    ) -> tuple[str | None, FilePlan]:
-        """Record a new run over the files not yet committed; ``(None, plan)`` when there is nothing
-        to do. Files another live run holds are waited for (that run may commit them)."""
+    ) -> tuple[str | None, FilePlan, list[str], list[str]]:
+        """Record a new run over the files not yet committed; run id None when there is nothing
+        to do. Files another live run holds are waited for (that run may commit them). Also
+        returns the runs recovered and finished while waiting."""
         run_id = f"run-{uuid.uuid4().hex[:12]}"
         deadline = time.monotonic() + wait_for_live_runs_s
+        recovered: list[str] = []
+        finished: list[str] = []
         while True:
-            self.recover_stale_runs()
             holder: list[str] = []
             plan_box: list[FilePlan] = []
 
@@ -307,7 +501,8 @@ class IngestCoordinator:
                     raise _Skip()
                 if not plan.to_ingest:
                     return None
-                return {"op": "start", "run": run_id, "files": plan.to_ingest, "owner": self.owner, "ts": _now_ms()}
+                return {"op": "start", "run": run_id, "files": plan.to_ingest, "owner": self.owner, "ts": _now_ms(),
+                        "ti": self.task_instance, "try": self.try_number, "stale_ms": self.stale_after_ms}
 
             try:
                 state = self.store.update(start)
@@ -319,12 +514,15 @@ class IngestCoordinator:
                     ) from None
                 log.info("waiting for live run(s) %s that hold some of these files", ", ".join(holder))
                 time.sleep(poll_s)
+                more_recovered, more_finished = self.recover()
+                recovered += more_recovered
+                finished += more_finished
                 continue
             plan = plan_box[-1]
             if run_id not in state["runs"]:
-                return None, plan
+                return None, plan, recovered, finished
             self._crash("after_run_record")
-            return run_id, plan
+            return run_id, plan, recovered, finished
 
     def _owned(self, run_id: str, make: Callable[[], dict]) -> Callable[[dict[str, Any]], dict]:
         def fn(state: dict[str, Any]) -> dict:
@@ -358,29 +556,78 @@ class IngestCoordinator:
         self.store.update(fn)
         self._crash("after_commit_record")
 
-    def commit_all(self, run_id: str, txns: Sequence[str], timeout_s: float = 300.0) -> None:
-        """Commit every listed transaction (idempotent) and wait until all are COMMITTED."""
-        for i, hex_id in enumerate(txns):
-            txn_id = int(hex_id, 16)
-            state = _state_name(self.txns.status(self.scope, self.stream, txn_id))
-            if state in ("ABORTED", "ABORTING", "UNKNOWN"):
+    def request_commits(self, run_id: str, txns: Sequence[str], *, run: Mapping[str, Any] | None = None) -> bool:
+        """Ask the controller to commit every listed transaction (idempotent); returns once each
+        request is acknowledged. False when UNKNOWN transactions were resolved as never committed
+        (``unknown_commits="not_committed"``: the run is then abandoned)."""
+        states = {hex_id: _state_name(self.txns.status(self.scope, self.stream, int(hex_id, 16))) for hex_id in txns}
+        for hex_id, state in states.items():
+            if state in ("ABORTED", "ABORTING"):
                 raise LostCommitError(
                     f"transaction {hex_id} of ingest run {run_id} is {state} although the run reached its commit "
                     f"point: its events cannot be committed any more (was the task down longer than the "
-                    f"transaction lease?). The run's files stay uncommitted; re-running the ingest will write them "
-                    f"again, so events of this run's other, committed transactions would be duplicated — inspect "
-                    f"the stream before re-running."
+                    f"transaction lease?). The run's files{' (' + _files_text(run) + ')' if run else ''} stay "
+                    f"uncommitted; re-running the ingest will write them again, so events of this run's other, "
+                    f"committed transactions would be duplicated — inspect the stream before re-running."
                 )
+        unknown = [t for t, state in states.items() if state == "UNKNOWN"]
+        if unknown:
+            if self.unknown_commits is None:
+                raise UnresolvedCommitError(
+                    f"ingest run {run_id} reached its commit point, but its driver stopped before recording that "
+                    f"the controller acknowledged the commits, and the controller no longer knows transaction(s) "
+                    f"{', '.join(unknown)} of {self.scope}/{self.stream} (it forgets finished transactions after a "
+                    f"while): they were either committed, or expired uncommitted — nothing can tell which. The "
+                    f"run's files: {_files_text(run) if run else '?'}. Inspect the stream for their records, then "
+                    f"re-run with unknown_commits='committed' (their records are there: record the files as "
+                    f"ingested) or unknown_commits='not_committed' (they are not: ingest the files again)."
+                )
+            if self.unknown_commits == "not_committed":
+                log.warning("ingest run %s: transaction(s) %s are UNKNOWN; unknown_commits='not_committed': "
+                            "abandoning the run, its files will be ingested again", run_id, ", ".join(unknown))
+                self._abort_quietly(t for t, state in states.items() if state == "OPEN")
+                self.store.update(self._owned(run_id, lambda: {"op": "abandon", "run": run_id}))
+                return False
+            log.warning("ingest run %s: transaction(s) %s are UNKNOWN; unknown_commits='committed': counting "
+                        "them as committed", run_id, ", ".join(unknown))
+        for i, (hex_id, state) in enumerate(states.items()):
             if state == "OPEN":
-                self.txns.commit(self.scope, self.stream, txn_id, wait=False)
+                self.txns.commit(self.scope, self.stream, int(hex_id, 16), wait=False)
             if i == 0:
                 self._crash("after_first_commit")
+        self._crash("after_commit_acks")
+        return True
+
+    def record_requested(self, run_id: str) -> None:
+        """Every commit request of the run was acknowledged: from here UNKNOWN means committed."""
+        def fn(state: dict[str, Any]) -> dict | None:
+            run = state["runs"].get(run_id)
+            if run is None or run["phase"] == REQUESTED:
+                return None  # already advanced (by a recoverer, or done)
+            if run["phase"] != COMMITTING:
+                raise FencedError(run_id, "the run is not at its commit point")
+            return {"op": "requested", "run": run_id, "ts": _now_ms()}
+
+        self.store.update(fn)
+        self._crash("after_commit_requested")
+
+    def wait_committed(self, run_id: str, txns: Sequence[str], timeout_s: float = 300.0) -> None:
         for hex_id in txns:
-            self.txns.wait_for(self.scope, self.stream, int(hex_id, 16), _committed_states(), timeout_s=timeout_s)
+            self.txns.wait_for(self.scope, self.stream, int(hex_id, 16), _final_states(), timeout_s=timeout_s)
         self._crash("after_commits")
 
     def finish(self, run_id: str) -> None:
-        state = self.store.update(self._owned(run_id, lambda: {"op": "done", "run": run_id}))
+        """Record the run done (its files committed). Anyone may do it once the commits are
+        acknowledged; a run already recorded done is fine."""
+        def fn(state: dict[str, Any]) -> dict | None:
+            run = state["runs"].get(run_id)
+            if run is None:
+                return None
+            if run["phase"] == WRITING and run["owner"] != self.owner:
+                raise FencedError(run_id, "its record belongs to another owner")
+            return {"op": "done", "run": run_id}
+
+        state = self.store.update(fn)
         compact = getattr(self.store, "compact", None)
         if compact is not None and state.get("completed_runs", 0) % COMPACT_EVERY_RUNS == 0:
             compact()  # new readers then start from one full record instead of the whole history
@@ -405,13 +652,56 @@ class IngestCoordinator:
                 log.debug("abort of %s: %s", hex_id, exc)
 
 
-def register_txn(store: StateStore, run_id: str, hex_id: str) -> None:
-    """Called by a task before it writes: fenced if the run is gone or past its commit point."""
+class _RunKeeper(threading.Thread):
+    """Driver-side upkeep while the write stage runs: heartbeat the run and keep every registered
+    transaction's lease alive, until the commit requests are recorded."""
+
+    def __init__(self, coord: IngestCoordinator, run_id: str) -> None:
+        super().__init__(name="pravega-ingest-keeper", daemon=True)
+        self.coord, self.run_id = coord, run_id
+        self.interval_s = coord.heartbeat_s
+        factory = coord._lease_keeper
+        self.leases = factory(self.interval_s) if factory is not None else None
+        self.stop_event = threading.Event()
+        self.fenced: FencedError | None = None
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval_s):
+            try:
+                self.coord.heartbeat(self.run_id)
+                if self.leases is not None:
+                    for hex_id in self.coord.registered_txns(self.run_id):
+                        self.leases.add(self.coord.scope, self.coord.stream, int(hex_id, 16))
+            except FencedError as exc:
+                self.fenced = exc
+                log.error("%s", exc)
+                return
+            except PravegaError as exc:  # transient: try again next round
+                log.warning("ingest upkeep failed (will retry): %s", exc)
+
+    def check(self) -> None:
+        if self.fenced is not None:
+            raise self.fenced
+
+    def stop(self) -> None:
+        if self.stop_event.is_set():
+            return
+        self.stop_event.set()
+        self.join(timeout=30)
+        if self.leases is not None:
+            self.leases.close()
+
+
+def register_txn(store: StateStore, run_id: str, hex_id: str, owner: str | None = None) -> None:
+    """Called by a task before it writes: fenced if the run is gone, past its commit point, or
+    (with ``owner``) taken over by another driver."""
 
     def fn(state: dict[str, Any]) -> dict | None:
         run = state["runs"].get(run_id)
         if run is None or run["phase"] != WRITING:
             raise FencedError(run_id, "the run was recovered by another copy or already reached its commit point")
+        if owner is not None and run["owner"] != owner:
+            raise FencedError(run_id, "another copy of the task took the run over")
         if hex_id in run["txns"]:
             return None
         return {"op": "register", "run": run_id, "txn": hex_id}
@@ -419,11 +709,99 @@ def register_txn(store: StateStore, run_id: str, hex_id: str) -> None:
     store.update(fn)
 
 
-def open_state_store(client: Any, scope: str, stream: str) -> Any:
+def record_run_done(store: StateStore, run_id: str) -> bool:
+    """Record a run whose commit requests were acknowledged as done (the commit sensor calls this
+    when it sees every transaction COMMITTED). True when recorded now, False when it already was."""
+    done = []
+
+    def fn(state: dict[str, Any]) -> dict | None:
+        done.clear()
+        run = state["runs"].get(run_id)
+        if run is None:
+            return None
+        if run["phase"] != REQUESTED:
+            raise IngestError(f"ingest run {run_id} is {run['phase']}, not REQUESTED: its commits were not all "
+                              "acknowledged, so it cannot be recorded done from here")
+        done.append(True)
+        return {"op": "done", "run": run_id}
+
+    store.update(fn)
+    return bool(done)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where an ingest's state lives
+# ---------------------------------------------------------------------------------------------
+
+
+def state_location(scope: str, stream: str, ingest_id: str) -> tuple[str, str]:
+    """The state of ingest ``ingest_id`` into ``scope/stream``: a one-segment stream in the target
+    scope (not `_`-prefixed: Pravega reserves those names). Another target stream, another state."""
+    digest = hashlib.sha1(f"{scope}/{stream}\n{ingest_id}".encode()).hexdigest()[:20]
+    return scope, f"ingest-state-{digest}"
+
+
+def legacy_state_location(scope: str, ingest_id: str) -> tuple[str, str]:
+    """Where versions before 0.2 kept an ingest's state (keyed by the ingest id only)."""
+    return scope, f"ingest-state-{hashlib.sha1(ingest_id.encode()).hexdigest()[:20]}"
+
+
+def open_state_store(client: Any, scope: str, stream: str, *, create: bool = True) -> Any:
     """The ingest's state synchronizer on ``scope/stream`` (created with one segment if missing)."""
     from airflow_provider_pravega.client.synchronizer import StateSynchronizer
 
-    return StateSynchronizer(client, scope, stream, initial_state(), apply_update)
+    return StateSynchronizer(client, scope, stream, initial_state(), apply_update, create=create)
+
+
+def open_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, stale_after_s: float = 60.0) -> Any:
+    """The state of ingest ``ingest_id`` into ``scope/stream``, initialized on first use.
+
+    Migration: when this state is new and an old-layout state of the same ingest id exists in the
+    scope (not yet adopted by another target), and the target stream already holds data, the old
+    state is adopted (it was this stream's); an empty target stream starts fresh (a re-pointed
+    ingest ingests its files into the new stream).
+    """
+    target = f"{scope}/{stream}"
+    state_scope, state_stream = state_location(scope, stream, ingest_id)
+    store = open_state_store(client, state_scope, state_stream)
+    if store.fetch().get("target") is not None:
+        return store
+    adopted = _legacy_to_adopt(client, scope, stream, ingest_id, stale_after_s)
+    store.update(lambda s: None if s.get("target") is not None else
+                 {"op": "init", "target": target, "ingest_id": ingest_id, "adopted": adopted})
+    if adopted is not None:
+        legacy = open_state_store(client, *legacy_state_location(scope, ingest_id), create=False)
+        try:
+            legacy.update(lambda s: None if s.get("migrated_to") else {"op": "migrated", "to": target})
+        finally:
+            legacy.close()
+        log.info("ingest %s: adopted the state of the old layout (%d committed file(s)) for %s",
+                 ingest_id, len(adopted.get("committed", {})), target)
+    return store
+
+
+def _legacy_to_adopt(client: Any, scope: str, stream: str, ingest_id: str, stale_after_s: float) -> dict | None:
+    legacy_scope, legacy_stream = legacy_state_location(scope, ingest_id)
+    admin = client.admin
+    if not admin.stream_exists(legacy_scope, legacy_stream):
+        return None
+    legacy = open_state_store(client, legacy_scope, legacy_stream, create=False)
+    try:
+        state = legacy.fetch()
+    finally:
+        legacy.close()
+    if state.get("migrated_to") or not (state["committed"] or state["runs"]):
+        return None
+    if not admin.stream_exists(scope, stream) or not any(admin.tail(scope, stream).values()):
+        return None  # an empty target cannot hold what the old state recorded: start fresh
+    horizon = _now_ms() - int(stale_after_s * 1000)
+    live = [rid for rid, run in state["runs"].items() if run["heartbeat_ms"] >= horizon]
+    if live:
+        raise IngestError(
+            f"ingest {ingest_id!r} has run(s) {', '.join(live)} in progress under an older version of this provider "
+            f"(state {legacy_scope}/{legacy_stream}); let them finish (or wait {stale_after_s:g} s) and re-run"
+        )
+    return state
 
 
 COMPACT_EVERY_RUNS = 16
@@ -433,11 +811,19 @@ class _Skip(Exception):
     """Internal: abandon an update attempt without appending."""
 
 
+def _files_text(run: Mapping[str, Any] | None, limit: int = 5) -> str:
+    files = sorted((run or {}).get("files", {}))
+    more = f" and {len(files) - limit} more" if len(files) > limit else ""
+    return ", ".join(files[:limit]) + more
+
+
 def _state_name(status: Any) -> str:
     return str(getattr(status, "name", status)).upper()
 
 
-def _committed_states() -> Any:
+def _final_states() -> Any:
     from airflow_provider_pravega.client.controller import TxnStatus
 
-    return {TxnStatus.COMMITTED}
+    # Waited for only after the commit requests were acknowledged and recorded: a transaction the
+    # controller forgot since (UNKNOWN) was committed.
+    return {TxnStatus.COMMITTED, TxnStatus.UNKNOWN}

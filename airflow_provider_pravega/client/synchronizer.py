@@ -47,6 +47,7 @@ from airflow_provider_pravega.client.errors import (
     InvalidStreamCutError,
     NoSuchSegmentError,
     PravegaError,
+    PravegaPermissionError,
     PravegaTLSError,
     SegmentSealedError,
     SegmentStoreError,
@@ -201,6 +202,23 @@ class _ConditionalAppender:
             conn.close()
 
 
+def _create_missing(admin: Any, scope: str, stream: str) -> None:
+    """Create the scope and the one-segment stream only when missing: a user allowed to write in
+    its scope (READ_UPDATE on ``prn::/scope:S`` and ``prn::/scope:S/*``) needs no more."""
+    if admin.stream_exists(scope, stream):
+        return
+    try:
+        if not admin.scope_exists(scope):
+            admin.create_scope(scope)
+        admin.create_stream(scope, stream, scaling=ScalingPolicy.fixed(1))
+    except PravegaPermissionError as exc:
+        raise PravegaPermissionError(
+            exc.where, exc.user, exc.action, exc.resource,
+            f"creating the missing state stream {scope}/{stream}: no write permission on scope {scope}"
+            + (f"; {exc.detail}" if exc.detail else ""),
+        ) from None
+
+
 def _identity(value: Any) -> Any:
     return value
 
@@ -262,8 +280,7 @@ class StateSynchronizer(Generic[S, U]):
             admin = getattr(client, "admin", None)
             if admin is None:
                 raise TypeError("create=True needs a PravegaClient (with .admin); or create the stream first")
-            admin.create_scope(scope)
-            admin.create_stream(scope, stream, scaling=ScalingPolicy.fixed(1))
+            _create_missing(admin, scope, stream)
         current = self._controller.get_current_segments(scope, stream)
         if len(current) != 1:
             raise SynchronizerError(

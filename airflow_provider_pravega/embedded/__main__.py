@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address clients are told to reach the segment store at (default: the bind address)")
     p.add_argument("--txn-lease-cap-ms", type=int, default=None,
                    help="shorten every transaction lease to at most this many ms (for tests)")
+    p.add_argument("--finished-txn-retention-ms", type=int, default=None,
+                   help="how long the controller remembers a committed/aborted transaction (default one day)")
+    p.add_argument("--finished-txn-limit", type=int, default=None,
+                   help="how many committed/aborted transactions per stream it remembers (default 10000)")
     p.add_argument("--tail-wait", type=float, default=5.0, help="seconds a read at the tail waits for data")
     p.add_argument("--no-fsync", action="store_true", help="acknowledge before data reaches the disk (unsafe)")
     p.add_argument("--auth-file", type=Path, default=None,
@@ -99,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         fsync=not args.no_fsync, auth_file=args.auth_file, token_ttl_s=args.token_ttl_s,
         token_signing_key_file=args.token_signing_key_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
         pravega_token_rules=args.pravega_token_rules,
+        **({"finished_txn_retention_ms": args.finished_txn_retention_ms}
+           if args.finished_txn_retention_ms is not None else {}),
+        **({"finished_txn_limit": args.finished_txn_limit} if args.finished_txn_limit is not None else {}),
     )
     if not is_loopback(args.host) and args.auth_file is None:
         print(f"pravega-embedded: WARNING: {insecure_bind_warning(args.host)}", file=sys.stderr, flush=True)

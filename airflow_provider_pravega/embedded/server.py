@@ -56,6 +56,8 @@ class ServerSettings:
     tls_cert: Path | None = None  # PEM certificate (chain); with tls_key, both endpoints serve TLS only
     tls_key: Path | None = None
     pravega_token_rules: bool = False  # delegation tokens exactly as Pravega 0.13 grants them
+    finished_txn_retention_ms: int = 24 * 3600 * 1000  # how long COMMITTED/ABORTED transactions are remembered
+    finished_txn_limit: int = 10_000  # ... and how many per stream
 
     @property
     def auth_enabled(self) -> bool:
@@ -142,7 +144,9 @@ class EmbeddedPravega:
                     f"cannot listen for the segment store on {s.host}:{s.segment_store_port}: {exc.strerror or exc}"
                 ) from exc
             config = ControllerConfig(max_lease_ms=s.max_lease_ms, lease_cap_ms=s.lease_cap_ms,
-                                      pravega_token_rules=s.pravega_token_rules)
+                                      pravega_token_rules=s.pravega_token_rules,
+                                      finished_txn_retention_ms=s.finished_txn_retention_ms,
+                                      finished_txn_limit=s.finished_txn_limit)
             self.controller = EmbeddedController(
                 self.storage, self._client_host(), self.segment_store.port, data_dir, config,
                 authenticator=authenticator, tokens=tokens,

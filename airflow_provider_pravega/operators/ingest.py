@@ -38,7 +38,11 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         operator returns once the commits are requested; pair it with PravegaTransactionSensor.
     :param num_writers: Transactions (Spark tasks) per run; default Spark's parallelism.
     :param stale_after_s: A run of this ingest whose driver has not heartbeated for this long is
-        presumed dead and recovered by the next run (default 60 s; heartbeats come every few seconds).
+        presumed dead and recovered by the next run (default 60 s; the driver heartbeats every
+        ``min(10 s, lease/3, stale_after_s/4)``, at most every 0.5 s, so at least 2 s). A run of an
+        earlier try of the same task instance is taken over at once.
+    :param unknown_commits: Only to resolve :class:`UnresolvedCommitError` (a crashed run whose
+        transactions the controller forgot): ``"committed"`` or ``"not_committed"``.
     :param pravega_conn_id: The ``pravega`` connection.
     :param spark_conn_id: Spark connection (its host is the master URL); ``local[*]`` when missing.
     :param spark_conf: Extra Spark settings.
@@ -69,6 +73,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         wait_for_commit: bool = True,
         num_writers: int | None = None,
         stale_after_s: float = 60.0,
+        unknown_commits: str | None = None,
         pravega_conn_id: str = PravegaHook.default_conn_name,
         spark_conn_id: str | None = "spark_default",
         spark_conf: dict[str, Any] | None = None,
@@ -82,7 +87,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         # Options no run could accept fail when the DAG is parsed, not after a SparkSession started.
         check_options(format=format, mode=mode, on_empty=on_empty, routing_key_field=routing_key_field,
                       payload_field=payload_field, num_writers=num_writers, stream_segments=stream_segments,
-                      stale_after_s=float(stale_after_s))
+                      stale_after_s=float(stale_after_s), unknown_commits=unknown_commits)
         self.scope = scope
         self.stream = stream
         self.source = source
@@ -98,6 +103,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         self.wait_for_commit = wait_for_commit
         self.num_writers = num_writers
         self.stale_after_s = float(stale_after_s)
+        self.unknown_commits = unknown_commits
         self.pravega_conn_id = pravega_conn_id
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf or {}
@@ -118,7 +124,8 @@ class PravegaTransactionalIngestOperator(BaseOperator):
             ingest_id=self.ingest_id or f"{self.dag_id}.{self.task_id}", mode=self.mode,
             create_stream=self.create_stream, stream_segments=self.stream_segments, on_empty=self.on_empty,
             allow_changed_files=self.allow_changed_files, wait_for_commit=self.wait_for_commit,
-            num_writers=self.num_writers, stale_after_s=self.stale_after_s,
+            num_writers=self.num_writers, stale_after_s=self.stale_after_s, unknown_commits=self.unknown_commits,
+            **_task_try(context),
         )
         def spark() -> Any:  # only when there is something to ingest (run_ingest checks inputs first)
             return get_spark_session(self.spark_conn_id, f"pravega-ingest-{self.dag_id}.{self.task_id}",
@@ -146,3 +153,13 @@ class PravegaTransactionalIngestOperator(BaseOperator):
             inputs=[file_dataset(f) for f in files],
             outputs=[stream_dataset(config, self.scope or config.scope, self.stream)],
         )
+
+
+def _task_try(context: Any) -> dict[str, Any]:
+    """The task instance and try running this ingest: a later try takes an earlier try's run over
+    at once (Airflow already gave up on it) instead of waiting ``stale_after_s``."""
+    ti = context.get("ti") if hasattr(context, "get") else None
+    if ti is None or getattr(ti, "try_number", None) is None:
+        return {}
+    key = f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/{getattr(ti, 'map_index', -1)}"
+    return {"task_instance": key, "try_number": int(ti.try_number)}

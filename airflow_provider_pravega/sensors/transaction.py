@@ -40,6 +40,11 @@ class PravegaTransactionSensor(PravegaSensorBase):
         ``wait_for_commit=False``): ints, 32-hex-digit or decimal text, UUID text, or
         ``TransactionInfo`` dicts.
     :param scope: The stream's scope (default: the connection's default scope).
+    :param ingest_run: The ingest operator's XCom (templated, e.g.
+        ``"{{ ti.xcom_pull(task_ids='ingest') }}"``) when waiting for an ingest with
+        ``wait_for_commit=False``: once every transaction is COMMITTED the sensor records the run
+        done in the ingest's state, and a transaction the controller already forgot (UNKNOWN) counts
+        as committed when the ingest recorded its commit request acknowledged.
     :param pravega_conn_id: The ``pravega`` connection.
     :param deferrable: Wait in the triggerer (no worker slot) through
         :class:`~airflow_provider_pravega.triggers.transaction.PravegaTransactionTrigger`.
@@ -49,11 +54,12 @@ class PravegaTransactionSensor(PravegaSensorBase):
     sensor arguments. XCom: the committed transaction ids (32 hex digits each).
     """
 
-    template_fields: Sequence[str] = ("scope", "stream", "transaction_ids")
+    template_fields: Sequence[str] = ("scope", "stream", "transaction_ids", "ingest_run")
 
-    def __init__(self, *, stream: str, transaction_ids: Any, **kwargs: Any) -> None:
+    def __init__(self, *, stream: str, transaction_ids: Any, ingest_run: Any = None, **kwargs: Any) -> None:
         super().__init__(stream=stream, **kwargs)
         self.transaction_ids = transaction_ids
+        self.ingest_run = ingest_run
         self._committed: set[int] = set()
 
     def _ids(self) -> list[int]:
@@ -80,6 +86,8 @@ class PravegaTransactionSensor(PravegaSensorBase):
                 state = controller.check_transaction_state(scope, self.stream, txn_id)
                 if state == TxnStatus.COMMITTED:
                     self._committed.add(txn_id)
+                elif state == TxnStatus.UNKNOWN and self._acknowledged():
+                    self._committed.add(txn_id)  # committed, then forgotten by the controller
                 elif state in FAILED_STATES:
                     raise PravegaTransactionFailedError(
                         f"Pravega transaction {format_txn_id(txn_id)} on {scope}/{self.stream} is {state.value}: "
@@ -92,7 +100,57 @@ class PravegaTransactionSensor(PravegaSensorBase):
             return False
         committed = [format_txn_id(t) for t in ids]
         self.log.info("All %d transactions on %s/%s are COMMITTED", len(committed), scope, self.stream)
+        self._record_ingest_done()
         return PokeReturnValue(is_done=True, xcom_value=committed)
+
+    def _ingest(self) -> tuple[str, str, str] | None:
+        """(state scope, state stream, run id) of the ingest run given by ``ingest_run``."""
+        value = self.ingest_run
+        if isinstance(value, str):
+            text = value.strip()
+            if text in ("", "None"):
+                return None
+            import ast
+            import json
+
+            try:
+                value = json.loads(text)
+            except ValueError:
+                try:
+                    value = ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    raise AirflowFailException(f"{self.task_id}: ingest_run is not the ingest's XCom: {text[:200]!r}")
+        if not value:
+            return None
+        if not isinstance(value, dict) or not all(value.get(k) for k in ("state_scope", "state_stream")):
+            raise AirflowFailException(f"{self.task_id}: ingest_run must be the ingest operator's XCom (a dict with "
+                                       f"run_id, state_scope and state_stream), got {str(value)[:200]!r}")
+        if not value.get("run_id"):
+            return None  # the ingest had nothing to do
+        return value["state_scope"], value["state_stream"], value["run_id"]
+
+    def _acknowledged(self) -> bool:
+        """True when the ingest recorded its commit requests acknowledged (or the run done)."""
+        ingest = self._ingest()
+        if ingest is None:
+            return False
+        from airflow_provider_pravega.client.ingest import REQUESTED, open_state_store
+
+        state_scope, state_stream, run_id = ingest
+        with self.hook.get_client() as client, open_state_store(client, state_scope, state_stream, create=False) as store:
+            run = store.fetch()["runs"].get(run_id)
+        return run is None or run["phase"] == REQUESTED
+
+    def _record_ingest_done(self) -> None:
+        ingest = self._ingest()
+        if ingest is None:
+            return
+        from airflow_provider_pravega.client.ingest import open_state_store, record_run_done
+
+        state_scope, state_stream, run_id = ingest
+        with self.hook.get_client() as client, open_state_store(client, state_scope, state_stream, create=False) as store:
+            if record_run_done(store, run_id):
+                self.log.info("Recorded ingest run %s done in %s/%s", run_id, state_scope, state_stream)
 
     def deferred_trigger(self) -> PravegaTransactionTrigger:
         return PravegaTransactionTrigger(
@@ -109,9 +167,14 @@ class PravegaTransactionSensor(PravegaSensorBase):
         if not event:
             raise AirflowFailException(f"{self.task_id}: the transaction trigger ended without an event")
         status = event.get("status")
-        if status == "success":
+        if status == "success" or (status == "error" and event.get("state") == "UNKNOWN" and self._acknowledged()):
+            if status != "success":  # one was forgotten after its acknowledged commit: check the rest
+                done = self.poke(context)
+                if not done:
+                    raise AirflowFailException(f"{self.task_id}: transactions still pending after the trigger ended")
             committed = [format_txn_id(t) for t in self._ids()]
             self.log.info("All %d transactions are COMMITTED", len(committed))
+            self._record_ingest_done()
             return committed
         if status == "timeout":
             raise AirflowSensorTimeout(f"{self.task_id}: {event.get('message')}")

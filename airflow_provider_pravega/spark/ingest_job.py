@@ -24,7 +24,6 @@ import logging
 import os
 import re
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -33,14 +32,21 @@ from typing import Any
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import PravegaError, StreamNotFoundError
 from airflow_provider_pravega.client.ingest import (
+    MIN_STALE_AFTER_S,
+    UNKNOWN_COMMITS,
     FencedError,
+    FilePlan,
     IngestCoordinator,
     IngestError,
+    WriteResult,
+    check_timing,
     file_identity,
     needs_fingerprint,
+    open_ingest_state,
     open_state_store,
     register_txn,
 )
+from airflow_provider_pravega.client.ingest import state_location as _state_location
 from airflow_provider_pravega.spark.connection_args import (
     add_connection_arguments,
     run_job_command,
@@ -65,7 +71,8 @@ class SourceError(IngestError, FileNotFoundError):
 
 def check_options(*, format: str = "jsonl", mode: str = "exactly_once", on_empty: str = "fail",
                   routing_key_field: str | None = None, payload_field: str | None = None,
-                  num_writers: int | None = None, stream_segments: int = 1, stale_after_s: float = 60.0) -> None:
+                  num_writers: int | None = None, stream_segments: int = 1, stale_after_s: float = 60.0,
+                  unknown_commits: str | None = None) -> None:
     """ValueError for an option no run could accept (the operator calls it when the DAG is parsed)."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -79,8 +86,11 @@ def check_options(*, format: str = "jsonl", mode: str = "exactly_once", on_empty
         raise ValueError(f"num_writers must be at least 1, got {num_writers}")
     if stream_segments < 1:
         raise ValueError(f"stream_segments must be at least 1, got {stream_segments}")
-    if not stale_after_s > 0:
-        raise ValueError(f"stale_after_s must be positive, got {stale_after_s}")
+    if not stale_after_s >= MIN_STALE_AFTER_S:
+        raise ValueError(f"stale_after_s={stale_after_s!r} is below the safe minimum of {MIN_STALE_AFTER_S:g} s (the "
+                         f"driver heartbeats at most every 0.5 s; a run is presumed dead after four missed heartbeats)")
+    if unknown_commits is not None and unknown_commits not in UNKNOWN_COMMITS:
+        raise ValueError(f"unknown_commits must be one of {', '.join(UNKNOWN_COMMITS)} or None, got {unknown_commits!r}")
 
 
 @dataclass(frozen=True)
@@ -102,12 +112,15 @@ class IngestSpec:
     wait_for_commit: bool = True
     num_writers: int | None = None  # transactions (tasks) per run; default: Spark's parallelism
     stale_after_s: float = 60.0
+    task_instance: str | None = None  # the Airflow task instance running this ingest ...
+    try_number: int | None = None  # ... and its try: a later try takes an earlier try's run over at once
+    unknown_commits: str | None = None  # "committed" / "not_committed": see UnresolvedCommitError
 
     def __post_init__(self) -> None:
         check_options(format=self.format, mode=self.mode, on_empty=self.on_empty,
                       routing_key_field=self.routing_key_field, payload_field=self.payload_field,
                       num_writers=self.num_writers, stream_segments=self.stream_segments,
-                      stale_after_s=self.stale_after_s)
+                      stale_after_s=self.stale_after_s, unknown_commits=self.unknown_commits)
         if not _items(self.source) or any(not i for i in _items(self.source)):
             raise ValueError(f"source must be a non-empty path, glob or URI (or a list of them), got {self.source!r}")
 
@@ -126,7 +139,10 @@ class IngestResult:
     transactions: list[dict[str, str]] = field(default_factory=list)
     tail_cut: str | None = None
     seconds: float = 0.0
-    recovered_runs: list[str] = field(default_factory=list)
+    recovered_runs: list[str] = field(default_factory=list)  # killed runs rolled forward or back
+    finished_runs: list[str] = field(default_factory=list)  # earlier runs with acknowledged commits, recorded done
+    state_scope: str | None = None  # where the ingest's state lives (the commit sensor records the run done)
+    state_stream: str | None = None
 
     @property
     def events_per_second(self) -> float:
@@ -557,6 +573,7 @@ class TaskContext:
     state_scope: str
     state_stream: str
     lease_ms: int
+    owner: str | None = None  # the driver owning the run: a task of a taken-over run cannot register
 
 
 def make_writer(ctx: TaskContext):
@@ -582,9 +599,9 @@ def make_writer(ctx: TaskContext):
         txns = client.transactions
         info = txns.begin(spec.scope, spec.stream, ctx.lease_ms)
         hex_id = f"{info.txn_id:032x}"
-        store = open_state_store(client, ctx.state_scope, ctx.state_stream)
+        store = open_state_store(client, ctx.state_scope, ctx.state_stream, create=False)
         try:
-            register_txn(store, ctx.run_id, hex_id)
+            register_txn(store, ctx.run_id, hex_id, ctx.owner)
         except FencedError:
             txns.abort(spec.scope, spec.stream, info.txn_id)
             raise
@@ -679,64 +696,19 @@ def _all_empty(batches: Iterator[Any]) -> bool:
 
 
 def state_location(spec: IngestSpec) -> tuple[str, str]:
-    """Where an ingest keeps its synchronizer state: a one-segment stream in the target scope
-    (not `_`-prefixed: Pravega reserves those names for itself)."""
-    import hashlib
-
-    digest = hashlib.sha1(spec.effective_ingest_id.encode()).hexdigest()[:20]
-    return spec.scope, f"ingest-state-{digest}"
-
-
-class _Keeper(threading.Thread):
-    """Driver-side upkeep while tasks run: heartbeat the run, keep registered txns' leases alive,
-    and log progress."""
-
-    def __init__(self, coord: IngestCoordinator, run_id: str, client: Any, spark: Any, interval_s: float) -> None:
-        super().__init__(name="pravega-ingest-keeper", daemon=True)
-        self.coord, self.run_id, self.spark = coord, run_id, spark
-        self.interval_s = interval_s
-        self.leases = client.lease_keeper(interval_s)
-        self.stop_event = threading.Event()
-        self.fenced: FencedError | None = None
-
-    def run(self) -> None:
-        last_log = 0.0
-        while not self.stop_event.wait(self.interval_s):
-            try:
-                self.coord.heartbeat(self.run_id)
-                for hex_id in self.coord.registered_txns(self.run_id):
-                    self.leases.add(self.coord.scope, self.coord.stream, int(hex_id, 16))
-            except FencedError as exc:
-                self.fenced = exc
-                log.error("%s", exc)
-                return
-            except PravegaError as exc:  # transient: try again next round
-                log.warning("ingest upkeep failed (will retry): %s", exc)
-            if time.monotonic() - last_log > 10:
-                last_log = time.monotonic()
-                _log_progress(self.spark)
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(timeout=30)
-        self.leases.close()
-
-
-def _log_progress(spark: Any) -> None:
-    tracker = spark.sparkContext.statusTracker()
-    for stage_id in tracker.getActiveStageIds():
-        info = tracker.getStageInfo(stage_id)
-        if info is not None:
-            log.info("ingest progress: stage %d: %d of %d tasks done (%d running)", stage_id,
-                     info.numCompletedTasks, info.numTasks, info.numActiveTasks)
+    """Where an ingest keeps its synchronizer state: keyed by the target stream and the ingest id."""
+    return _state_location(spec.scope, spec.stream, spec.effective_ingest_id)
 
 
 def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     """Ingest ``spec.source`` into ``spec.scope/spec.stream`` exactly once (or at least once).
 
     ``spark`` is a SparkSession or a function returning one, called only once there is work (an
-    empty interval of local files, a missing path or stream never starts a session)."""
+    empty interval of local files, a missing path or stream never starts a session). The protocol
+    is :meth:`IngestCoordinator.run`'s; this supplies the files and the write stage."""
     started = time.monotonic()
+    lease_ms = client.transactions.default_lease_ms
+    check_timing(spec.stale_after_s, lease_ms)  # before anything is written
     # Everything checkable without Spark comes first; the session starts only when there is work.
     get_spark = spark if callable(spark) else (lambda: spark)
     if precheck_sources(spec.source) is False:
@@ -745,12 +717,17 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     if not admin.stream_exists(spec.scope, spec.stream):
         if not spec.create_stream:
             raise StreamNotFoundError(spec.scope, spec.stream)
-        admin.create_scope(spec.scope)
+        if not admin.scope_exists(spec.scope):
+            admin.create_scope(spec.scope)
         admin.create_stream(spec.scope, spec.stream, segments=spec.stream_segments)
     state_scope, state_stream = state_location(spec)
-    store = open_state_store(client, state_scope, state_stream)
-    coord = IngestCoordinator(store, client.transactions, spec.scope, spec.stream,
-                              stale_after_s=spec.stale_after_s, crash_hook=crash_point)
+    store = open_ingest_state(client, spec.scope, spec.stream, spec.effective_ingest_id,
+                              stale_after_s=spec.stale_after_s)
+    coord = IngestCoordinator(
+        store, client.transactions, spec.scope, spec.stream, stale_after_s=spec.stale_after_s, lease_ms=lease_ms,
+        task_instance=spec.task_instance, try_number=spec.try_number, unknown_commits=spec.unknown_commits,
+        lease_keeper=client.lease_keeper, crash_hook=crash_point,
+    )
     spark = get_spark()
     listed = list_sources(spark, spec.source)
     if not listed:
@@ -762,64 +739,41 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
         log.info("fingerprinting %d file(s) in Spark tasks", len(unsure))
         for key, fp in fingerprint_files(spark, unsure).items():
             identities[key]["fp"] = fp
-    recovered = coord.recover_stale_runs()
-    crash_point("before_run_record")
-    run_id, plan = coord.start_run(identities, allow_changed_files=spec.allow_changed_files)
-    result = IngestResult(run_id=run_id, files_skipped=sorted(plan.skipped), recovered_runs=recovered)
-    if run_id is None:
-        log.info("all %d file(s) were already ingested: nothing to do", len(files))
-        result.tail_cut = _tail_text(client, spec)
-        result.seconds = time.monotonic() - started
-        return result
-    to_ingest = sorted(plan.to_ingest)
-    log.info("run %s: ingesting %d file(s) (%d already ingested)", run_id, len(to_ingest), len(plan.skipped))
-    lease_ms = client.transactions.default_lease_ms
-    ctx = TaskContext(config_of(client), spec, run_id, state_scope, state_stream, lease_ms)
-    keeper = _Keeper(coord, run_id, client, spark, interval_s=max(0.5, min(10.0, lease_ms / 3000)))
-    keeper.start()
-    committing = False
-    try:
+
+    def write(run_id: str, plan: FilePlan) -> WriteResult:
+        to_ingest = sorted(plan.to_ingest)
+        log.info("run %s: ingesting %d file(s) (%d already ingested)", run_id, len(to_ingest), len(plan.skipped))
+        ctx = TaskContext(config_of(client), spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
         records = record_frame(spark, to_ingest, spec)
         if spec.mode == "at_least_once":
             validate_records(spark, records, spec)  # its writes are visible at once: check first
         frame = partition_for_writing(spark, records, spec)
         rows = frame.mapInArrow(make_writer(ctx), RESULT_SCHEMA).collect()
-        crash_point("after_tasks")
-        if keeper.fenced is not None:
-            raise keeper.fenced
         bad = [r for r in rows if r["error"]]
         if bad:
             raise bad_record_error(spark, bad[0]["bad_file"], spec)
-        txns = [r["txn"] for r in rows if r["txn"]]
-        result.events = sum(r["events"] for r in rows)
-        result.bytes = sum(r["bytes"] for r in rows)
-        if spec.mode == "exactly_once":
-            orphans = [t for t in coord.registered_txns(run_id) if t not in set(txns)]
-            coord.mark_committing(run_id, txns)
-            committing = True
-            coord._abort_quietly(orphans)  # attempts that failed and were retried
-            if spec.wait_for_commit:
-                coord.commit_all(run_id, txns)
-                coord.finish(run_id)
-                states = "COMMITTED"
-            else:
-                for hex_id in txns:
-                    client.transactions.commit(spec.scope, spec.stream, int(hex_id, 16), wait=False)
-                states = "COMMITTING"
-            result.transactions = [{"id": t, "status": states} for t in txns]
-        else:
-            coord.finish(run_id)
-    except BaseException:
-        keeper.stop()
-        if not committing:
-            coord.abandon(run_id)
-        raise
-    keeper.stop()
-    result.files_ingested = to_ingest
-    result.tail_cut = _tail_text(client, spec) if spec.wait_for_commit else None
+        return WriteResult([r["txn"] for r in rows if r["txn"]], sum(r["events"] for r in rows),
+                           sum(r["bytes"] for r in rows))
+
+    outcome = coord.run(identities, write, allow_changed_files=spec.allow_changed_files,
+                        wait_for_commit=spec.wait_for_commit, transactional=spec.mode == "exactly_once")
+    result = IngestResult(
+        run_id=outcome.run_id, files_skipped=sorted(outcome.plan.skipped), recovered_runs=outcome.recovered,
+        finished_runs=outcome.finished, state_scope=state_scope, state_stream=state_stream,
+        events=outcome.events, bytes=outcome.bytes,
+        transactions=[{"id": t, "status": outcome.status} for t in outcome.txns],
+    )
+    if outcome.run_id is None:
+        log.info("all %d file(s) were already ingested: nothing to do", len(files))
+        result.tail_cut = _tail_text(client, spec)
+        result.seconds = time.monotonic() - started
+        return result
+    result.files_ingested = sorted(outcome.plan.to_ingest)
+    committed = spec.wait_for_commit or spec.mode != "exactly_once"
+    result.tail_cut = _tail_text(client, spec) if committed else None
     result.seconds = time.monotonic() - started
-    log.info("run %s: %d events (%d bytes) from %d file(s) in %.1f s (%.0f events/s)", run_id, result.events,
-             result.bytes, len(to_ingest), result.seconds, result.events_per_second)
+    log.info("run %s: %d events (%d bytes) from %d file(s) in %.1f s (%.0f events/s)", outcome.run_id,
+             result.events, result.bytes, len(result.files_ingested), result.seconds, result.events_per_second)
     return result
 
 
@@ -871,6 +825,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segments", type=int, default=1)
     ap.add_argument("--num-writers", type=int)
     ap.add_argument("--stale-after", type=float, default=60.0)
+    ap.add_argument("--unknown-commits", choices=("committed", "not_committed"), default=None,
+                    help="how to resolve a crashed run whose transactions the controller forgot (see the README)")
+    ap.add_argument("--task-instance", help=argparse.SUPPRESS)  # what the operator passes: fast takeover
+    ap.add_argument("--try-number", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--master", default=None, help="Spark master (default: local mode on every core)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -880,7 +838,8 @@ def main(argv: list[str] | None = None) -> int:
         scope=args.scope, stream=args.stream, source=args.source, format=args.format,
         routing_key_field=args.routing_key_field, payload_field=args.payload_field, ingest_id=args.ingest_id,
         mode=args.mode, create_stream=args.create_stream, stream_segments=args.segments,
-        num_writers=args.num_writers, stale_after_s=args.stale_after,
+        num_writers=args.num_writers, stale_after_s=args.stale_after, unknown_commits=args.unknown_commits,
+        task_instance=args.task_instance, try_number=args.try_number,
     )
     def spark() -> Any:  # started only when there is something to ingest
         return get_spark_session(None, "pravega-ingest", **({"spark.master": args.master} if args.master else {}))
