@@ -746,6 +746,20 @@ def legacy_state_location(scope: str, ingest_id: str) -> tuple[str, str]:
     return scope, f"ingest-state-{hashlib.sha1(ingest_id.encode()).hexdigest()[:20]}"
 
 
+def check_write_access(client: Any, scope: str, stream: str) -> None:
+    """Fail before anything is written when the client's user may not write ``scope/stream``
+    (asks the controller for a write delegation token, as a writer would; no-op without auth)."""
+    from airflow_provider_pravega.client.errors import PravegaPermissionError
+
+    try:
+        client.controller.get_delegation_token(scope, stream, "write")
+    except PravegaPermissionError as exc:
+        raise PravegaPermissionError(
+            exc.where, exc.user, "write", f"stream {scope}/{stream}",
+            f"no write permission on {scope}/{stream}: ingesting needs READ_UPDATE on the stream and its scope",
+        ) from None
+
+
 def open_state_store(client: Any, scope: str, stream: str, *, create: bool = True) -> Any:
     """The ingest's state synchronizer on ``scope/stream`` (created with one segment if missing)."""
     from airflow_provider_pravega.client.synchronizer import StateSynchronizer

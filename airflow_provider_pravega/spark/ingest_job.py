@@ -40,6 +40,7 @@ from airflow_provider_pravega.client.ingest import (
     IngestError,
     WriteResult,
     check_timing,
+    check_write_access,
     file_identity,
     needs_fingerprint,
     open_ingest_state,
@@ -720,6 +721,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
         if not admin.scope_exists(spec.scope):
             admin.create_scope(spec.scope)
         admin.create_stream(spec.scope, spec.stream, segments=spec.stream_segments)
+    check_write_access(client, spec.scope, spec.stream)
     state_scope, state_stream = state_location(spec)
     store = open_ingest_state(client, spec.scope, spec.stream, spec.effective_ingest_id,
                               stale_after_s=spec.stale_after_s)

@@ -262,3 +262,73 @@ def test_command_line_takes_the_password_from_the_environment_not_argv(
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "refused to authenticate user 'admin'" in done.stderr
     assert "wrong-Pa55word" not in done.stderr
+
+
+def test_a_scoped_writer_ingests_into_an_existing_stream_and_exports(
+    tmp_path: Path, spark: Any, run_dag: Any, pravega_secure_embedded: Any, airflow_home: Path,
+    monkeypatch: pytest.MonkeyPatch, unique_name: Any, capfd: pytest.CaptureFixture[str],
+) -> None:
+    """``writer-iot`` has READ_UPDATE on scope ``iot`` and its streams only (the README's scoped
+    writer): the ingest's and the export's state streams are created in the scope without ever
+    asking for the scope itself (createScope on ``prn::/`` would be denied)."""
+    from airflow.sdk import DAG
+
+    from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator
+    from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
+
+    server = pravega_secure_embedded
+    scope, stream = "iot", unique_name("scoped")
+    with _admin(server) as admin:
+        admin.admin.create_scope(scope)
+        admin.admin.create_stream(scope, stream, 2)
+    _set_connection(monkeypatch, "pravega_secure_writer", server, "writer-iot", scope)
+    source = tmp_path / "in"
+    source.mkdir()
+    lines = [json.dumps({"sensor_id": f"s{n % 3}", "n": n}) for n in range(40)]
+    (source / "a.jsonl").write_text("\n".join(lines) + "\n")
+
+    dag_id = f"scoped_{stream.replace('-', '_')}"
+    with DAG(dag_id=dag_id, schedule=None, start_date=datetime(2026, 11, 1, tzinfo=timezone.utc)) as dag:
+        ingest = PravegaTransactionalIngestOperator(
+            task_id="ingest", stream=stream, source=str(source), routing_key_field="sensor_id", num_writers=2,
+            pravega_conn_id="pravega_secure_writer", spark_conn_id=None, retries=0,
+        )
+        export = PravegaStreamCutExportOperator(
+            task_id="export", stream=stream, output_path=str(tmp_path / "out"), format="jsonl", start_cut="head",
+            pravega_conn_id="pravega_secure_writer", spark_conn_id=None, retries=0,
+        )
+        ingest >> export
+    run = run_dag(dag)
+    states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+    assert states == {"ingest": "success", "export": "success"}, _task_logs(airflow_home, dag_id, capfd)[-4000:]
+    assert Counter(e.decode() for e in _events(server, scope, stream)) == Counter(lines)
+    files = [p for p in (tmp_path / "out").rglob("part-*") if p.is_file() and not p.name.endswith(".crc")]
+    exported = [json.loads(line)["event"] for p in files for line in p.read_text().splitlines()]
+    assert Counter(exported) == Counter(lines)
+
+
+def test_a_read_only_user_is_told_it_cannot_write_the_stream(
+    tmp_path: Path, spark: Any, pravega_secure_embedded: Any, unique_name: Any,
+) -> None:
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.client.config import PravegaConnectionConfig
+    from airflow_provider_pravega.client.errors import PravegaPermissionError
+    from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+
+    server = pravega_secure_embedded
+    scope = unique_name("ro")
+    with _admin(server) as admin:
+        admin.admin.create_scope(scope)
+        admin.admin.create_stream(scope, "readings", 1)
+    (tmp_path / "a.jsonl").write_text('{"n": 1}\n')
+    host, port = server.controller_uri.split("://", 1)[1].rsplit(":", 1)
+    config = PravegaConnectionConfig.from_connection_fields(
+        host=host, port=int(port), login="reader", password=server.passwords["reader"],
+        extra={"tls": server.tls, "trust_store": str(server.ca_cert)})
+    with PravegaClient(config) as client, pytest.raises(PravegaPermissionError) as caught:
+        run_ingest(client, spark, IngestSpec(scope=scope, stream="readings", source=str(tmp_path / "a.jsonl")))
+    message = str(caught.value)
+    assert f"no write permission on {scope}/readings" in message and "'reader'" in message, message
+    assert "createScope" not in message
+    with _admin(server) as admin:
+        assert admin.admin.list_streams(scope) == ["readings"]
