@@ -67,6 +67,10 @@ U = TypeVar("U")
 
 FULL = "full"
 UPDATE = "upd"
+PART = "part"  # one chunk of a snapshot larger than one event
+#: Characters of state JSON per snapshot chunk: escaped inside the chunk record at most twice as
+#: long (quotes and backslashes), so a chunk stays well under the 8 MiB event limit.
+SNAPSHOT_CHUNK_CHARS = 3 * 1024 * 1024
 
 
 class SynchronizerError(PravegaError):
@@ -292,6 +296,7 @@ class StateSynchronizer(Generic[S, U]):
         self._appender = _ConditionalAppender(self._segments, self.segment)
         self._state: S = copy.deepcopy(self._initial)
         self._revision: int | None = None  # None: nothing read yet (start from the head)
+        self._parts: dict[str, Any] | None = None  # a chunked snapshot being read
         #: Offset at which this instance's last successful update (or compaction) was written.
         self.last_written_revision: int | None = None
         #: Revisions (record offsets) of every update this instance won, in order.
@@ -320,11 +325,31 @@ class StateSynchronizer(Generic[S, U]):
                 f"record at offset {offset} of {self.scope}/{self.stream} is not a synchronizer record; is this "
                 f"stream used for something else?"
             ) from None
+        if kind == PART:
+            return self._fold_part(state, record)
+        self._parts = None  # a snapshot interrupted by another record is incomplete: ignore it
         if kind == FULL:
             return self._decode_state(record["state"])
         if kind == UPDATE:
             return self._apply(state, self._decode_update(record["op"]))
         raise SynchronizerError(f"record at offset {offset} of {self.scope}/{self.stream} has unknown kind {kind!r}")
+
+    def _fold_part(self, state: S, record: dict[str, Any]) -> S:
+        """One chunk of a snapshot too large for one event: the state is replaced once the last
+        chunk arrives; a snapshot interrupted by other records is dropped (it was redundant: it
+        only repeated the state as of its first chunk)."""
+        index, count, snap = record["i"], record["n"], record["id"]
+        parts = self._parts
+        if index == 0:
+            parts = self._parts = {"id": snap, "data": []}
+        elif parts is None or parts["id"] != snap or len(parts["data"]) != index:
+            self._parts = None
+            return state
+        parts["data"].append(record["data"])
+        if len(parts["data"]) < count:
+            return state
+        self._parts = None
+        return self._decode_state(json.loads("".join(parts["data"])))
 
     def fetch_updates(self) -> S:
         """Read every record from the current revision to the tail, fold them, return the state.
@@ -336,6 +361,7 @@ class StateSynchronizer(Generic[S, U]):
             info = self._segments.get_segment_info(self.segment)
             if self._revision is None:
                 self._state = copy.deepcopy(self._initial)
+                self._parts = None
                 self._revision = info.start_offset
             # A revision below the head (someone compacted) is found out by the read itself:
             # SegmentIsTruncated, which also covers a compaction that happens while reading.
@@ -431,23 +457,39 @@ class StateSynchronizer(Generic[S, U]):
     def compact(self) -> int:
         """Write the full state and truncate the stream at it; returns the new head offset.
 
-        Readers (and fresh synchronizers) then start from that one record instead of the whole
-        history. Retried like :meth:`update` when other writers append meanwhile.
+        Readers (and fresh synchronizers) then start from that snapshot instead of the whole
+        history. A state larger than one event is written as several chunk records, each a
+        conditional append; when another writer appends in between, the snapshot is incomplete
+        (readers ignore it) and compaction starts over. Retried like :meth:`update`.
         """
         for attempt in range(self.max_attempts):
             self.fetch_updates()
             revision = self._revision
             assert revision is not None
-            (payload,) = self._encode([{"t": FULL, "state": self._encode_state(self._state)}])
-            try:
-                won = self._appender.append(revision, [payload])
-            except (SegmentSealedError, NoSuchSegmentError) as exc:
-                raise SynchronizerError(f"cannot compact the state in {self.scope}/{self.stream}: {exc}") from None
+            text = json.dumps(self._encode_state(self._state), separators=(",", ":"))
+            if len(text) <= SNAPSHOT_CHUNK_CHARS:
+                records = [{"t": FULL, "state": json.loads(text)}]
+            else:
+                chunks = [text[i:i + SNAPSHOT_CHUNK_CHARS] for i in range(0, len(text), SNAPSHOT_CHUNK_CHARS)]
+                snap = uuid.uuid4().hex
+                records = [{"t": PART, "id": snap, "i": i, "n": len(chunks), "data": c} for i, c in enumerate(chunks)]
+            offset = revision
+            won = True
+            for payload in self._encode(records):
+                try:
+                    won = self._appender.append(offset, [payload])
+                except (SegmentSealedError, NoSuchSegmentError) as exc:
+                    raise SynchronizerError(f"cannot compact the state in {self.scope}/{self.stream}: {exc}") from None
+                if not won:
+                    break
+                offset += wire.EVENT_HEADER_LEN + len(payload)
             if won:
-                self._revision = revision + wire.EVENT_HEADER_LEN + len(payload)
+                self._revision = offset
+                self._parts = None
                 self.last_written_revision = revision
                 self._truncate(revision)
                 return revision
+            # Our partial snapshot stays in the stream; readers (we too) skip it as incomplete.
             self.conflicts += 1
             self._sleep(attempt)
         raise SynchronizerConflictError(self.scope, self.stream, self.max_attempts)
