@@ -69,6 +69,10 @@ def test_ingest_dag_runs_two_days_and_a_backfill_without_duplicates(tmp_path, mo
         run = run_dag(dag, logical_date=datetime.fromisoformat(day).replace(tzinfo=timezone.utc))
         states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
         assert set(states.values()) == {"success"}, states
+        # Every run ended recorded: the commit sensor recorded it done, so no later run had to
+        # finish it, and nothing was "recovered" (no run was killed).
+        summary = run.get_task_instance("ingest").xcom_pull(task_ids="ingest")
+        assert summary["recovered_runs"] == [] and summary["finished_runs"] == [], summary
     source = [line for p in sorted((data / "incoming").rglob("*.jsonl")) for line in p.read_text().splitlines()]
     events = read_stream(pravega_default_conn, "iot", "readings", expected=len(source))
     assert Counter(e.decode() for e in events) == Counter(source)
