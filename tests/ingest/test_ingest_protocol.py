@@ -152,7 +152,11 @@ def _legacy_state(client: Any, scope: str, ingest_id: str, files: dict[str, dict
 
 
 def test_old_layout_state_is_adopted_for_its_stream_only(tmp_path, client, spark, unique_name):
-    from airflow_provider_pravega.client.ingest import file_identity
+    import hashlib
+
+    def old_identity(path: str) -> dict:  # what versions before 0.2 recorded: size and BLAKE2b-160
+        data = open(path, "rb").read()
+        return {"size": len(data), "fp": hashlib.blake2b(data, digest_size=20).hexdigest()}
 
     scope = unique_name("legacy")
     lines = write_day(tmp_path / "in", 1)
@@ -164,7 +168,7 @@ def test_old_layout_state_is_adopted_for_its_stream_only(tmp_path, client, spark
     with client.transactions.writer(scope, "old", info) as writer:
         writer.write_events([line.encode() for line in lines])
     client.transactions.commit(scope, "old", info.txn_id)
-    _legacy_state(client, scope, "dag.ingest", {f: file_identity(f) for f in files})
+    _legacy_state(client, scope, "dag.ingest", {f: old_identity(f) for f in files})
 
     # A new, empty stream for the same ingest id: its files are ingested (not adopted)...
     moved = run_ingest(client, spark, IngestSpec(scope=scope, stream="new", source=str(tmp_path / "in"),
