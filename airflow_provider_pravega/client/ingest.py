@@ -90,6 +90,21 @@ class ChangedFileError(IngestError):
         )
 
 
+class ForgottenFileError(IngestError):
+    """A file the state does not remember, last modified before the state forgot old files: it may
+    have been ingested already (its record was pruned by ``remember_files_for``)."""
+
+    def __init__(self, path: str, ident: Mapping[str, Any], forgotten_before_ms: int) -> None:
+        self.path = path
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(forgotten_before_ms / 1000))
+        super().__init__(
+            f"{path} ({describe_identity(ident)}) is not in this ingest's state, but it was last modified before "
+            f"{when}, up to which the state forgot the files it ingested (remember_files_for): it may have been "
+            f"ingested already. Remove it from the source if it was; pass allow_changed_files=True to ingest it "
+            f"anyway. Keep remember_files_for longer than any file stays in the source."
+        )
+
+
 class LostCommitError(IngestError):
     """A transaction listed at the commit point was aborted: its events can never be committed."""
 
@@ -145,6 +160,11 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
             state["target"] = op["target"]
             state["ingest_id"] = op.get("ingest_id")
         return state
+    if kind == "prune":  # forget committed files recorded before ``before`` (remember_files_for)
+        before = op["before"]
+        state["committed"] = {p: c for p, c in state["committed"].items() if (c.get("at") or 0) >= before}
+        state["forgotten_before_ms"] = max(before, state.get("forgotten_before_ms") or 0)
+        return state
     if kind == "migrated":  # a state of the old layout, adopted by the state of ``to``
         state["migrated_to"] = op["to"]
         return state
@@ -173,7 +193,8 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
             run["requested_ms"] = op.get("ts")
     elif kind == "done":
         for path, ident in run["files"].items():
-            state["committed"][path] = {**ident, "run": op["run"]}
+            at = {"at": op["ts"]} if op.get("ts") is not None else {}  # when (remember_files_for)
+            state["committed"][path] = {**ident, "run": op["run"], **at}
         del runs[op["run"]]
         state["completed_runs"] = state.get("completed_runs", 0) + 1
     elif kind == "abandon":
@@ -259,6 +280,10 @@ def plan_files(
     for path, ident in identities.items():
         before = committed.get(path)
         if before is None:
+            forgotten = state.get("forgotten_before_ms")
+            if (forgotten is not None and ident.get("mtime") is not None and ident["mtime"] < forgotten
+                    and not allow_changed_files):
+                raise ForgottenFileError(path, ident, forgotten)
             to_ingest[path] = dict(ident)
         elif same_file(before, ident):
             skipped.append(path)
@@ -332,6 +357,7 @@ class IngestCoordinator:
         task_instance: str | None = None,
         try_number: int | None = None,
         unknown_commits: str | None = None,
+        remember_files_for_s: float | None = None,
         lease_keeper: Callable[[float], Any] | None = None,
         crash_hook: Callable[[str], None] | None = None,
     ) -> None:
@@ -348,6 +374,9 @@ class IngestCoordinator:
         self.task_instance = task_instance
         self.try_number = try_number
         self.unknown_commits = unknown_commits
+        if remember_files_for_s is not None and not remember_files_for_s > 0:
+            raise IngestError(f"remember_files_for must be positive, got {remember_files_for_s!r} s")
+        self.remember_files_for_ms = None if remember_files_for_s is None else int(remember_files_for_s * 1000)
         self._lease_keeper = lease_keeper
         self._crash = crash_hook or (lambda _step: None)
 
@@ -625,9 +654,13 @@ class IngestCoordinator:
                 return None
             if run["phase"] == WRITING and run["owner"] != self.owner:
                 raise FencedError(run_id, "its record belongs to another owner")
-            return {"op": "done", "run": run_id}
+            return {"op": "done", "run": run_id, "ts": _now_ms()}
 
         state = self.store.update(fn)
+        if self.remember_files_for_ms is not None:
+            horizon = _now_ms() - self.remember_files_for_ms
+            if any((c.get("at") or 0) < horizon for c in state["committed"].values()):
+                state = self.store.update(lambda _s: {"op": "prune", "before": horizon})
         compact = getattr(self.store, "compact", None)
         if compact is not None and state.get("completed_runs", 0) % COMPACT_EVERY_RUNS == 0:
             compact()  # new readers then start from one full record instead of the whole history
@@ -723,7 +756,7 @@ def record_run_done(store: StateStore, run_id: str) -> bool:
             raise IngestError(f"ingest run {run_id} is {run['phase']}, not REQUESTED: its commits were not all "
                               "acknowledged, so it cannot be recorded done from here")
         done.append(True)
-        return {"op": "done", "run": run_id}
+        return {"op": "done", "run": run_id, "ts": _now_ms()}
 
     store.update(fn)
     return bool(done)

@@ -41,6 +41,9 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         presumed dead and recovered by the next run (default 60 s; the driver heartbeats every
         ``min(10 s, lease/3, stale_after_s/4)``, at most every 0.5 s, so at least 2 s). A run of an
         earlier try of the same task instance is taken over at once.
+    :param remember_files_for: Forget committed files this long after their run (a ``timedelta``
+        or seconds; default: never). Bounds the state. A file the state forgot must not be listed
+        again: one last modified before the forgotten horizon is refused (ForgottenFileError).
     :param unknown_commits: Only to resolve :class:`UnresolvedCommitError` (a crashed run whose
         transactions the controller forgot): ``"committed"`` or ``"not_committed"``.
     :param pravega_conn_id: The ``pravega`` connection.
@@ -74,6 +77,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         num_writers: int | None = None,
         stale_after_s: float = 60.0,
         unknown_commits: str | None = None,
+        remember_files_for: timedelta | float | None = None,
         pravega_conn_id: str = PravegaHook.default_conn_name,
         spark_conn_id: str | None = "spark_default",
         spark_conf: dict[str, Any] | None = None,
@@ -87,7 +91,8 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         # Options no run could accept fail when the DAG is parsed, not after a SparkSession started.
         check_options(format=format, mode=mode, on_empty=on_empty, routing_key_field=routing_key_field,
                       payload_field=payload_field, num_writers=num_writers, stream_segments=stream_segments,
-                      stale_after_s=float(stale_after_s), unknown_commits=unknown_commits)
+                      stale_after_s=float(stale_after_s), unknown_commits=unknown_commits,
+                      remember_files_for_s=_seconds(remember_files_for))
         self.scope = scope
         self.stream = stream
         self.source = source
@@ -104,6 +109,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         self.num_writers = num_writers
         self.stale_after_s = float(stale_after_s)
         self.unknown_commits = unknown_commits
+        self.remember_files_for_s = _seconds(remember_files_for)
         self.pravega_conn_id = pravega_conn_id
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf or {}
@@ -125,7 +131,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
             create_stream=self.create_stream, stream_segments=self.stream_segments, on_empty=self.on_empty,
             allow_changed_files=self.allow_changed_files, wait_for_commit=self.wait_for_commit,
             num_writers=self.num_writers, stale_after_s=self.stale_after_s, unknown_commits=self.unknown_commits,
-            **_task_try(context),
+            remember_files_for_s=self.remember_files_for_s, **_task_try(context),
         )
         def spark() -> Any:  # only when there is something to ingest (run_ingest checks inputs first)
             return get_spark_session(self.spark_conn_id, f"pravega-ingest-{self.dag_id}.{self.task_id}",
@@ -163,3 +169,7 @@ def _task_try(context: Any) -> dict[str, Any]:
         return {}
     key = f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/{getattr(ti, 'map_index', -1)}"
     return {"task_instance": key, "try_number": int(ti.try_number)}
+
+
+def _seconds(value: timedelta | float | None) -> float | None:
+    return value.total_seconds() if isinstance(value, timedelta) else None if value is None else float(value)

@@ -73,7 +73,7 @@ class SourceError(IngestError, FileNotFoundError):
 def check_options(*, format: str = "jsonl", mode: str = "exactly_once", on_empty: str = "fail",
                   routing_key_field: str | None = None, payload_field: str | None = None,
                   num_writers: int | None = None, stream_segments: int = 1, stale_after_s: float = 60.0,
-                  unknown_commits: str | None = None) -> None:
+                  unknown_commits: str | None = None, remember_files_for_s: float | None = None) -> None:
     """ValueError for an option no run could accept (the operator calls it when the DAG is parsed)."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -92,6 +92,8 @@ def check_options(*, format: str = "jsonl", mode: str = "exactly_once", on_empty
                          f"driver heartbeats at most every 0.5 s; a run is presumed dead after four missed heartbeats)")
     if unknown_commits is not None and unknown_commits not in UNKNOWN_COMMITS:
         raise ValueError(f"unknown_commits must be one of {', '.join(UNKNOWN_COMMITS)} or None, got {unknown_commits!r}")
+    if remember_files_for_s is not None and not remember_files_for_s > 0:
+        raise ValueError(f"remember_files_for must be a positive duration, got {remember_files_for_s!r} s")
 
 
 @dataclass(frozen=True)
@@ -116,12 +118,14 @@ class IngestSpec:
     task_instance: str | None = None  # the Airflow task instance running this ingest ...
     try_number: int | None = None  # ... and its try: a later try takes an earlier try's run over at once
     unknown_commits: str | None = None  # "committed" / "not_committed": see UnresolvedCommitError
+    remember_files_for_s: float | None = None  # forget committed files after this long (None: never)
 
     def __post_init__(self) -> None:
         check_options(format=self.format, mode=self.mode, on_empty=self.on_empty,
                       routing_key_field=self.routing_key_field, payload_field=self.payload_field,
                       num_writers=self.num_writers, stream_segments=self.stream_segments,
-                      stale_after_s=self.stale_after_s, unknown_commits=self.unknown_commits)
+                      stale_after_s=self.stale_after_s, unknown_commits=self.unknown_commits,
+                      remember_files_for_s=self.remember_files_for_s)
         if not _items(self.source) or any(not i for i in _items(self.source)):
             raise ValueError(f"source must be a non-empty path, glob or URI (or a list of them), got {self.source!r}")
 
@@ -728,7 +732,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     coord = IngestCoordinator(
         store, client.transactions, spec.scope, spec.stream, stale_after_s=spec.stale_after_s, lease_ms=lease_ms,
         task_instance=spec.task_instance, try_number=spec.try_number, unknown_commits=spec.unknown_commits,
-        lease_keeper=client.lease_keeper, crash_hook=crash_point,
+        remember_files_for_s=spec.remember_files_for_s, lease_keeper=client.lease_keeper, crash_hook=crash_point,
     )
     spark = get_spark()
     listed = list_sources(spark, spec.source)
@@ -829,6 +833,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stale-after", type=float, default=60.0)
     ap.add_argument("--unknown-commits", choices=("committed", "not_committed"), default=None,
                     help="how to resolve a crashed run whose transactions the controller forgot (see the README)")
+    ap.add_argument("--remember-files-for", type=float, default=None,
+                    help="seconds after which committed files are forgotten (default: never)")
     ap.add_argument("--task-instance", help=argparse.SUPPRESS)  # what the operator passes: fast takeover
     ap.add_argument("--try-number", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--master", default=None, help="Spark master (default: local mode on every core)")
@@ -841,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
         routing_key_field=args.routing_key_field, payload_field=args.payload_field, ingest_id=args.ingest_id,
         mode=args.mode, create_stream=args.create_stream, stream_segments=args.segments,
         num_writers=args.num_writers, stale_after_s=args.stale_after, unknown_commits=args.unknown_commits,
-        task_instance=args.task_instance, try_number=args.try_number,
+        task_instance=args.task_instance, try_number=args.try_number, remember_files_for_s=args.remember_files_for,
     )
     def spark() -> Any:  # started only when there is something to ingest
         return get_spark_session(None, "pravega-ingest", **({"spark.master": args.master} if args.master else {}))

@@ -288,3 +288,37 @@ def test_a_later_try_takes_over_at_once_and_fences_the_earlier_one(tmp_path, cli
             first.communicate()
     assert first.returncode == 1 and "no longer owned by this process" in err
     assert events(client, scope, "s") == Counter(lines)
+
+
+def test_remember_files_for_bounds_the_state(client, unique_name):
+    """The coordinator prunes files committed longer ago than remember_files_for (here through its
+    at-least-once path: no transactions, no Spark), and refuses a forgotten file listed again."""
+    from airflow_provider_pravega.client.ingest import (
+        ForgottenFileError,
+        IngestCoordinator,
+        WriteResult,
+        open_ingest_state,
+    )
+
+    scope = unique_name("prune")
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, "s", 1)
+    now = int(time.time() * 1000)
+    old = {"/d/old": {"size": 1, "mtime": now - 60_000}}
+    new = {"/d/new": {"size": 2, "mtime": now}}
+    written: list[list[str]] = []
+
+    def write(run_id, plan):
+        written.append(sorted(plan.to_ingest))
+        return WriteResult([])
+
+    with open_ingest_state(client, scope, "s", "prune") as store:
+        coord = IngestCoordinator(store, client.transactions, scope, "s", remember_files_for_s=0.5)
+        coord.run(old, write, transactional=False)
+        time.sleep(0.6)
+        coord.run(new, write, transactional=False)  # its done prunes /d/old
+        state = store.fetch()
+        assert list(state["committed"]) == ["/d/new"] and state["forgotten_before_ms"] > old["/d/old"]["mtime"]
+        with pytest.raises(ForgottenFileError, match="/d/old"):
+            coord.run({**old, **new}, write, transactional=False)
+        assert written == [["/d/old"], ["/d/new"]]

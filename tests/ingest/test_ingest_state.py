@@ -97,3 +97,25 @@ def test_identity_is_size_and_time_and_old_fingerprint_records_still_compare():
     assert plan.skipped == ["/d/a.jsonl"]
     with pytest.raises(ChangedFileError, match=r"size 3, modified 2023-11-14T22:13:20.123Z, fingerprint zz"):
         plan_files(state, {"/d/a.jsonl": {**listed, "fp": "zz"}}, allow_changed_files=False)
+
+
+def test_prune_forgets_old_files_and_a_forgotten_file_listed_again_is_refused():
+    from airflow_provider_pravega.client.ingest import ForgottenFileError
+
+    state = fold(
+        {"op": "start", "run": "r1", "files": {"/d/old": {"size": 1, "mtime": 100}}, "owner": "o", "ts": 1},
+        {"op": "done", "run": "r1", "ts": 1000},
+        {"op": "start", "run": "r2", "files": {"/d/new": {"size": 2, "mtime": 5000}}, "owner": "o", "ts": 2},
+        {"op": "done", "run": "r2", "ts": 6000},
+        {"op": "prune", "before": 3000},
+    )
+    assert list(state["committed"]) == ["/d/new"] and state["forgotten_before_ms"] == 3000
+    # Listed again unchanged (modified before the horizon): it may have been ingested: refused.
+    with pytest.raises(ForgottenFileError, match="remember_files_for"):
+        plan_files(state, {"/d/old": {"size": 1, "mtime": 100}}, allow_changed_files=False)
+    assert list(plan_files(state, {"/d/old": {"size": 1, "mtime": 100}}, allow_changed_files=True).to_ingest) == [
+        "/d/old"]
+    # A file modified after the horizon is new to this ingest; a remembered one is skipped.
+    plan = plan_files(state, {"/d/fresh": {"size": 3, "mtime": 4000}, "/d/new": {"size": 2, "mtime": 5000}},
+                      allow_changed_files=False)
+    assert list(plan.to_ingest) == ["/d/fresh"] and plan.skipped == ["/d/new"]
