@@ -99,7 +99,7 @@ def test_identity_from_the_listing_and_states_recorded_with_fingerprints(tmp_pat
     old_spec = IngestSpec(scope=scope, stream="s", source=str(old.parent), ingest_id="before-upgrade")
     coord = IngestCoordinator(open_state_store(client, *state_location(old_spec)), client.transactions, scope, "s")
     digest = hashlib.blake2b(old.read_bytes(), digest_size=20).hexdigest()
-    run_id, _ = coord.start_run({str(old): {"size": old.stat().st_size, "fp": digest}})
+    run_id, *_ = coord.start_run({str(old): {"size": old.stat().st_size, "fp": digest}})
     coord.finish(run_id)
     skipped = run_ingest(client, spark, old_spec)  # fingerprinted in a Spark task: unchanged
     assert skipped.run_id is None and skipped.files_skipped == [str(old)]
