@@ -394,9 +394,10 @@ class IngestCoordinator:
         """
         recovered, finished = self.recover()
         self._crash("before_run_record")
-        run_id, plan, more_recovered, more_finished = self.start_run(
-            identities, allow_changed_files=allow_changed_files, wait_for_live_runs_s=wait_for_live_runs_s)
-        out = RunOutcome(run_id, plan, recovered + more_recovered, finished + more_finished)
+        waited: tuple[list[str], list[str]] = ([], [])
+        run_id, plan = self.start_run(identities, allow_changed_files=allow_changed_files,
+                                      wait_for_live_runs_s=wait_for_live_runs_s, _waited=waited)
+        out = RunOutcome(run_id, plan, recovered + waited[0], finished + waited[1])
         if run_id is None:
             return out
         keeper = _RunKeeper(self, run_id)
@@ -506,14 +507,14 @@ class IngestCoordinator:
     def start_run(
         self, identities: Mapping[str, Mapping[str, Any]], *, allow_changed_files: bool = False,
         wait_for_live_runs_s: float = 3600.0, poll_s: float = 2.0,
-    ) -> tuple[str | None, FilePlan, list[str], list[str]]:
+        _waited: tuple[list[str], list[str]] | None = None,
+    ) -> tuple[str | None, FilePlan]:
         """Record a new run over the files not yet committed; run id None when there is nothing
-        to do. Files another live run holds are waited for (that run may commit them). Also
-        returns the runs recovered and finished while waiting."""
+        to do. Files another live run holds are waited for (that run may commit them); the runs
+        recovered and finished meanwhile go to ``_waited``."""
         run_id = f"run-{uuid.uuid4().hex[:12]}"
         deadline = time.monotonic() + wait_for_live_runs_s
-        recovered: list[str] = []
-        finished: list[str] = []
+        recovered, finished = _waited if _waited is not None else ([], [])
         while True:
             holder: list[str] = []
             plan_box: list[FilePlan] = []
@@ -549,9 +550,9 @@ class IngestCoordinator:
                 continue
             plan = plan_box[-1]
             if run_id not in state["runs"]:
-                return None, plan, recovered, finished
+                return None, plan
             self._crash("after_run_record")
-            return run_id, plan, recovered, finished
+            return run_id, plan
 
     def _owned(self, run_id: str, make: Callable[[], dict]) -> Callable[[dict[str, Any]], dict]:
         def fn(state: dict[str, Any]) -> dict:
