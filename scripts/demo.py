@@ -194,10 +194,15 @@ def main(argv: list[str] | None = None) -> int:
                 txns = summary.get("transaction_ids") or []
                 done = sum(1 for t in txns if any(t in c for c in committed))
                 what = f"{summary.get('events', 0)} events, {done}/{len(txns)} transactions COMMITTED"
-                if summary.get("recovered_runs"):
-                    what += f", recovered {len(summary['recovered_runs'])} killed run(s)"
                 if not txns and summary.get("files_skipped"):
                     what = f"nothing new ({len(summary['files_skipped'])} files already ingested)"
+                if summary.get("recovered_runs"):
+                    what += f", recovered {len(summary['recovered_runs'])} killed run(s)"
+                    if day != crash_day:
+                        failures.append(f"{day}: a run 'recovered' {summary['recovered_runs']} although no run of "
+                                        f"this ingest was killed before it")
+                if summary.get("finished_runs"):
+                    what += f", recorded {len(summary['finished_runs'])} earlier run(s) done"
                 runs.append(what)
             if day == crash_day:
                 runs.insert(0, "killed after its commit point")
