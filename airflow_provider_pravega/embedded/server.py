@@ -13,9 +13,11 @@ and the segment store demand the delegation tokens the controller issues (see ``
 from __future__ import annotations
 
 import fcntl
+import errno
 import ipaddress
 import logging
 import os
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +154,12 @@ class EmbeddedPravega:
                 authenticator=authenticator, tokens=tokens,
             )
             self.controller.recover()
-            self._grpc = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="pravega-ctl"))
+            # gRPC sets SO_REUSEPORT by default: a second server on the same port would then start and
+            # the kernel would split the clients between the two. Refuse a taken port instead, with one
+            # line of our own before gRPC tries (it would log its own error lines to stderr).
+            _check_port_free(s.host, s.port, "the controller")
+            self._grpc = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="pravega-ctl"),
+                                     options=[("grpc.so_reuseport", 0)])
             controller_pb2_grpc.add_ControllerServiceServicer_to_server(self.controller, self._grpc)
             try:
                 address = f"{s.host}:{s.port}"
@@ -161,7 +168,8 @@ class EmbeddedPravega:
                 else:
                     self.controller_port = self._grpc.add_insecure_port(address)
             except RuntimeError as exc:
-                raise EmbeddedServerError(f"cannot listen for the controller on {s.host}:{s.port}: {exc}") from exc
+                raise EmbeddedServerError(f"cannot listen for the controller on {s.host}:{s.port}: "
+                                          f"{str(exc).split(';')[0]}") from None
             if not self.controller_port:
                 raise EmbeddedServerError(f"cannot listen for the controller on {s.host}:{s.port} (port in use?)")
             self.controller.advertise_controller(self._client_host(), self.controller_port)
@@ -209,6 +217,32 @@ class EmbeddedPravega:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _check_port_free(host: str, port: int, what: str) -> None:
+    """Raise ``EmbeddedServerError`` when something already listens on ``host:port`` (0 = any port).
+
+    Binds a plain socket to each address ``host`` resolves to, with SO_REUSEADDR (so connections of a
+    previous run in TIME_WAIT do not count) but without SO_REUSEPORT (so any listener does)."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise EmbeddedServerError(f"cannot listen for {what} on {host}:{port}: {exc.strerror}") from None
+    for family, kind, proto, _name, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise EmbeddedServerError(
+                        f"cannot listen for {what} on {host}:{port}: the port is already in use "
+                        "(another embedded server or another program)") from None
+                if exc.errno == errno.EADDRNOTAVAIL and family == socket.AF_INET6:
+                    continue  # no IPv6 on this machine; gRPC skips such an address as well
+                raise EmbeddedServerError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def is_loopback(host: str) -> bool:

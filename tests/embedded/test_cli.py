@@ -53,3 +53,52 @@ def test_port_in_use_and_locked_data_dir_fail_fast(tmp_path):
         assert r.returncode == 2 and f"127.0.0.1:{busy}" in r.stderr
         with pytest.raises(EmbeddedProcessError, match="in use by another embedded server"):
             EmbeddedPravegaProcess(tmp_path / "a", startup_timeout_s=20).start()
+
+
+def _second_server(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run a second server that must refuse to start; if it starts anyway, stop it and fail."""
+    proc = subprocess.Popen(CMD + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the second server started on a taken port: {out.strip()!r}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _scope_exists(uri: str, scope: str) -> bool:
+    """One fresh TCP connection to the controller (its own subchannel pool, no shared connection)."""
+    import grpc
+
+    from airflow_provider_pravega.protocol import controller_pb2 as pb
+    from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(uri.split("://", 1)[1], options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+        return pb_grpc.ControllerServiceStub(ch).checkScopeExists(pb.ScopeInfo(scope=scope), timeout=10).exists
+
+
+def test_second_server_on_a_taken_controller_port_is_refused_and_the_first_keeps_its_clients(tmp_path):
+    """Issue #22 item 3: gRPC's default SO_REUSEPORT let a second server bind the same controller
+    port and the kernel split new clients between the two."""
+    with EmbeddedPravegaProcess(tmp_path / "a") as first:
+        from airflow_provider_pravega.client.controller import ControllerClient
+
+        with ControllerClient(first.controller_uri) as c:
+            assert c.create_scope("only-on-the-first")
+        port = first.controller_uri.rsplit(":", 1)[1]
+        r = _second_server(["--data-dir", str(tmp_path / "b"), "--port", port, "--segment-store-port", "0"])
+        assert r.returncode == 2, r
+        assert "ready" not in r.stdout
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("pravega-embedded: "), r.stderr
+        assert f"127.0.0.1:{port}" in lines[0] and "already in use" in lines[0]
+        # Every fresh client still reaches the first server.
+        assert all(_scope_exists(first.controller_uri, "only-on-the-first") for _ in range(20))
+        # The same for its segment-store port (asyncio never sets SO_REUSEPORT): one line, non-zero.
+        busy = first.segment_store_endpoint.rsplit(":", 1)[1]
+        r = _second_server(["--data-dir", str(tmp_path / "c"), "--port", "0", "--segment-store-port", busy])
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("pravega-embedded: "), r.stderr
+        assert f"127.0.0.1:{busy}" in lines[0]
+        assert _scope_exists(first.controller_uri, "only-on-the-first")
