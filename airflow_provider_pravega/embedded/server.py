@@ -130,7 +130,7 @@ class EmbeddedPravega:
         s = self.settings
         authenticator, tokens, server_tls = self._security()
         data_dir = Path(s.data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
+        _make_data_dir(data_dir)
         self._lock_data_dir(data_dir)
         try:
             self.storage = SegmentStorage(data_dir / "segments", fsync=s.fsync, checkpoint_bytes=s.checkpoint_bytes)
@@ -175,6 +175,11 @@ class EmbeddedPravega:
             self.controller.advertise_controller(self._client_host(), self.controller_port)
             self._grpc.start()
             self.controller.start()
+        except OSError as exc:  # the data directory's contents: a file where a directory belongs, no space, ...
+            self.stop()
+            where = f" {exc.filename}" if exc.filename else ""
+            problem = "a file is in the way of a directory" if exc.errno == errno.EEXIST else exc.strerror or exc
+            raise EmbeddedServerError(f"cannot use data directory {data_dir}:{where}: {problem}") from None
         except BaseException:
             self.stop()
             raise
@@ -204,7 +209,14 @@ class EmbeddedPravega:
             self._lock_fd = None
 
     def _lock_data_dir(self, data_dir: Path) -> None:
-        fd = os.open(data_dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        lock = data_dir / "LOCK"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            problem = ("is not writable" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                       else "cannot be used")
+            raise EmbeddedServerError(f"data directory {data_dir} {problem}: cannot create {lock}: "
+                                      f"{exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -217,6 +229,17 @@ class EmbeddedPravega:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _make_data_dir(data_dir: Path) -> None:
+    """Create the data directory (and its parents); raise ``EmbeddedServerError`` naming the problem."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise EmbeddedServerError(f"data directory {data_dir} is not a directory (a file is in the way)")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(data_dir) else ""
+        raise EmbeddedServerError(f"cannot create data directory {data_dir}: {exc.strerror or exc}{where}") from None
 
 
 def _check_port_free(host: str, port: int, what: str) -> None:

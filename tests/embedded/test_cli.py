@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -102,3 +105,54 @@ def test_second_server_on_a_taken_controller_port_is_refused_and_the_first_keeps
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("pravega-embedded: "), r.stderr
         assert f"127.0.0.1:{busy}" in lines[0]
         assert _scope_exists(first.controller_uri, "only-on-the-first")
+
+
+@contextmanager
+def _unwritable(path):
+    """Make the directory ``path`` refuse new entries, for root too: chmod does not stop root, the
+    immutable attribute (chattr +i, needs CAP_LINUX_IMMUTABLE and an ext/xfs/btrfs filesystem) does."""
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.chmod(0o755)
+        return
+    r = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True) if shutil.which("chattr") else None
+    if r is None or r.returncode != 0:
+        pytest.skip(f"running as root and cannot make {path} immutable (chattr +i: "
+                    f"{r.stderr.strip() if r else 'not installed'}): no way to deny root writing there")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def _refused(data_dir) -> str:
+    """Start the server on ``data_dir``; it must exit 2 with one ``pravega-embedded:`` line."""
+    r = _second_server(["--data-dir", str(data_dir), "--port", "0", "--segment-store-port", "0"])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("pravega-embedded: "), r.stderr
+    assert str(data_dir) in lines[0]
+    return lines[0]
+
+
+def test_data_dir_that_is_a_file_or_cannot_be_created_is_one_line(tmp_path):
+    """Issue #22 item 7: these were raw FileExistsError / NotADirectoryError tracebacks."""
+    (tmp_path / "f").write_text("x")
+    assert "is not a directory" in _refused(tmp_path / "f")
+    assert "cannot create data directory" in _refused(tmp_path / "f" / "sub" / "data")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "controller").write_text("x")  # where the controller keeps its metadata directory
+    line = _refused(tmp_path / "d")
+    assert str(tmp_path / "d" / "controller") in line and "a file is in the way" in line
+
+
+def test_data_dir_that_is_not_writable_is_one_line(tmp_path):
+    """Issue #22 item 7: PermissionError ... LOCK was a raw traceback."""
+    (tmp_path / "ro").mkdir()
+    with _unwritable(tmp_path / "ro"):
+        line = _refused(tmp_path / "ro")
+        assert "is not writable" in line and str(tmp_path / "ro" / "LOCK") in line
+        line = _refused(tmp_path / "ro" / "new" / "data")
+        assert "cannot create data directory" in line and str(tmp_path / "ro" / "new") in line
