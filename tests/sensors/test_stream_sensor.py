@@ -19,16 +19,23 @@ from airflow_provider_pravega.testing.dag_test import run_dag
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
 
 
-def write_events(controller_uri: str, scope: str, stream: str, count: int) -> int:
+def write_events(controller_uri: str, scope: str, stream: str, count: int, *, atomic: bool = False) -> int:
+    """Write ``count`` events; ``atomic`` writes them in one transaction under one routing key, so a
+    sensor polling meanwhile sees all of them or none (one segment, one merge at commit)."""
     manager = pravega_client.StreamManager(controller_uri)  # must outlive the writer
-    writer = manager.create_writer(scope, stream)
-    size = 0
-    for i in range(count):
-        payload = f"sensor-event-{i}"
-        writer.write_event(payload, routing_key=f"k{i}")
-        size += 8 + len(payload)
-    writer.flush()
-    return size
+    payloads = [f"sensor-event-{i}" for i in range(count)]
+    if atomic:
+        txn_writer = manager.create_transaction_writer(scope, stream, 1)  # must outlive the transaction
+        txn = txn_writer.begin_txn()
+        for payload in payloads:
+            txn.write_event(payload, routing_key="one-key")
+        txn.commit()
+    else:
+        writer = manager.create_writer(scope, stream)
+        for i, payload in enumerate(payloads):
+            writer.write_event(payload, routing_key=f"k{i}")
+        writer.flush()
+    return sum(8 + len(payload) for payload in payloads)
 
 
 def test_stream_sensor_modes(
@@ -60,7 +67,8 @@ def test_stream_sensor_modes(
         def write_later() -> None:
             """Events arrive 2 s after the deferred sensor starts waiting."""
             def write() -> None:
-                written["deferred"] = write_events(pravega_controller_uri, scope, streams["deferred"], 5)
+                # atomic: the sensor may poll between two appends of a plain writer and see part of them
+                written["deferred"] = write_events(pravega_controller_uri, scope, streams["deferred"], 5, atomic=True)
 
             threading.Timer(2.0, write).start()
 
