@@ -36,6 +36,28 @@ def add_connection_arguments(parser: argparse.ArgumentParser, *, lease: bool = F
                        help="with TLS, do not match the certificate to the host name (the chain is still verified)")
 
 
+def add_spark_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--master`` and repeatable ``--conf KEY=VALUE``, as ``spark-submit`` takes them (e.g. the
+    ``spark.hadoop.fs.s3a.*`` settings and ``spark.jars.packages`` for an ``s3a://`` source)."""
+    group = parser.add_argument_group("Spark")
+    group.add_argument("--master", default=None, help="Spark master (default: local mode on every core)")
+    group.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                       help="a Spark setting for the job's session (repeatable)")
+
+
+def spark_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The session settings ``--master``/``--conf`` ask for; a ``--conf`` without '=' is an error."""
+    settings: dict[str, str] = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--conf {item!r}: expected KEY=VALUE")
+        settings[key.strip()] = value
+    if args.master:
+        settings["spark.master"] = args.master
+    return settings
+
+
 def config_from_arguments(args: argparse.Namespace) -> PravegaConnectionConfig:
     """The connection config the options describe; bad values raise PravegaConfigError naming the option."""
     extra: dict[str, Any] = {}

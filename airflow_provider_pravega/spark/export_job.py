@@ -16,7 +16,11 @@ parallel straight from the segment store and writes the rows through its own wri
 * the output is written to a hidden sibling directory, its part files get names that depend only
   on their partition (``part-00000.snappy.parquet``), a marker ``_PRAVEGA_EXPORT.json`` records the
   cuts, and only then is the directory renamed into place: a failed run leaves nothing at the
-  final path.
+  final path. On object stores (S3A, GCS, Azure, ...), where a directory rename copies object by
+  object and is not atomic, the files are moved into the final directory one by one under a
+  pending marker and ``_PRAVEGA_EXPORT.json`` (which lists the files) is written last: a reader
+  that waits for that marker never sees a partial export, and an interrupted publish is finished
+  by the next run.
 
 Repeatable scheduled runs: with an ``interval_key`` (the operator passes the data interval) the
 first export of an interval records (interval -> start cut, end cut); every later run of that
@@ -76,7 +80,9 @@ from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
 from airflow_provider_pravega.protocol import wire
 from airflow_provider_pravega.spark.connection_args import (
     add_connection_arguments,
+    add_spark_arguments,
     run_job_command,
+    spark_settings,
 )
 
 log = logging.getLogger(__name__)
@@ -102,6 +108,12 @@ EVENT_FORMATS = ("text", "json", "binary")
 ON_TRUNCATED = ("fail", "head")
 PREVIOUS = "previous"
 MARKER = "_PRAVEGA_EXPORT.json"
+#: On object stores: present while a publish is under way (or was interrupted), before the files
+#: change and until ``MARKER`` is written; it says the directory is this provider's.
+PENDING_MARKER = "_PRAVEGA_EXPORT.pending.json"
+#: Filesystems whose directory rename is a copy of each object (not atomic): S3A, GCS, Azure
+#: (ABFS/WASB), Aliyun OSS, Tencent COS, Huawei OBS. Exports there publish in place, marker last.
+OBJECT_STORE_SCHEMES = frozenset({"s3a", "s3", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs", "oss", "cosn", "obs"})
 _SPARK_FORMAT = {"parquet": "parquet", "jsonl": "json", "csv": "csv"}
 #: Parquet settings for the event columns (a profile of the writer showed min/max statistics of
 #: the opaque event payloads and dictionary attempts on unique values as its largest costs): no
@@ -460,6 +472,7 @@ class OutputLocation:
         self.name = self.final.getName()
         self.token = uuid.uuid4().hex[:12]
         self.temp = self._Path(parent, f".{self.name}.pravega-export-{self.token}")
+        self.object_store = str(self.fs.getScheme()).lower() in OBJECT_STORE_SCHEMES
 
     def child(self, base: Any, name: str) -> Any:
         return self._Path(base, name)
@@ -500,6 +513,16 @@ class OutputLocation:
                 raise OutputPathError(f"output path {self.given!r} has an unreadable {MARKER}; remove the "
                                       f"directory or choose another path")
             return found
+        pending = self.child(self.final, PENDING_MARKER)
+        if self.fs.exists(pending):  # an interrupted in-place publish (object stores): ours to finish
+            try:
+                found = json.loads(self.read_text(pending))
+            except ValueError:
+                found = None
+            if isinstance(found, dict) and found:
+                log.warning("output path %s holds an interrupted publish of export %r; replacing it",
+                            self.given, found.get("export_id"))
+                return found
         if len(self.fs.listStatus(self.final)):
             raise OutputPathError(
                 f"output path {self.given!r} already holds files that no export wrote (no {MARKER}); "
@@ -550,6 +573,9 @@ class OutputLocation:
 
     def publish(self, replace: bool) -> None:
         """Move the temporary directory to the final path (replacing what is there when asked)."""
+        if self.object_store:
+            self._publish_in_place(replace)
+            return
         trash = None
         if self.fs.exists(self.final):
             if not replace:
@@ -563,6 +589,33 @@ class OutputLocation:
             raise self._fail(f"cannot rename {self.temp.toString()} to the output path")
         if trash is not None:
             self.fs.delete(trash, True)
+
+    def _publish_in_place(self, replace: bool) -> None:
+        """Publish where a directory rename is not atomic: pending marker, files one by one (each
+        object appears whole), stale files removed, the marker listing the files last."""
+        if self.fs.exists(self.final) and not replace:
+            raise OutputPathError(f"output path {self.given!r} appeared while exporting; not replacing it")
+        new_marker = self.child(self.temp, MARKER)
+        self.write_text(self.child(self.final, PENDING_MARKER), self.read_text(new_marker))
+        self.fs.delete(self.child(self.final, MARKER), False)  # from now on, readers know it is in flux
+        keep = {MARKER, PENDING_MARKER}
+        for status in self.fs.listStatus(self.temp):
+            name = status.getPath().getName()
+            if name == MARKER:
+                continue
+            target = self.child(self.final, name)
+            if self.fs.exists(target):
+                self.fs.delete(target, True)
+            if not self.fs.rename(status.getPath(), target):
+                raise self._fail(f"cannot move {name} into the output path")
+            keep.add(name)
+        for status in self.fs.listStatus(self.final):  # files of an earlier export no longer listed
+            if status.getPath().getName() not in keep:
+                self.fs.delete(status.getPath(), True)
+        if not self.fs.rename(new_marker, self.child(self.final, MARKER)):
+            raise self._fail(f"cannot write {MARKER}")
+        self.fs.delete(self.child(self.final, PENDING_MARKER), False)
+        self.remove_temp()
 
     def remove_temp(self) -> None:
         try:
@@ -934,7 +987,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-partitions", type=int)
     ap.add_argument("--json-schema")
     ap.add_argument("--compression", help="codec of the files (default: Spark's, snappy for parquet)")
-    ap.add_argument("--master", default=None, help="Spark master (default: local mode on every core)")
+    add_spark_arguments(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from airflow_provider_pravega.spark.session import get_spark_session
@@ -946,12 +999,13 @@ def main(argv: list[str] | None = None) -> int:
             interval_key=args.interval, on_truncated=args.on_truncated, num_partitions=args.num_partitions,
             json_schema=args.json_schema, compression=args.compression,
         )
+        settings = spark_settings(args)
     except ValueError as exc:
         print(f"export failed: {exc}", file=sys.stderr)
         return 2
 
     def job(client: Any) -> ExportResult:
-        spark = get_spark_session(None, "pravega-export", **({"spark.master": args.master} if args.master else {}))
+        spark = get_spark_session(None, "pravega-export", **settings)
         return run_export(client, spark, spec)
 
     return run_job_command("export", args, job, (PravegaError, ValueError))

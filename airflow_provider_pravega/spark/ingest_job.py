@@ -50,7 +50,9 @@ from airflow_provider_pravega.client.ingest import (
 from airflow_provider_pravega.client.ingest import state_location as _state_location
 from airflow_provider_pravega.spark.connection_args import (
     add_connection_arguments,
+    add_spark_arguments,
     run_job_command,
+    spark_settings,
 )
 
 log = logging.getLogger(__name__)
@@ -837,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds after which committed files are forgotten (default: never)")
     ap.add_argument("--task-instance", help=argparse.SUPPRESS)  # what the operator passes: fast takeover
     ap.add_argument("--try-number", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--master", default=None, help="Spark master (default: local mode on every core)")
+    add_spark_arguments(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from airflow_provider_pravega.spark.session import get_spark_session
@@ -849,8 +851,14 @@ def main(argv: list[str] | None = None) -> int:
         num_writers=args.num_writers, stale_after_s=args.stale_after, unknown_commits=args.unknown_commits,
         task_instance=args.task_instance, try_number=args.try_number, remember_files_for_s=args.remember_files_for,
     )
+    try:
+        settings = spark_settings(args)
+    except ValueError as exc:
+        print(f"ingest failed: {exc}", file=sys.stderr)
+        return 2
+
     def spark() -> Any:  # started only when there is something to ingest
-        return get_spark_session(None, "pravega-ingest", **({"spark.master": args.master} if args.master else {}))
+        return get_spark_session(None, "pravega-ingest", **settings)
 
     return run_job_command("ingest", args, lambda client: run_ingest(client, spark, spec), (IngestError, PravegaError))
 

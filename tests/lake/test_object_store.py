@@ -1,0 +1,105 @@
+"""A daily DAG that ingests ``s3a://`` files and exports the stream back to ``s3a://``, with
+standard s3a settings only, run by ``airflow dags test`` (its own Spark JVM with ``hadoop-aws``)
+against an S3-compatible server and the shared embedded Pravega server.
+
+The second run of the same day ingests nothing and rewrites the export byte for byte; every record
+is in the stream and in the Parquet files once; nothing temporary is left beside the export."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from airflow_provider_pravega.client import PravegaClient
+
+DAG_FILE = '''
+import json, os
+import pendulum
+from airflow.sdk import DAG
+from airflow_provider_pravega.operators import PravegaStreamCutExportOperator, PravegaTransactionalIngestOperator
+
+CONF = json.loads(os.environ["LAKE_SPARK_CONF"])
+SCOPE, STREAM = os.environ["LAKE_SCOPE"], "readings"
+with DAG("lake_pipeline", schedule="@daily", start_date=pendulum.datetime(2026, 11, 1, tz="UTC"), catchup=False):
+    ingest = PravegaTransactionalIngestOperator(
+        task_id="ingest", scope=SCOPE, stream=STREAM, source="s3a://lake/in/{{ ds }}/*.jsonl",
+        routing_key_field="sensor_id", create_stream=True, spark_conf=CONF)
+    export = PravegaStreamCutExportOperator(
+        task_id="export", scope=SCOPE, stream=STREAM, output_path="s3a://lake/out/{{ ds }}", spark_conf=CONF)
+    ingest >> export
+'''
+
+DAY = "2026-11-01"
+
+
+def records(day: str, part: int, count: int) -> list[dict[str, Any]]:
+    return [{"sensor_id": f"s{i % 7}", "value": i, "day": day, "part": part} for i in range(count)]
+
+
+def test_dag_ingests_from_and_exports_to_s3a(
+    tmp_path: Path, fresh_airflow_env: dict[str, str], object_store: Any, pravega_embedded: Any,
+    unique_name: Any,
+) -> None:
+    s3 = object_store
+    s3.client.create_bucket(Bucket="lake")
+    sent = []
+    for part, count in ((0, 700), (1, 500)):
+        rows = records(DAY, part, count)
+        sent += rows
+        body = "".join(json.dumps(row) + "\n" for row in rows).encode()
+        s3.client.put_object(Bucket="lake", Key=f"in/{DAY}/part-{part}.jsonl", Body=body)
+    s3.client.put_object(Bucket="lake", Key=f"in/{DAY}/_SUCCESS", Body=b"")  # hidden: skipped
+    s3.client.put_object(Bucket="lake", Key="in/2026-11-02/part-0.jsonl", Body=b'{"sensor_id": "other"}\n')
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "lake_pipeline.py").write_text(DAG_FILE)
+    host, port = pravega_embedded.controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
+    scope = unique_name("lake")
+    env = dict(fresh_airflow_env, AIRFLOW__CORE__DAGS_FOLDER=str(dags), LAKE_SCOPE=scope,
+               LAKE_SPARK_CONF=json.dumps(s3.spark_conf()),
+               AIRFLOW_CONN_PRAVEGA_DEFAULT=json.dumps({"conn_type": "pravega", "host": host, "port": int(port)}))
+    migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert migrate.returncode == 0, migrate.stderr[-3000:]
+
+    def run_day() -> str:
+        done = subprocess.run([sys.executable, "-m", "airflow", "dags", "test", "lake_pipeline", DAY], env=env,
+                              capture_output=True, text=True, timeout=900)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output[-6000:]
+        return output
+
+    first = run_day()
+    assert f"ingested 2 file(s), skipped 0, {len(sent)} events" in first, first[-4000:]
+    export_keys = s3.keys("lake", f"out/{DAY}/")
+    assert f"out/{DAY}/_PRAVEGA_EXPORT.json" in export_keys
+    first_bytes = {key: s3.read("lake", key) for key in export_keys}
+
+    second = run_day()
+    assert "all 2 file(s) were already ingested: nothing to do" in second, second[-4000:]
+    assert s3.keys("lake", f"out/{DAY}/") == export_keys
+    assert {key: s3.read("lake", key) for key in export_keys} == first_bytes  # byte-identical re-export
+
+    # Nothing temporary beside the export: only the day's directory under out/ (and S3A's marker of out/).
+    leftovers = [key for key in s3.keys("lake", "out/") if key != "out/" and not key.startswith(f"out/{DAY}/")]
+    assert leftovers == []
+
+    # The marker lists the files; every record once in them and in the stream.
+    marker = json.loads(first_bytes[f"out/{DAY}/_PRAVEGA_EXPORT.json"])
+    assert sorted(f"out/{DAY}/{name}" for name in marker["files"]) == sorted(
+        key for key in export_keys if not key.endswith(".json"))
+    exported = [json.loads(event) for key in sorted(export_keys) if key.endswith(".parquet")
+                for event in pq.read_table(io.BytesIO(first_bytes[key])).column("event").to_pylist()]
+    key_of = lambda row: (row["part"], row["value"])  # noqa: E731
+    assert sorted(exported, key=key_of) == sorted(sent, key=key_of)
+    assert marker["events"] == len(sent)
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        tail = client.admin.tail(scope, "readings")
+    assert sum(tail.values()) == marker["bytes"] + 8 * len(sent)  # the export read the whole stream
