@@ -161,19 +161,20 @@ class SegmentStoreServer:
                 if not fut.done():
                     fut.set_result(None)
 
-    async def wait_for_change(self, name: str, timeout: float) -> None:
+    def watch(self, name: str) -> asyncio.Future[None]:
+        """A future completed at the next change of segment ``name`` (more readable bytes, sealed,
+        truncated, deleted). Take it *before* looking at the segment: a change that lands between the
+        look and the wait then still wakes the waiter (no lost wake-up)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(name, []).append(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            pass
-        finally:
-            waiting = self._waiters.get(name)
-            if waiting and fut in waiting:
-                waiting.remove(fut)
-                if not waiting:
-                    del self._waiters[name]
+        return fut
+
+    def unwatch(self, name: str, fut: asyncio.Future[None]) -> None:
+        waiting = self._waiters.get(name)
+        if waiting and fut in waiting:
+            waiting.remove(fut)
+            if not waiting:
+                del self._waiters[name]
 
     async def blocking(self, fn: Callable[..., object], *args: object) -> object:
         """Administrative storage calls wait for an fsync: keep them off the loop."""
@@ -340,15 +341,26 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.server.tail_wait_s
         while True:
+            # Watch before reading: growth that becomes readable after the read looked (while this
+            # coroutine waits for the read thread, which under CPU load can take long) must wake it;
+            # registered after the read, that wake-up could come first and be lost, and the reader
+            # would wait out tail_wait_s and be answered empty although the data was there.
+            changed = self.server.watch(cmd.segment)
             try:
-                res = await self.server.blocking(self.storage.read, cmd.segment, cmd.offset, want)
-            except st.StorageError as exc:
-                self.send(self.error_reply(cmd.request_id, cmd.segment, exc, offset=cmd.offset))
-                return
-            remaining = deadline - loop.time()
-            if res.data or res.end_of_segment or want == 0 or remaining <= 0:
-                break
-            await self.server.wait_for_change(cmd.segment, remaining)
+                try:
+                    res = await self.server.blocking(self.storage.read, cmd.segment, cmd.offset, want)
+                except st.StorageError as exc:
+                    self.send(self.error_reply(cmd.request_id, cmd.segment, exc, offset=cmd.offset))
+                    return
+                remaining = deadline - loop.time()
+                if res.data or res.end_of_segment or want == 0 or remaining <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(changed, remaining)
+                except TimeoutError:
+                    pass
+            finally:
+                self.server.unwatch(cmd.segment, changed)
         self.send(wire.SegmentRead(cmd.segment, cmd.offset, res.at_tail, res.end_of_segment, res.data, cmd.request_id))
 
     def on_get_stream_segment_info(self, cmd: wire.GetStreamSegmentInfo) -> None:

@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
+from contextlib import contextmanager
 
 import pravega_client
 import pytest
@@ -295,3 +298,48 @@ def test_byte_stream(manager, scope):
     assert bs.current_head_offset() == 6
     bs.seek(0, 2)
     assert bs.tell() == 11
+
+
+@contextmanager
+def busy_cores(n: int = 2):
+    """Load the machine's cores with busy processes (stopped on exit): CPU load is what reorders the
+    server's threads and the client's."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def test_tail_reader_gets_the_one_event_written_after_it_under_cpu_load(pravega_embedded, manager, scope):
+    """Issue #22 item 9: a reader group at the tail, a reader awaiting a slice, then one event
+    written and flushed: the reader gets exactly that event, 20 times of 20 with both cores busy."""
+    outcomes = []
+    with busy_cores(2):
+        for i in range(20):
+            stream = f"tail{i}"
+            manager.create_stream(scope, stream, 1)
+            rg = manager.create_reader_group(f"rg-tail{i}", scope, stream, True)
+            w = manager.create_writer(scope, stream)
+
+            async def run():
+                r = rg.create_reader("r")
+                waiting = asyncio.ensure_future(r.get_segment_slice_async())
+                await asyncio.sleep(0.2)  # the reader's read is parked at the tail by now
+                w.write_event(f"event-{i}")
+                w.flush()
+                sl = await asyncio.wait_for(waiting, 60)
+                got = [e.data() for e in sl]
+                r.release_segment(sl)
+                r.reader_offline()
+                return got
+
+            try:
+                outcomes.append(asyncio.run(run()))
+            except Exception as exc:  # a write timeout or a reader error: count it, go on
+                outcomes.append(f"{type(exc).__name__}: {exc}")
+    wrong = [(i, o) for i, o in enumerate(outcomes) if o != [f"event-{i}".encode()]]
+    assert not wrong, f"{len(wrong)} of 20 runs failed: {wrong}"

@@ -147,3 +147,47 @@ def test_garbage_flood_does_not_hurt_other_clients(store_server):
     finally:
         stop.set()
         t.join()
+
+
+class _ReadRacesAppend(SegmentStorage):
+    """Real storage whose next read, having found nothing, returns only once an append has become
+    readable and the server has been told (its growth listener ran): the interleaving that CPU load
+    produces at random, made certain."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.hold_next_empty_read = threading.Event()
+        self.grown = threading.Event()
+
+    def read(self, name, offset, max_length):
+        res = super().read(name, offset, max_length)
+        if not res.data and self.hold_next_empty_read.is_set():
+            self.hold_next_empty_read.clear()
+            assert self.grown.wait(20), "the append never became readable"
+        return res
+
+
+def test_tail_read_is_woken_by_an_append_that_lands_while_it_looks(tmp_path):
+    """Issue #22 item 9: the parked read registered for wake-ups only after its read came back; an
+    append made readable in between woke nobody and the reader waited out the whole tail wait."""
+    storage = _ReadRacesAppend(tmp_path / "ss")
+    storage.open()
+    storage.create_segment(SEG)
+    server = SegmentStoreServer(storage, "127.0.0.1", 0, tail_wait_s=120.0)
+    server.start()
+    storage.add_growth_listener(lambda names: storage.grown.set())  # runs after the server's listener
+    try:
+        with WirePeer("127.0.0.1", server.port, timeout_s=30) as reader, \
+                WirePeer("127.0.0.1", server.port) as writer:
+            storage.hold_next_empty_read.set()
+            reader.send(wire.ReadSegment(SEG, 0, 1 << 20, "", 7))
+            while storage.hold_next_empty_read.is_set():  # the read has looked and found nothing
+                time.sleep(0.01)
+            assert isinstance(writer.call(wire.SetupAppend(1, 9, SEG, "")), wire.AppendSetup)
+            writer.send(wire.AppendBlockEnd(9, 13, wire.frame_event(b"hello"), 1, 1, 2))
+            assert isinstance(writer.recv(), wire.DataAppended)
+            read = reader.recv()  # before the fix: nothing for 120 s (the socket gives up after 30)
+            assert read.request_id == 7 and read.data == wire.frame_event(b"hello")
+    finally:
+        server.stop()
+        storage.close()
