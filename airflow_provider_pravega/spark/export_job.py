@@ -863,6 +863,11 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
     start_given = None if spec.continues_previous else StreamCut.coerce(
         spec.start_cut, scope, stream, unbounded=HEAD, what="start cut")
     end_given = StreamCut.coerce(spec.end_cut, scope, stream, unbounded=TAIL, what="end cut")
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        raise ExportError(
+            "the export cannot run through Spark Connect yet (it moves its files with the Hadoop FileSystem of "
+            "the driver's JVM); use a 'spark' connection (a master URL) for the export. Ingest runs on both."
+        )
     output = OutputLocation(spark, spec.output_path)
     output.check_writable()
     existing = output.existing()

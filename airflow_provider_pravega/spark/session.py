@@ -1,9 +1,21 @@
 """One place that decides how the provider gets a SparkSession.
 
-The master comes from the Spark provider's connection (``spark_default``: host such as
-``spark://master:7077``, ``yarn``, ``k8s://…`` or ``local[4]``); without that connection the job
-runs in local mode on every core. Local mode is given task retries (``local[N,4]``) so that a
-crashed task attempt is retried as it would be on a cluster.
+The task's ``spark_conn_id`` names one of the Spark provider's connections:
+
+* ``spark`` (``spark_default``): the host is the master, such as ``spark://master:7077``, ``yarn``,
+  ``k8s://…`` or ``local[4]``; extra ``{"conf": {...}}`` adds Spark settings;
+* ``spark_connect``: a Spark Connect server (``sc://host:15002``, user id, token and ``use_ssl`` as
+  the Spark provider's ``SparkConnectHook`` builds the URL).
+
+Without a connection id, or when ``spark_default`` does not exist, the job runs in local mode on
+every core; any other connection id that does not exist is an error (a typo must not silently run
+the job on the Airflow worker). Local mode is given task retries (``local[N,4]``) so that a crashed
+task attempt is retried as it would be on a cluster.
+
+A session already active in the process (``dag.test()``, a notebook, the tests) is reused only when
+it is what the task asks for: another master or a different value of a setting the task names is
+an error naming the settings, never a silent mismatch (Spark cannot change most settings of a
+running session). Under a scheduler every task runs in its own process, so this never happens there.
 """
 
 from __future__ import annotations
@@ -11,37 +23,66 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 LOCAL_TASK_RETRIES = 4
+DEFAULT_CONN_ID = "spark_default"
 
 
-def spark_master_from_connection(spark_conn_id: str | None) -> tuple[str, dict[str, str]]:
-    """(master URL, extra Spark conf) from an Airflow Spark connection, or local mode."""
+class SparkSessionError(ValueError):
+    """The Spark connection or settings a task asks for cannot be honoured."""
+
+
+@dataclass
+class SparkTarget:
+    """Where a task's Spark jobs run: a master URL or a Spark Connect URL (``remote``)."""
+
+    master: str | None = None
+    remote: str | None = None
+    conf: dict[str, str] = field(default_factory=dict)
+    #: True when nothing asked for a master (local mode by default): any active session will do.
+    default: bool = False
+
+
+def spark_target(spark_conn_id: str | None) -> SparkTarget:
+    """Resolve a task's ``spark_conn_id`` (see the module docstring)."""
     if not spark_conn_id:
-        return _local(), {}
+        return SparkTarget(master=_local(), default=True)
     try:
         from airflow.sdk import BaseHook  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - Airflow 3.0/3.1 layout
         from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
     try:
         conn = BaseHook.get_connection(spark_conn_id)
-    except Exception:  # the connection does not exist: the documented fallback
-        log.info("no Airflow connection %r: running Spark in local mode", spark_conn_id)
-        return _local(), {}
+    except Exception as exc:
+        if spark_conn_id == DEFAULT_CONN_ID:  # the documented fallback
+            log.info("no Airflow connection %r: running Spark in local mode", spark_conn_id)
+            return SparkTarget(master=_local(), default=True)
+        raise SparkSessionError(
+            f"Spark connection {spark_conn_id!r} does not exist ({type(exc).__name__}); create it (type 'spark' "
+            f"or 'spark_connect') or pass spark_conn_id=None for local mode"
+        ) from None
+    extra = conn.extra_dejson or {}
+    conf = {str(k): str(v) for k, v in (extra.get("conf") or {}).items()}
+    if conn.conn_type == "spark_connect":
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+        try:
+            return SparkTarget(remote=SparkConnectHook(spark_conn_id).get_connection_url(), conf=conf)
+        except ValueError as exc:
+            raise SparkSessionError(f"Spark Connect connection {spark_conn_id!r}: {exc}") from None
     host = (conn.host or "").strip()
     if not host:
-        return _local(), {}
+        return SparkTarget(master=_local(), conf=conf, default=True)
     master = host
     if conn.port and "://" in host and host.count(":") < 2:
         master = f"{host}:{conn.port}"
-    extra = conn.extra_dejson or {}
-    conf = {str(k): str(v) for k, v in (extra.get("conf") or {}).items()}
     if master.startswith("local"):
         master = _local(master)
-    return master, conf
+    return SparkTarget(master=master, conf=conf)
 
 
 def _local(master: str = "local[*]") -> str:
@@ -52,21 +93,52 @@ def _local(master: str = "local[*]") -> str:
     return f"local[{inner},{LOCAL_TASK_RETRIES}]"
 
 
-def get_spark_session(spark_conn_id: str | None = "spark_default", app_name: str = "pravega", **conf: Any):
-    """A SparkSession for the provider's jobs (an existing active session is reused)."""
+def _mismatches(active: Any, target: SparkTarget, wanted: dict[str, str]) -> list[str]:
+    """Settings the active session has otherwise than the task asks (``key: active != wanted``)."""
+    found = []
+    if not target.default and target.master is not None:
+        master = active.sparkContext.master
+        if master != target.master:
+            found.append(f"master: {master} != {target.master}")
+    for key, value in wanted.items():
+        have = active.conf.get(key, None)
+        if key == "spark.master" and have is not None and _local(value) == have:
+            continue
+        if have != value:
+            found.append(f"{key}: {have} != {value}")
+    return found
+
+
+def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str = "pravega", **conf: Any):
+    """A SparkSession for the provider's jobs: the Spark Connect server or master the connection
+    names, with ``conf``; an active session of this process only when it matches."""
     from pyspark.sql import SparkSession
 
+    target = spark_target(spark_conn_id)
+    wanted = {**target.conf, **{k: str(v) for k, v in conf.items()}}
+    remote = wanted.pop("spark.remote", None) or target.remote  # spark-submit's --remote / --conf spark.remote
+    if remote is not None:
+        builder = SparkSession.builder.remote(remote).appName(app_name)
+        for key, value in wanted.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
     active = SparkSession.getActiveSession()
     if active is not None:
+        mismatched = _mismatches(active, target, wanted)
+        if mismatched:
+            raise SparkSessionError(
+                f"this process already has a SparkSession that differs from what the task asks for "
+                f"({'; '.join(mismatched)}); stop it first or run the task in its own process"
+            )
         return active
-    master, extra_conf = spark_master_from_connection(spark_conn_id)
+    master = _local(wanted.pop("spark.master")) if wanted.get("spark.master", "").startswith("local") else (
+        wanted.pop("spark.master", None) or target.master or _local())
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {
         "spark.ui.enabled": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.shuffle.partitions": str(max(2, os.cpu_count() or 2)),
-        **extra_conf,
-        **{k: str(v) for k, v in conf.items()},
+        **wanted,
     }
     if master.startswith("local"):
         # Python workers must be this interpreter (with pravega and this provider installed),
