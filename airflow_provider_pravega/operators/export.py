@@ -45,7 +45,9 @@ class PravegaStreamCutExportOperator(BaseOperator):
         ~18% less CPU in Spark's Parquet writer for ~2.7x larger files; ``"zstd"`` ~20% more for
         smaller ones.
     :param pravega_conn_id: The ``pravega`` connection.
-    :param spark_conn_id: Spark connection (its host is the master URL); ``local[*]`` when missing.
+    :param spark_conn_id: The Spark provider's ``spark`` connection (its host is the master URL) or
+        ``spark_connect`` connection (``sc://…``); local mode when ``spark_default`` does not exist,
+        an error for any other missing id. See README "Data lakes and clusters".
     :param spark_conf: Extra Spark settings.
 
     Returns (XCom) the start and end cut (stream-cut texts), event and byte counts, the files

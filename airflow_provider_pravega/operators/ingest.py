@@ -47,7 +47,9 @@ class PravegaTransactionalIngestOperator(BaseOperator):
     :param unknown_commits: Only to resolve :class:`UnresolvedCommitError` (a crashed run whose
         transactions the controller forgot): ``"committed"`` or ``"not_committed"``.
     :param pravega_conn_id: The ``pravega`` connection.
-    :param spark_conn_id: Spark connection (its host is the master URL); ``local[*]`` when missing.
+    :param spark_conn_id: The Spark provider's ``spark`` connection (its host is the master URL) or
+        ``spark_connect`` connection (``sc://…``); local mode when ``spark_default`` does not exist,
+        an error for any other missing id. See README "Data lakes and clusters".
     :param spark_conf: Extra Spark settings.
 
     Returns (XCom) a summary: files ingested/skipped, events, bytes, transactions with their
