@@ -24,12 +24,8 @@ from airflow_provider_pravega.client.errors import (
     TransactionNotFoundError,
 )
 from airflow_provider_pravega.client.transactions import TransactionalWriter
+from airflow_provider_pravega.testing.net import free_port
 
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -39,7 +35,7 @@ def client(pravega_controller_uri):
 
 
 def test_unreachable_controller_closed_port_fails_fast_naming_the_uri():
-    uri = f"tcp://127.0.0.1:{_closed_port()}"
+    uri = f"tcp://127.0.0.1:{free_port()}"
     client = PravegaClient(uri)
     started = time.monotonic()
     with pytest.raises(ControllerUnreachableError) as info:
@@ -62,7 +58,7 @@ def test_unreachable_controller_closed_port_fails_fast_naming_the_uri():
 
 
 def test_unreachable_controller_from_a_config_names_its_uri():
-    port = _closed_port()
+    port = free_port()
     config = PravegaConnectionConfig(host="127.0.0.1", port=port)
     with pytest.raises(ControllerUnreachableError, match=f"tcp://127.0.0.1:{port}"):
         PravegaClient(config).admin.list_scopes()

@@ -5,13 +5,13 @@ Central into the project's cache the first time: about 700 MB with the AWS SDK b
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow_provider_pravega.testing.net import free_port
 
 CACHE = Path.home() / ".cache" / "airflow-provider-pravega"
 
@@ -54,17 +54,12 @@ class ObjectStore:
         return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def object_store() -> Iterator[ObjectStore]:
     boto3 = pytest.importorskip("boto3")
     server_module = pytest.importorskip("moto.server")
-    port = _free_port()
+    port = free_port()
     server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_pravega.testing.net import free_port
+
 _RUN = r"""
 import json, sys
 from datetime import datetime, timezone
@@ -43,11 +45,6 @@ print("RESULTS " + json.dumps(results))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -55,7 +52,7 @@ def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     import pyspark
 
     home = Path(pyspark.__file__).parent
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("spark-connect") / "server.log"
     env = dict(os.environ, SPARK_HOME=str(home), PYSPARK_PYTHON=sys.executable)
     server = subprocess.Popen(

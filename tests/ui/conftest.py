@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow_provider_pravega.testing.net import free_port
 
 CHROMIUM = os.environ.get("PRAVEGA_UI_CHROMIUM", "/usr/bin/chromium")
 # The flags that let Debian's Chromium run headless as root on a machine without internet access:
@@ -75,11 +75,6 @@ class ApiServer:
         except urllib.error.HTTPError as e:
             raise AssertionError(f"{method} {path} answered {e.code}: {e.read()[:500]!r}") from e
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -140,7 +135,7 @@ def airflow_api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api
     username, password = "admin", secrets.token_urlsafe(16)
     password_file = home / "simple_auth_manager_passwords.json"
     password_file.write_text(json.dumps({username: password}))
-    port = _free_port()
+    port = free_port()
     env = _airflow_env(home, port, password_file)
     airflow = [sys.executable, "-m", "airflow"]
 
