@@ -238,6 +238,13 @@ def _authorization_header(context: grpc.ServicerContext) -> str | None:
     return None
 
 
+def _txn_failure(action: str, scope: str, name: str, txn_id: int, why: str) -> pb.TxnStatus:
+    """Pravega 0.13's controller answers every refused commit or abort with FAILURE (its reason
+    goes to its log only); so does this one."""
+    log.info("%s of transaction %032x on %s/%s refused: %s", action, txn_id, scope, name, why)
+    return pb.TxnStatus(status=pb.TxnStatus.FAILURE)
+
+
 def _rpc(method: Callable[..., T]) -> Callable[..., T]:
     """Turn failures into gRPC statuses: definite ones as raised, anything else as INTERNAL.
 
@@ -728,7 +735,10 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
                 raise _Fail(
                     grpc.StatusCode.INVALID_ARGUMENT, f"retentionParam must not be negative, got {rp.retentionParam}"
                 )
-            retention = (rp.retentionType, rp.retentionParam, rp.retentionMax)
+            # Like Pravega: a policy of type UNKNOWN (the official client's StreamRetentionPolicy.none())
+            # is no retention policy, and getStreamConfiguration then has none.
+            if rp.retentionType != pb.RetentionPolicy.UNKNOWN:
+                retention = (rp.retentionType, rp.retentionParam, rp.retentionMax)
         tags = tuple(request.tags.tag) if request.HasField("tags") else None
         return StreamConfigRecord(sp.scaleType, sp.targetRate, sp.scaleFactor, sp.minNumSegments, retention, tags)
 
@@ -749,8 +759,9 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
                     retentionType=c.retention[0], retentionParam=c.retention[1], retentionMax=c.retention[2]
                 )
             )
-        if c.tags is not None:
-            msg.tags.CopyFrom(pb.Tags(tag=list(c.tags)))
+        # Pravega always answers with a tag list (empty when the stream has none): the official
+        # client's get_stream_tags then returns [] rather than None.
+        msg.tags.CopyFrom(pb.Tags(tag=list(c.tags or ())))
         return msg
 
     @_rpc
@@ -758,6 +769,8 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         info = request.streamInfo
         if not valid_name(info.stream):
             return pb.CreateStreamStatus(status=pb.CreateStreamStatus.INVALID_STREAM_NAME)
+        if request.HasField("scalingPolicy") and request.scalingPolicy.minNumSegments < 1:
+            return pb.CreateStreamStatus(status=pb.CreateStreamStatus.FAILURE)  # as Pravega 0.13
         config = self._config_record(request)
         scope, name = info.scope, info.stream
         n = config.min_num_segments
@@ -793,8 +806,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         return pb.CreateStreamStatus(status=pb.CreateStreamStatus.SUCCESS)
 
     def _update_status_for_missing(self, scope: str) -> pb.UpdateStreamStatus:
-        if scope not in self._state.scopes:
-            return pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.SCOPE_NOT_FOUND)
+        # Pravega 0.13 looks the stream up only: a missing scope is STREAM_NOT_FOUND too.
         return pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.STREAM_NOT_FOUND)
 
     @_rpc
@@ -806,16 +818,29 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             if stream is None:
                 return self._update_status_for_missing(scope)
             if stream.state == SEALED:
-                raise _Fail(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"stream {scope}/{name} is sealed; its configuration cannot change",
-                )
-            # Only the configuration is stored: a new minNumSegments does not rescale the stream.
+                return pb.UpdateStreamStatus(status=4)  # Pravega's STREAM_SEALED (not in our .proto)
             seq = self._persist(
                 {"op": "stream_updated", "scope": scope, "stream": name, "config": config.to_json(), "ts": _now_ms()}
             )
         self._durable(seq)
+        self._scale_to_policy(scope, name)
         return pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.SUCCESS)
+
+    def _scale_to_policy(self, scope: str, name: str) -> None:
+        """Like Pravega 0.13's UpdateStreamTask: when the active segments are fewer than the policy's
+        minimum, or (fixed policy) not exactly that many, seal them all and continue in a new epoch
+        of ``minNumSegments`` equal key ranges."""
+        with self._gate(scope, name).exclusive():
+            with self._lock:
+                stream = self._state.stream(scope, name)
+                if stream is None or stream.state != ACTIVE:
+                    return
+                n = stream.config.min_num_segments
+                active = sorted(stream.active_epoch.segment_ids)
+                fixed = stream.config.scale_type == pb.ScalingPolicy.FIXED_NUM_SEGMENTS
+                if len(active) > n and not fixed or len(active) == n:
+                    return
+            self._scale_locked(scope, name, active, [(i / n, (i + 1) / n) for i in range(n)])
 
     @_rpc
     def getStreamConfiguration(self, request: pb.StreamInfo, context: grpc.ServicerContext) -> pb.StreamConfig:
@@ -1064,7 +1089,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         def successors() -> pb.SuccessorResponse:
             stream = self._stream_or_fail(scope, name)
             if segment_id not in stream.segments:
-                raise _Fail(grpc.StatusCode.NOT_FOUND, f"stream {scope}/{name} has no segment {segment_id}")
+                return pb.SuccessorResponse()  # Pravega 0.13: no successors, not an error
             return pb.SuccessorResponse(
                 segments=[
                     pb.SuccessorResponse.SegmentEntry(segment=self._range(stream, succ.segment_id), value=preds)
@@ -1157,34 +1182,44 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
                     status, problem = refusal
                     log.info("scale of %s/%s refused: %s", scope, name, problem)
                     return pb.ScaleResponse(status=status)
-                base_epoch = len(stream.epochs) - 1
-                new_epoch = base_epoch + 1
-                ranges = sorted((r.start, r.end) for r in request.newKeyRanges)
-                new = [[segment_id_of(new_epoch, stream.next_number + i), lo, hi] for i, (lo, hi) in enumerate(ranges)]
-                sealed = sorted(set(request.sealedSegments))
-            # New segments first, then the epoch that makes them visible, then seal the old ones.
-            for sid, _, _ in new:
-                self._backend.create_segment(qualified_segment_name(scope, name, sid))
-            with self._lock:
-                seq = self._persist(
-                    {
-                        "op": "stream_scaled",
-                        "scope": scope,
-                        "stream": name,
-                        "sealed": sealed,
-                        "new": new,
-                        "ts": _now_ms(),
-                    }
-                )
-                stream = self._state.streams[(scope, name)]
-                response = pb.ScaleResponse(
-                    status=pb.ScaleResponse.STARTED,
-                    segments=[self._range(stream, sid) for sid, _, _ in new],
-                    epoch=base_epoch,  # as Pravega: the epoch the scale started from; checkScale polls it
-                )
-            self._durable(seq)
-            for sid in sealed:
-                self._backend.seal_segment(qualified_segment_name(scope, name, sid))
+            return self._scale_locked(
+                scope, name, list(request.sealedSegments), [(r.start, r.end) for r in request.newKeyRanges]
+            )
+
+    def _scale_locked(
+        self, scope: str, name: str, sealed_ids: list[int], key_ranges: list[tuple[float, float]]
+    ) -> pb.ScaleResponse:
+        """Perform a checked scale (caller holds the stream's gate exclusively)."""
+        with self._lock:
+            stream = self._state.streams[(scope, name)]
+            base_epoch = len(stream.epochs) - 1
+            new_epoch = base_epoch + 1
+            ranges = sorted(key_ranges)
+            new = [[segment_id_of(new_epoch, stream.next_number + i), lo, hi] for i, (lo, hi) in enumerate(ranges)]
+            sealed = sorted(set(sealed_ids))
+        # New segments first, then the epoch that makes them visible, then seal the old ones.
+        for sid, _, _ in new:
+            self._backend.create_segment(qualified_segment_name(scope, name, sid))
+        with self._lock:
+            seq = self._persist(
+                {
+                    "op": "stream_scaled",
+                    "scope": scope,
+                    "stream": name,
+                    "sealed": sealed,
+                    "new": new,
+                    "ts": _now_ms(),
+                }
+            )
+            stream = self._state.streams[(scope, name)]
+            response = pb.ScaleResponse(
+                status=pb.ScaleResponse.STARTED,
+                segments=[self._range(stream, sid) for sid, _, _ in new],
+                epoch=base_epoch,  # as Pravega: the epoch the scale started from; checkScale polls it
+            )
+        self._durable(seq)
+        for sid in sealed:
+            self._backend.seal_segment(qualified_segment_name(scope, name, sid))
         return response
 
     @staticmethod
@@ -1328,18 +1363,15 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
                 with self._lock:
                     stream = self._state.stream(scope, name)
                     if stream is None:
-                        return pb.TxnStatus(status=pb.TxnStatus.STREAM_NOT_FOUND)
+                        return _txn_failure("commit", scope, name, txn_id, "no such stream")
                     txn = stream.txns.get(txn_id)
                     if txn is None:
-                        return pb.TxnStatus(status=pb.TxnStatus.TRANSACTION_NOT_FOUND)
+                        return _txn_failure("commit", scope, name, txn_id, "no such transaction")
                     if txn.state == COMMITTED:
                         return pb.TxnStatus(status=pb.TxnStatus.SUCCESS)
                     if txn.state in (ABORTING, ABORTED):
-                        raise _Fail(
-                            grpc.StatusCode.INVALID_ARGUMENT,
-                            f"transaction {txn_id:032x} on {scope}/{name} was aborted "
-                            f"({txn.abort_reason or 'aborted'}); it cannot be committed",
-                        )
+                        return _txn_failure("commit", scope, name, txn_id,
+                                            f"it was aborted ({txn.abort_reason or 'aborted'})")
                     expired = txn.state == OPEN and _now_ms() > txn.deadline_ms
                     rolling = txn.roll is not None if txn.state == COMMITTING else txn.epoch != len(stream.epochs) - 1
                     seq = None
@@ -1358,10 +1390,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
                         )
                 if expired:
                     self._abort_expired_locked(scope, name, txn_id)
-                    raise _Fail(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"transaction {txn_id:032x} on {scope}/{name} outlived its lease and was aborted",
-                    )
+                    return _txn_failure("commit", scope, name, txn_id, "it outlived its lease and was aborted")
                 if rolling and not exclusive:
                     exclusive = True  # epochs will change: retry holding the stream exclusively
                     continue
@@ -1443,17 +1472,14 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             with self._lock:
                 stream = self._state.stream(scope, name)
                 if stream is None:
-                    return pb.TxnStatus(status=pb.TxnStatus.STREAM_NOT_FOUND)
+                    return _txn_failure("abort", scope, name, txn_id, "no such stream")
                 txn = stream.txns.get(txn_id)
                 if txn is None:
-                    return pb.TxnStatus(status=pb.TxnStatus.TRANSACTION_NOT_FOUND)
+                    return _txn_failure("abort", scope, name, txn_id, "no such transaction")
                 if txn.state == ABORTED:
                     return pb.TxnStatus(status=pb.TxnStatus.SUCCESS)
                 if txn.state in (COMMITTING, COMMITTED):
-                    raise _Fail(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"transaction {txn_id:032x} on {scope}/{name} is {txn.state}; it cannot be aborted",
-                    )
+                    return _txn_failure("abort", scope, name, txn_id, f"it is {txn.state}")
                 seq = None
                 if txn.state == OPEN:
                     seq = self._persist(
@@ -1496,9 +1522,14 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         return pb.PingTxnStatus(status=pb.PingTxnStatus.OK)
 
     def _txn_state_message(self, scope: str, name: str, txn_id: int, *, ping: bool = False) -> Any:
-        """The state of a transaction as a TxnState (or, with ``ping``, a PingTxnStatus) message."""
+        """The state of a transaction as a TxnState (or, with ``ping``, a PingTxnStatus) message.
+
+        A transaction of a stream that does not exist is UNKNOWN to checkTransactionState, as in
+        Pravega 0.13."""
 
         def state() -> str | None:
+            if not ping and self._state.stream(scope, name) is None:
+                return None
             stream = self._stream_or_fail(scope, name)
             txn = stream.txns.get(txn_id)
             if txn is None:
