@@ -1,72 +1,17 @@
-"""An S3-compatible object store for the tests: moto's server (PyPI ``moto[server]``) in this
-process on a free loopback port, and the Spark settings that reach it through Hadoop's ``s3a``
-connector (``hadoop-aws`` at the version of pyspark's Hadoop, fetched by Spark's own Ivy from Maven
-Central into the project's cache the first time: about 700 MB with the AWS SDK bundle)."""
+"""An S3-compatible object store for the lake tests (see airflow_provider_pravega.testing.object_store)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
-from airflow_provider_pravega.testing.net import free_port
 
-CACHE = Path.home() / ".cache" / "airflow-provider-pravega"
-
-
-def hadoop_version() -> str:
-    """The Hadoop version of the installed pyspark (from its ``hadoop-client-api`` jar)."""
-    import pyspark
-
-    jars = Path(pyspark.__file__).parent / "jars"
-    for jar in jars.glob("hadoop-client-api-*.jar"):
-        return jar.name[len("hadoop-client-api-"):-len(".jar")]
-    raise RuntimeError(f"no hadoop-client-api jar in {jars}")
-
-
-@dataclass
-class ObjectStore:
-    endpoint: str
-    client: Any  # boto3 S3 client
-    access_key: str = "lake-user"
-    secret_key: str = "lake-secret"
-
-    def spark_conf(self) -> dict[str, str]:
-        """Standard s3a settings only (what a user puts in ``spark_conf`` or the Spark connection)."""
-        return {
-            "spark.jars.packages": f"org.apache.hadoop:hadoop-aws:{hadoop_version()}",
-            "spark.jars.ivy": str(CACHE / "ivy"),
-            "spark.hadoop.fs.s3a.endpoint": self.endpoint,
-            "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
-            "spark.hadoop.fs.s3a.path.style.access": "true",
-            "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
-            "spark.hadoop.fs.s3a.access.key": self.access_key,
-            "spark.hadoop.fs.s3a.secret.key": self.secret_key,
-        }
-
-    def keys(self, bucket: str, prefix: str = "") -> list[str]:
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
-
-    def read(self, bucket: str, key: str) -> bytes:
-        return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
-
+from airflow_provider_pravega.testing.object_store import ObjectStore, object_store_server
 
 
 @pytest.fixture(scope="module")
 def object_store() -> Iterator[ObjectStore]:
-    boto3 = pytest.importorskip("boto3")
-    server_module = pytest.importorskip("moto.server")
-    port = free_port()
-    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        store = ObjectStore(endpoint, None)
-        store.client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                                    aws_access_key_id=store.access_key, aws_secret_access_key=store.secret_key)
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto.server")
+    with object_store_server() as store:
         yield store
-    finally:
-        server.stop()
