@@ -28,7 +28,7 @@ from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
 from airflow_provider_pravega.client.ingest import open_state_store, state_location
 from airflow_provider_pravega.client.streamcut import StreamCut
-from airflow_provider_pravega.testing.object_store import free_port
+from airflow_provider_pravega.testing.net import free_port
 
 
 @dataclass
