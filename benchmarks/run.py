@@ -2,7 +2,7 @@
 
 Run: ``make bench`` (full) or ``make bench-quick``, i.e.
 ``.venv/bin/python benchmarks/run.py [quick|full] [--only server,ingest] [--repeat N] [--events N]``
-(default: server, ingest, export, txn_writer, ingest_state; ``--only batch_read`` adds the batch readers).
+(default: server, ingest, export, txn_writer, event_writer, ingest_state; ``--only batch_read`` adds the batch readers).
 
 Each benchmark (``benchmarks/bench_<name>.py``) runs as its own subprocess with sizes from the
 profile and ``--json``; its output is streamed, prefixed with its name. Then one table: figure,
@@ -45,6 +45,8 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
     "ingest": {"script": HERE / "bench_ingest.py", "events": "--events", "repeat": "--repeat"},
     "export": {"script": HERE / "bench_export.py", "events": "--events", "repeat": "--rounds"},
     "txn_writer": {"script": HERE / "bench_txn_writer.py", "events": "--events", "repeat": "--rounds"},
+    # at_least_once's writer (ours) vs the official client's create_writer(..., 1000).
+    "event_writer": {"script": HERE / "bench_event_writer.py", "events": "--events", "repeat": "--rounds"},
     # Start of an ingest run vs remembered files ("events" is the large state's file count).
     "ingest_state": {"script": HERE / "bench_ingest_state.py", "events": "--files", "repeat": "--repeat"},
     # Not one of the figures (our batch readers vs the official reader): only with --only.
@@ -60,6 +62,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "ingest": {"events": 300_000, "repeat": 3, "extra": []},
         "export": {"events": 100_000, "repeat": 3, "extra": []},
         "txn_writer": {"events": 100_000, "repeat": 3, "extra": []},
+        "event_writer": {"events": 100_000, "repeat": 3, "extra": []},
         "ingest_state": {"events": 100_000, "repeat": 3, "extra": []},
     },
     "full": {
@@ -67,6 +70,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "ingest": {"events": 1_000_000, "repeat": 3, "extra": []},
         "export": {"events": 1_000_000, "repeat": 3, "extra": []},
         "txn_writer": {"events": 500_000, "repeat": 3, "extra": []},
+        "event_writer": {"events": 500_000, "repeat": 3, "extra": []},
         "ingest_state": {"events": 1_000_000, "repeat": 3, "extra": []},
     },
 }

@@ -23,12 +23,14 @@ if TYPE_CHECKING:
         LeaseKeeper,
         TransactionManager,
     )
+    from airflow_provider_pravega.client.writer import EventWriter
 
 __all__ = ["PravegaClient"]
 
 
 class PravegaClient:
-    """Controller client, segment-store connections, admin and transactions over one configuration.
+    """Controller client, segment-store connections, admin, transactions and event writers over
+    one configuration: the provider's own client (no official ``pravega`` package needed).
 
     ``PravegaClient("tcp://127.0.0.1:9090")`` or ``PravegaClient(config)``; use as a context
     manager or call :meth:`close`. Nothing connects until the first call; an unreachable
@@ -83,6 +85,14 @@ class PravegaClient:
         from airflow_provider_pravega.client.transactions import LeaseKeeper
 
         return LeaseKeeper(self.transactions, interval_s, **options)
+
+    def event_writer(self, scope: str, stream: str, **options: Any) -> EventWriter:
+        """A pipelined writer of plain (non-transactional) events to ``scope/stream``, routed by
+        routing key like the official client's, surviving scaling; ``max_inflight_events``
+        (default 1,000) bounds what each segment has in flight. ``flush`` waits for every ack."""
+        from airflow_provider_pravega.client.writer import EventWriter
+
+        return EventWriter(self.segments, scope, stream, **options)
 
     def close(self) -> None:
         self.pool.close()

@@ -734,6 +734,18 @@ _EVENT_HEADER = struct.Struct(">iI")
 _MASK64 = (1 << 64) - 1
 
 
+def _unframe(data: bytes | bytearray, first: int, acked: int, out: list[tuple[int, bytes]]) -> None:
+    """Append (event number, payload) of the framed events in ``data`` numbered above ``acked``."""
+    view = memoryview(data)
+    pos, number, end = 0, first, len(data)
+    while pos < end:
+        _, n = _EVENT_HEADER.unpack_from(view, pos)
+        if number > acked:
+            out.append((number, bytes(view[pos + 8 : pos + 8 + n])))
+        pos += 8 + n
+        number += 1
+
+
 class _Block:
     __slots__ = ("count", "last", "nbytes", "parts")
 
@@ -748,8 +760,9 @@ class AppendSession:
     """Pipelined appends of framed events to one segment by one writer id.
 
     Not thread-safe for writers (one producing thread); a private reader thread handles acks.
-    ``block_bytes``/``block_events`` bound one AppendBlockEnd; ``window_bytes`` bounds the bytes in
-    flight (unacknowledged) - the writer blocks when the window is full.
+    ``block_bytes``/``block_events`` bound one AppendBlockEnd; ``window_bytes`` (and, when given,
+    ``window_events``) bound what is in flight (unacknowledged) - the writer blocks when the window
+    is full. With ``window_events`` a block holds at most a quarter of it, so blocks keep flowing.
     """
 
     def __init__(
@@ -761,13 +774,18 @@ class AppendSession:
         block_bytes: int = 1024 * 1024,
         block_events: int = 1 << 30,
         window_bytes: int = 16 * 1024 * 1024,
+        window_events: int | None = None,
         flush_timeout_s: float = 120.0,
         reconnect_timeout_s: float = 30.0,
     ) -> None:
-        if block_bytes <= 0 or block_events <= 0 or window_bytes <= 0:
+        if block_bytes <= 0 or block_events <= 0 or window_bytes <= 0 or (
+            window_events is not None and window_events <= 0
+        ):
             raise ValueError(
-                "block_bytes, block_events and window_bytes must be positive"
+                "block_bytes, block_events, window_bytes and window_events must be positive"
             )
+        if window_events is not None:
+            block_events = min(block_events, max(1, window_events // 4))
         self.segments = segments
         self.segment = segment
         self.writer_id = uuid.uuid4().int if writer_id is None else writer_id
@@ -776,6 +794,7 @@ class AppendSession:
         self.block_bytes = min(block_bytes, wire.MAX_EVENT_SIZE + wire.EVENT_HEADER_LEN)
         self.block_events = block_events
         self.window_bytes = max(window_bytes, self.block_bytes)
+        self.window_events = window_events if window_events is not None else 1 << 62
         self.flush_timeout_s = flush_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s
         self.endpoint: Endpoint | None = None
@@ -791,6 +810,7 @@ class AppendSession:
         self._next_event_number = 1
         self._inflight: collections.deque[_Block] = collections.deque()
         self._inflight_bytes = 0
+        self._inflight_events = 0
         self._cond = threading.Condition(threading.Lock())
         self._error: PravegaError | None = None
         self._broken: Exception | None = None
@@ -922,6 +942,7 @@ class AppendSession:
                     while inflight and inflight[0].last <= n:
                         block = inflight.popleft()
                         self._inflight_bytes -= block.nbytes
+                        self._inflight_events -= block.count
                     self.last_acked_event_number = n
                     self.write_offset = reply.current_segment_write_offset
                 elif isinstance(reply, wire.KeepAlive):
@@ -998,6 +1019,7 @@ class AppendSession:
                     while self._inflight and self._inflight[0].last <= last:
                         block = self._inflight.popleft()
                         self._inflight_bytes -= block.nbytes
+                        self._inflight_events -= block.count
                     self.last_acked_event_number = last
                 resend = list(self._inflight)
                 conn = self._conn
@@ -1085,7 +1107,10 @@ class AppendSession:
                 deadline = None
                 while (
                     self._inflight
-                    and self._inflight_bytes + n > self.window_bytes
+                    and (
+                        self._inflight_bytes + n > self.window_bytes
+                        or self._inflight_events + count > self.window_events
+                    )
                     and self._error is None
                     and self._broken is None
                 ):
@@ -1102,8 +1127,10 @@ class AppendSession:
                         )
                         break
                     self._cond.wait(remaining)
-                self._raise_error()
-                if self._closed:
+                if self._error is not None or self._closed:
+                    # Not sent, but kept with the blocks in flight: unacknowledged_events() sees it.
+                    self._inflight.append(block)
+                    self._raise_error()
                     raise SegmentStoreError(
                         f"append session for {self.segment} is closed",
                         segment=self.segment,
@@ -1112,6 +1139,7 @@ class AppendSession:
                 if not broken:
                     self._inflight.append(block)
                     self._inflight_bytes += n
+                    self._inflight_events += count
                     conn = self._conn
             if broken:
                 self._reconnect()
@@ -1153,6 +1181,22 @@ class AppendSession:
                 if self._broken is None:
                     return
             self._reconnect()
+
+    @property
+    def next_event_number(self) -> int:
+        """The event number the next event written will get (event numbers grow by one per event)."""
+        return self._next_event_number + self._count
+
+    def unacknowledged_events(self) -> list[tuple[int, bytes]]:
+        """(event number, payload) of every event written and not acknowledged, in order: what a
+        writer re-routes when the segment was sealed under it (call it once the session failed)."""
+        with self._cond:
+            acked = self.last_acked_event_number or 0
+            out: list[tuple[int, bytes]] = []
+            for block in self._inflight:
+                _unframe(block.parts[1], block.last - block.count + 1, acked, out)
+            _unframe(self._buf, self._next_event_number, acked, out)
+            return out
 
     @property
     def pending_events(self) -> int:

@@ -14,26 +14,21 @@ driver keeps the leases alive, and another process commits:
 
 from __future__ import annotations
 
-import bisect
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, Self
 
-from airflow_provider_pravega.client.connection import AppendSession, SegmentStoreClient
+from airflow_provider_pravega.client.connection import SegmentStoreClient
 from airflow_provider_pravega.client.controller import (
     ControllerClient,
-    SegmentRange,
     TransactionInfo,
     TxnStatus,
     parse_txn_id,
 )
 from airflow_provider_pravega.client.errors import (
-    NoSuchSegmentError,
     PravegaError,
-    SegmentSealedError,
     TransactionAbortedError,
     TransactionCommittedError,
     TransactionError,
@@ -41,7 +36,8 @@ from airflow_provider_pravega.client.errors import (
     TransactionStateError,
     TransactionTimeoutError,
 )
-from airflow_provider_pravega.protocol import naming, routing
+from airflow_provider_pravega.client.writer import RoutedSegmentWriter
+from airflow_provider_pravega.protocol import naming
 
 __all__ = [
     "LeaseKeeper",
@@ -241,13 +237,15 @@ def _names(states: Iterable[TxnStatus]) -> str:
     return " or ".join(sorted(s.value for s in states))
 
 
-class TransactionalWriter:
+class TransactionalWriter(RoutedSegmentWriter):
     """Writes events into an open transaction, from any process; never commits.
 
     ``txn`` is a :class:`TransactionInfo` (from ``begin``) or just the id: then the transaction's
     segments are rebuilt from the controller (its epoch is ``id >> 96``). Events with the same
     routing key land in the same segment, in order, exactly as with the official client; events
-    without one go to a random segment. ``flush`` returns once every event is acknowledged.
+    without one go to a random segment. ``flush`` returns once every event is acknowledged. The
+    routing and the appends are :class:`~airflow_provider_pravega.client.writer.RoutedSegmentWriter`'s,
+    shared with the plain :class:`~airflow_provider_pravega.client.writer.EventWriter`.
     """
 
     def __init__(
@@ -282,19 +280,7 @@ class TransactionalWriter:
             )
             if not segments:
                 raise TransactionNotFoundError(scope, stream, self.txn_id)
-        segments.sort(key=lambda s: s.max_key)
-        routing.check_key_ranges([s.max_key for s in segments])
-        self.segments: tuple[SegmentRange, ...] = tuple(segments)
-        self._max_keys = [s.max_key for s in segments]
-        self._session_options = session_options
-        self._sessions: list[AppendSession | None] = [None] * len(segments)
-        self._key_index: dict[str, int] = {}
-        self._random = random.random
-        self._closed = False
-        self.events_written = 0
-        if len(segments) == 1:
-            # One segment: route nothing (the same choice the official client would make).
-            self.write_event = self._write_single  # type: ignore[method-assign]
+        super().__init__(manager.segments, scope, stream, segments, **session_options)
 
     def __repr__(self) -> str:
         return (
@@ -320,26 +306,15 @@ class TransactionalWriter:
         )
         return naming.transaction_segment_name(parent, self.txn_id)
 
-    def _session(self, index: int) -> AppendSession:
-        session = self._sessions[index]
-        if session is None:
-            if self._closed:
-                raise TransactionStateError(
-                    self.scope,
-                    self.stream,
-                    self.txn_id,
-                    f"{self!r} is closed; create a new writer",
-                )
-            try:
-                session = self.manager.segments.open_append_session(
-                    self.segment_name(index), **self._session_options
-                )
-            except (NoSuchSegmentError, SegmentSealedError) as exc:
-                raise self._ended_error(exc) from exc
-            self._sessions[index] = session
-        return session
+    def _closed_error(self) -> PravegaError:
+        return TransactionStateError(
+            self.scope,
+            self.stream,
+            self.txn_id,
+            f"{self!r} is closed; create a new writer",
+        )
 
-    def _ended_error(self, cause: PravegaError) -> PravegaError:
+    def _segment_ended(self, index: int, cause: PravegaError) -> PravegaError:
         """Turn a sealed/missing transaction segment into the transaction's real state."""
         try:
             state = self.manager.status(self.scope, self.stream, self.txn_id)
@@ -351,52 +326,6 @@ class TransactionalWriter:
             return exc
         return cause
 
-    def index_for(self, routing_key: str | None) -> int:
-        """Which of the transaction's segments an event with this routing key goes to."""
-        if routing_key is None:
-            return bisect.bisect_left(self._max_keys, self._random())
-        index = self._key_index.get(routing_key)
-        if index is None:
-            index = bisect.bisect_left(
-                self._max_keys, routing.hash_routing_key(routing_key)
-            )
-            if index >= len(self._max_keys):  # only with a malformed routing table
-                index = len(self._max_keys) - 1
-            if len(self._key_index) >= 1 << 16:
-                self._key_index.clear()
-            self._key_index[routing_key] = index
-        return index
-
-    def write_event(self, payload: bytes, routing_key: str | None = None) -> None:
-        """Queue one event (bytes); it is sent in a block and acknowledged by ``flush``."""
-        index = self.index_for(routing_key)
-        session = self._sessions[index] or self._session(index)
-        session.write_event(payload)
-        self.events_written += 1
-
-    def _write_single(self, payload: bytes, routing_key: str | None = None) -> None:
-        session = self._sessions[0] or self._session(0)
-        session.write_event(payload)
-        self.events_written += 1
-
-    def write_events(
-        self, payloads: Iterable[bytes], routing_key: str | None = None
-    ) -> int:
-        """Queue many events with one routing key (or none: each one to a random segment)."""
-        count = 0
-        if routing_key is not None or len(self.segments) == 1:
-            index = self.index_for(routing_key) if routing_key is not None else 0
-            session = self._sessions[index] or self._session(index)
-            count = session.write_events(payloads)
-        else:
-            write = self.write_event
-            for payload in payloads:
-                write(payload)
-                count += 1
-            return count
-        self.events_written += count
-        return count
-
     def flush(self, timeout_s: float | None = None, *, check_open: bool = True) -> None:
         """Return only when the segment store has acknowledged every event written so far.
 
@@ -404,43 +333,11 @@ class TransactionalWriter:
         aborted meanwhile (e.g. its lease expired) raises TransactionAbortedError, because the
         segment store accepts and discards appends to aborted transactions.
         """
-        for session in self._sessions:
-            if session is not None:
-                try:
-                    session.flush(timeout_s)
-                except (NoSuchSegmentError, SegmentSealedError) as exc:
-                    raise self._ended_error(exc) from exc
+        self._flush_sessions(timeout_s)
         if check_open:
             self._require_open(
                 self.manager.status(self.scope, self.stream, self.txn_id)
             )
-
-    @property
-    def pending_events(self) -> int:
-        return sum(s.pending_events for s in self._sessions if s is not None)
-
-    @property
-    def reconnects(self) -> int:
-        """Connection losses the writer recovered from (resending what was not acknowledged)."""
-        return sum(s.reconnects for s in self._sessions if s is not None)
-
-    def close(self) -> None:
-        """Close the segment connections; events not flushed are abandoned (never committed)."""
-        self._closed = True
-        for i, session in enumerate(self._sessions):
-            if session is not None:
-                session.close()
-                self._sessions[i] = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        try:
-            if exc_type is None:
-                self.flush()
-        finally:
-            self.close()
 
 
 class LeaseKeeper:

@@ -664,27 +664,30 @@ def _first_bad_file(batch: Any) -> str | None:
 
 
 def _write_plain(ctx: TaskContext, first: Any, batches: Iterator[Any], result: Any) -> Any:
-    """at_least_once: the official client's pipelined writer, no transaction (may duplicate on
-    retry). Its writes are visible at once, so the driver validated every record before this job
+    """at_least_once: the provider's pipelined event writer (plain appends routed by key, 1,000
+    events in flight per segment, survives scaling), no transaction (may duplicate on retry). Its
+    writes are visible at once, so the driver validated every record before this job
     (validate_records); the per-batch check is the same as exactly-once's."""
-    manager = ctx.config.create_stream_manager()
-    writer = manager.create_writer(ctx.spec.scope, ctx.spec.stream, 1000)
+    writer = _worker_client(ctx.config).event_writer(ctx.spec.scope, ctx.spec.stream)
     events = size = 0
-    for batch in _chain(first, batches):
-        bad_file = _first_bad_file(batch)
-        if bad_file is not None:
-            writer.flush()
-            return result(None, events, size, "bad record", bad_file)
-        payloads = batch.column("payload").to_pylist()
-        keys = batch.column("k").to_pylist() if ctx.spec.routing_key_field else [None] * len(payloads)
-        for payload, key in zip(payloads, keys):
-            if key is None:
-                writer.write_event_bytes(payload)
+    try:
+        for batch in _chain(first, batches):
+            bad_file = _first_bad_file(batch)
+            if bad_file is not None:
+                writer.flush()
+                return result(None, events, size, "bad record", bad_file)
+            payloads = batch.column("payload").to_pylist()
+            if ctx.spec.routing_key_field:
+                write = writer.write_event
+                for payload, key in zip(payloads, batch.column("k").to_pylist()):
+                    write(payload, key)
             else:
-                writer.write_event_bytes(payload, key)
-        events += len(payloads)
-        size += sum(map(len, payloads))
-    writer.flush()
+                writer.write_events(payloads)
+            events += len(payloads)
+            size += sum(map(len, payloads))
+        writer.flush()
+    finally:
+        writer.close()
     return result(None, events, size)
 
 
