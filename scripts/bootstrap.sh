@@ -9,8 +9,12 @@
 #   --with-postgres  also install the provider's `postgres` extra (asyncpg, psycopg2-binary: an
 #                    Airflow metadata DB on PostgreSQL); same as PRAVEGA_BOOTSTRAP_POSTGRES=1.
 #
-# Environment: PYTHON  interpreter to build .venv with (default: python3.11)
-#              VENV    where the environment lives (default: <repo>/.venv)
+# Environment: PYTHON  interpreter to build the venv with: CPython 3.10-3.13 (default: python3.11,
+#                      the CI interpreter; the official `pravega` client installs on 3.10/3.11 only)
+#              VENV    where the environment lives (default: <repo>/.venv; a relative path is taken
+#                      from the repository root, e.g. VENV=.venv-3.13)
+#
+# A venv built with another Python than the one PYTHON names is rebuilt.
 set -euo pipefail
 
 with_browser="${PRAVEGA_BOOTSTRAP_BROWSER:-0}"
@@ -32,7 +36,8 @@ done
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-python3.11}"
-venv="${VENV:-$root/.venv}"
+venv="${VENV:-.venv}"
+[[ "$venv" == /* ]] || venv="$root/$venv"
 stamp="$venv/.airflow-provider-pravega-install.sha256"
 
 fail() {
@@ -79,23 +84,31 @@ if [[ "$with_browser" == "1" && ! -x "$chromium_bin" ]]; then
 fi
 # --- end of Chromium for tests/ui --------------------------------------------------------------
 
-# --- Python 3.11 (the official pravega client has wheels for CPython 3.10/3.11 only) ----------
+# --- Python 3.10-3.13 (what Airflow 3.3 supports) ----------------------------------------------
+supported='import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 13)))'
+version_of() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
+
+want_version=""
+if command -v "$python" >/dev/null 2>&1; then
+    want_version="$(version_of "$python")"
+fi
 venv_is_usable() {
-    [[ -x "$venv/bin/python" ]] &&
-        "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null
+    [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c "$supported" 2>/dev/null &&
+        # PYTHON named another version than the venv's: rebuild it with that one.
+        [[ -z "${PYTHON:-}" || "$(version_of "$venv/bin/python")" == "$want_version" ]]
 }
 
 if ! venv_is_usable; then
-    if ! command -v "$python" >/dev/null 2>&1; then
-        fail "'$python' not found. Python 3.11 is required: the official 'pravega' client ships
-  wheels for CPython 3.10 and 3.11 only.
+    if [[ -z "$want_version" ]]; then
+        fail "'$python' not found. Python 3.10, 3.11, 3.12 or 3.13 is required (3.11 by default: the
+  official 'pravega' client, the tests' reference, ships wheels for CPython 3.10 and 3.11 only).
   Debian/Ubuntu: apt-get install -y python3.11 python3.11-venv   (or: pyenv install 3.11)
-  Or set PYTHON=/path/to/python3.11."
+  Or set PYTHON=/path/to/python3.X (3.10-3.13), e.g. with VENV=.venv-3.13 for a separate venv."
     fi
-    if ! "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
-        fail "'$python' is Python $("$python" -c 'import platform; print(platform.python_version())'), not 3.11. Set PYTHON=/path/to/python3.11."
+    if ! "$python" -c "$supported"; then
+        fail "'$python' is Python $("$python" -c 'import platform; print(platform.python_version())'), not 3.10-3.13. Set PYTHON=/path/to/python3.X (3.10-3.13)."
     fi
-    echo "bootstrap: creating $venv with $("$python" -c 'import sys; print(sys.executable)')"
+    echo "bootstrap: creating $venv with $("$python" -c 'import sys; print(sys.executable)') (Python $want_version)"
     rm -rf "$venv"
     "$python" -m venv "$venv"
 fi

@@ -81,3 +81,27 @@ def test_scripts_test_asks_for_the_browser_and_says_so(fake_system: dict[str, st
     Path(fake_system["VENV"]).parent.joinpath("apt-calls").unlink()
     done = _run([str(REPO / "scripts" / "test"), "--co", "-q", "tests/test_bootstrap.py::nothing"], fake_system)
     assert "chromium" not in done.stdout and _apt_calls(fake_system) == []
+
+
+def test_a_relative_venv_is_taken_from_the_repository_root(fake_system: dict[str, str], tmp_path: Path) -> None:
+    # VENV=.venv-3.13 style: relative to the repository, whatever the current directory is.
+    fake_system["VENV"] = os.path.relpath(fake_system["VENV"], REPO)
+    done = subprocess.run([str(REPO / "scripts" / "bootstrap.sh")], env=fake_system, capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"bootstrap: {REPO}/{fake_system['VENV']} is up to date" in done.stdout
+
+
+def test_bootstrap_accepts_3_10_to_3_13_and_names_them_otherwise(fake_system: dict[str, str]) -> None:
+    # A venv of this interpreter (3.10-3.13) is used as it is when PYTHON names the same version.
+    fake_system["PYTHON"] = sys.executable
+    done = _run([str(REPO / "scripts" / "bootstrap.sh")], fake_system)
+    assert done.returncode == 0 and "up to date" in done.stdout, done.stderr
+    old = Path("/root/.pyenv/versions/3.9.18/bin/python3.9")
+    if not old.exists():
+        pytest.skip("no Python 3.9 here to check the refusal with")
+    fake_system["PYTHON"] = str(old)
+    done = _run([str(REPO / "scripts" / "bootstrap.sh")], fake_system)
+    assert done.returncode == 1
+    assert "is Python 3.9.18, not 3.10-3.13" in done.stderr
+    assert (Path(fake_system["VENV"]) / "bin" / "python").exists()  # refused before touching the venv
