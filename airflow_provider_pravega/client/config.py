@@ -199,8 +199,7 @@ class PravegaConnectionConfig:
         Building does not connect; the first call does (and the official client retries an
         unreachable controller for about a minute before it raises).
         """
-        import pravega_client
-
+        pravega_client = import_official_client("PravegaConnectionConfig.create_stream_manager()")
         with official_client_env(self):
             return pravega_client.StreamManager(**self.stream_manager_kwargs())
 
@@ -258,6 +257,17 @@ class PravegaConnectionConfig:
             validate_hostname=True if validate_hostname is None else validate_hostname,
             transaction_lease_ms=_read_lease(extras.get("transaction_lease_ms")),
         )
+
+
+def import_official_client(what: str) -> Any:
+    """The official ``pravega_client`` module, or OfficialClientMissingError saying how to get it."""
+    try:
+        import pravega_client
+    except ImportError:
+        from airflow_provider_pravega.client.errors import OfficialClientMissingError
+
+        raise OfficialClientMissingError(what) from None
+    return pravega_client
 
 
 @contextmanager

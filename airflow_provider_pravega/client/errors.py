@@ -281,6 +281,22 @@ class ConditionalAppendFailedError(SegmentStoreError):
     """A conditional append found the segment at another offset than expected (someone wrote first)."""
 
 
+class OfficialClientMissingError(PravegaError, ImportError):
+    """The official ``pravega`` client (module ``pravega_client``) is not installed."""
+
+    def __init__(self, what: str) -> None:
+        import platform
+
+        self.what = what
+        here = f"{platform.python_implementation()} {platform.python_version()}"
+        super().__init__(
+            f"{what} needs the official Pravega client (PyPI 'pravega' 0.3.8, module pravega_client), which is "
+            f"not installed: pip install \"airflow-provider-pravega[official-client]\" (its wheels exist for "
+            f"CPython 3.10 and 3.11 only; this is {here}). Or use the provider's own client, "
+            f"PravegaHook.get_client() (airflow_provider_pravega.client.PravegaClient), which needs no official client."
+        )
+
+
 __all__ = [
     name
     for name, value in dict(globals()).items()

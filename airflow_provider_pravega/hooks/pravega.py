@@ -13,7 +13,11 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_provider_pravega.client.config import PravegaConfigError, PravegaConnectionConfig
+from airflow_provider_pravega.client.config import (
+    PravegaConfigError,
+    PravegaConnectionConfig,
+    import_official_client,
+)
 from airflow_provider_pravega.client.controller_probe import (
     ControllerProbeError,
     ControllerProbePermissionError,
@@ -83,7 +87,10 @@ class PravegaHook(BaseHook):
     credential_check_timeout: float = 8.0
 
     def get_conn(self) -> Any:
-        """An official ``pravega_client.StreamManager`` for this connection's controller.
+        """An official ``pravega_client.StreamManager`` for this connection's controller, when the
+        official client is installed (the ``official-client`` extra; CPython 3.10/3.11 only).
+        Without it, OfficialClientMissingError (an ImportError) says how to get it. The provider's
+        own client, :meth:`get_client`, is the main API and needs no official client.
 
         With credentials or TLS, the controller is asked first through this provider's fail-fast
         client, so a wrong password, a TLS mismatch or an untrusted certificate is raised in
@@ -94,14 +101,16 @@ class PravegaHook(BaseHook):
         into its configuration then and never reads them again, so no other connection of this
         process sees them.
         """
+        import_official_client("PravegaHook.get_conn() (an official pravega_client.StreamManager)")
         config = self.get_config()
         if config.auth_enabled or config.tls_enabled:
             check_credentials(config, self.credential_check_timeout)
         return config.create_stream_manager()
 
     def get_client(self) -> Any:
-        """This provider's :class:`~airflow_provider_pravega.client.PravegaClient` (admin,
-        cross-process transactions, stream cuts, batch reads); close it when done."""
+        """This provider's own :class:`~airflow_provider_pravega.client.PravegaClient`, the hook's
+        main API on every supported Python: admin, event writers (plain and transactional),
+        cross-process transactions, stream cuts, batch reads. Close it (or use ``with``) when done."""
         from airflow_provider_pravega.client import PravegaClient
 
         return PravegaClient(self.get_config())

@@ -16,8 +16,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import pravega_client
 import pytest
+from pravega_clients import require_official_client, stream_writer
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import (
@@ -46,6 +46,9 @@ from airflow_provider_pravega.protocol import naming, wire
 
 KEYS = [f"key-{i:02d}" for i in range(24)]
 
+# The scenario's reader-group cut comes from the official client's reader group (the oracle).
+pravega_client = require_official_client()
+
 
 def payload(phase: int, key: str, seq: int, size: int = 0) -> bytes:
     head = f"{phase}|{key}|{seq:06d}|".encode()
@@ -58,8 +61,7 @@ def parse(data: bytes) -> tuple[int, str, int]:
 
 
 def write_official(uri: str, scope: str, stream: str, events: list[tuple[str, bytes]]) -> None:
-    manager = pravega_client.StreamManager(uri)
-    writer = manager.create_writer(scope, stream, 1000)
+    writer = stream_writer(uri, scope, stream)
     for key, data in events:
         writer.write_event_bytes(data, routing_key=key)
     writer.flush()

@@ -12,8 +12,8 @@ import struct
 import time
 import zlib
 
-import pravega_client
 import pytest
+from pravega_clients import require_official_client, stream_writer
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.errors import InvalidStreamCutError
@@ -185,8 +185,7 @@ def test_coerce_accepts_what_a_dag_author_writes() -> None:
 
 
 def _write(uri: str, scope: str, stream: str, events: list[tuple[str, bytes]]) -> None:
-    manager = pravega_client.StreamManager(uri)
-    writer = manager.create_writer(scope, stream, 1000)
+    writer = stream_writer(uri, scope, stream)
     for key, payload in events:
         writer.write_event_bytes(payload, routing_key=key)
     writer.flush()
@@ -230,6 +229,7 @@ def test_reader_group_cuts(client: PravegaClient, pravega_controller_uri: str, u
     events = [(f"key-{i % 11}", f"e{i:05d}".encode()) for i in range(300)]
     _write(pravega_controller_uri, scope, stream, events)
 
+    pravega_client = require_official_client()  # the cut of an official reader group
     manager = pravega_client.StreamManager(pravega_controller_uri)
     group = manager.create_reader_group(unique_name("rg"), scope, stream)
     fresh = StreamCut.from_reader_group(group.get_streamcut(), scope, stream)

@@ -11,7 +11,9 @@ import multiprocessing as mp
 import time
 from collections import defaultdict
 
-import pravega_client
+from pravega_clients import require_official_client
+
+pravega_client = require_official_client()  # the oracle: the whole module needs it
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient

@@ -11,6 +11,8 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pravega_clients import stream_writer
+
 REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "dags"
 
@@ -82,8 +84,6 @@ def test_export_dag_tiles_the_stream_and_reruns_identically(tmp_path, monkeypatc
                                                             pravega_default_conn):
     """Three daily exports with writes in between: together exactly what was written; re-running a
     day rewrites the same rows."""
-    import pravega_client
-
     from airflow_provider_pravega.client import PravegaClient
 
     monkeypatch.setenv("PRAVEGA_EXAMPLES_DATA", str(tmp_path / "data"))
@@ -93,8 +93,7 @@ def test_export_dag_tiles_the_stream_and_reruns_identically(tmp_path, monkeypatc
         if client.admin.stream_exists("iot", "readings"):
             client.admin.delete_stream("iot", "readings", seal=True)
         client.admin.create_stream("iot", "readings", 2)
-    manager = pravega_client.StreamManager(pravega_default_conn)  # keep it: its runtime drives the writer
-    writer = manager.create_writer("iot", "readings", 100)
+    writer = stream_writer(pravega_default_conn, "iot", "readings", 100)
     written = []
     days = ["2026-11-01", "2026-11-02", "2026-11-03"]
     for d, day in enumerate(days):
@@ -120,8 +119,6 @@ def test_export_dag_tiles_the_stream_and_reruns_identically(tmp_path, monkeypatc
 
 def test_event_driven_dag_exports_the_new_range(tmp_path, monkeypatch, spark, run_dag, pravega_default_conn):
     """Run by hand (no asset event) it exports head → tail; with an event, the event's two cuts."""
-    import pravega_client
-
     from airflow_provider_pravega.client import PravegaClient
 
     monkeypatch.setenv("PRAVEGA_EXAMPLES_DATA", str(tmp_path / "data"))
@@ -140,8 +137,7 @@ def test_event_driven_dag_exports_the_new_range(tmp_path, monkeypatch, spark, ru
         if client.admin.stream_exists("iot", "readings"):
             client.admin.delete_stream("iot", "readings", seal=True)
         client.admin.create_stream("iot", "readings", 2)
-    manager = pravega_client.StreamManager(pravega_default_conn)
-    writer = manager.create_writer("iot", "readings", 100)
+    writer = stream_writer(pravega_default_conn, "iot", "readings", 100)
     for n in range(25):
         writer.write_event(json.dumps({"reading_id": f"r{n}", "sensor_id": f"s{n % 3}"}), f"s{n % 3}")
     writer.flush()

@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 import pytest
+from pravega_clients import OFFICIAL_CLIENT_REASON, official_client_installed
 
 from airflow_provider_pravega.embedded.backend import SegmentInfo
 from airflow_provider_pravega.embedded.controller import ControllerConfig, EmbeddedController
@@ -205,6 +206,8 @@ def ctl(make) -> Running:
 
 def official(port: int, body: str, timeout: float = 120) -> dict[str, Any]:
     """Run ``body`` with the official client (as ``m``, module ``P``) in a child process; return ``out``."""
+    if not official_client_installed():
+        pytest.skip(OFFICIAL_CLIENT_REASON)
     script = (
         "import json, time, pravega_client as P\n"
         f"m = P.StreamManager('tcp://127.0.0.1:{port}')\n"

@@ -15,7 +15,9 @@ import time
 from collections import Counter, defaultdict
 from contextlib import contextmanager
 
-import pravega_client
+from pravega_clients import require_official_client
+
+pravega_client = require_official_client()  # the oracle: the whole module needs it
 import pytest
 
 from airflow_provider_pravega.protocol import wire

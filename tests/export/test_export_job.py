@@ -12,9 +12,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pravega_client
 import pyarrow.parquet as pq
 import pytest
+from pravega_clients import stream_writer
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import StreamCutOrderError
@@ -43,8 +43,7 @@ DAY3 = "2026-11-22T00:00:00+00:00/2026-11-23T00:00:00+00:00"
 
 def write(uri: str, scope: str, stream: str, phase: str, count: int) -> list[str]:
     """``count`` events ``phase|key|seq`` written with the official writer; returns them."""
-    manager = pravega_client.StreamManager(uri)
-    writer = manager.create_writer(scope, stream, 1000)
+    writer = stream_writer(uri, scope, stream)
     events = []
     for i in range(count):
         key = KEYS[i % len(KEYS)]
@@ -129,8 +128,7 @@ def test_head_to_tail_across_two_scalings_holds_every_event_once(tmp_path, clien
 def test_formats_and_event_formats(tmp_path, client, spark, pravega_controller_uri, unique_name):
     scope = unique_name("fmt")
     make_stream(client, scope, segments=2)
-    manager = pravega_client.StreamManager(pravega_controller_uri)
-    writer = manager.create_writer(scope, "s")
+    writer = stream_writer(pravega_controller_uri, scope, "s")
     records = [{"sensor": f"s{i % 3}", "n": i, "value": i * 0.5, "tags": {"site": "north"}} for i in range(50)]
     for r in records:
         writer.write_event(json.dumps(r), routing_key=r["sensor"])
@@ -379,8 +377,7 @@ def test_bad_inputs_fail_fast_and_leave_nothing(tmp_path, client, spark, pravega
         run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / "mine"), start_cut="head", export_id="e2"))
 
     # An event that is not UTF-8 fails in the Spark task; the error names it, nothing is published.
-    manager = pravega_client.StreamManager(pravega_controller_uri)
-    writer = manager.create_writer(scope, "other")
+    writer = stream_writer(pravega_controller_uri, scope, "other")
     writer.write_event_bytes(b"ok")
     writer.write_event_bytes(b"\xff\xfe not text")
     writer.flush()
@@ -453,8 +450,7 @@ def test_arrow_reader_matches_the_event_reader_at_any_chunk_size(client, pravega
 
     scope = unique_name("arrow")
     make_stream(client, scope, segments=1)
-    manager = pravega_client.StreamManager(pravega_controller_uri)
-    writer = manager.create_writer(scope, "s")
+    writer = stream_writer(pravega_controller_uri, scope, "s")
     sizes = [0, 1, 7, 8, 9, 100, 3000, 5, 70_000, 2, 300]
     for i, size in enumerate(sizes * 3):
         writer.write_event_bytes(bytes([65 + i % 26]) * size)

@@ -9,9 +9,9 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pravega_client
 import pyarrow.parquet as pq
 import pytest
+from pravega_clients import stream_writer
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.streamcut import StreamCut
@@ -20,8 +20,7 @@ DAYS = ["2026-11-20", "2026-11-21", "2026-11-22"]
 
 
 def write(uri: str, scope: str, stream: str, prefix: str, count: int) -> list[str]:
-    manager = pravega_client.StreamManager(uri)  # keep it: the writer dies with its manager's runtime
-    writer = manager.create_writer(scope, stream, 1000)
+    writer = stream_writer(uri, scope, stream)
     events = [f"{prefix}-{i:05d}" for i in range(count)]
     for i, event in enumerate(events):
         writer.write_event(event, routing_key=f"k{i % 9}")

@@ -30,6 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 GARBAGE_S = 8.0
 RSS_GROWTH_LIMIT = 256 * 1024 * 1024
 
+# tests/fuzz/good_client.py is the official client: it must keep working beside the garbage.
+pytestmark = pytest.mark.official_client
+
 
 def _load_fuzz_commands():
     spec = importlib.util.spec_from_file_location("fuzz_commands", REPO / "fuzz" / "commands.py")

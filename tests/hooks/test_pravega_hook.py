@@ -592,7 +592,7 @@ def test_test_connection_to_real_pravega_counts_its_scopes(monkeypatch: pytest.M
     available, reason = backend.standalone_available()
     if not available:
         pytest.skip(reason)
-    import pravega_client
+    from airflow_provider_pravega.client import PravegaClient
 
     with backend.PravegaStandalone(work_dir=tmp_path / "standalone") as controller_uri:
         host_port = controller_uri.split("://", 1)[1]
@@ -603,7 +603,8 @@ def test_test_connection_to_real_pravega_counts_its_scopes(monkeypatch: pytest.M
         assert ok is True, message
         before = int(message.rsplit("; ", 1)[1].split()[0])
 
-        assert pravega_client.StreamManager(controller_uri).create_scope("hookcheck")
+        with PravegaClient(controller_uri) as own:
+            assert own.admin.create_scope("hookcheck")
         started = time.monotonic()
         ok, message = PravegaHook(pravega_conn_id="pravega_real").test_connection()
         elapsed = time.monotonic() - started
@@ -624,9 +625,10 @@ def test_test_connection_to_the_embedded_server(monkeypatch: pytest.MonkeyPatch,
 
     import uuid
 
-    import pravega_client
+    from airflow_provider_pravega.client import PravegaClient
 
-    assert pravega_client.StreamManager(pravega_controller_uri).create_scope(f"hookcheck{uuid.uuid4().hex[:8]}")
+    with PravegaClient(pravega_controller_uri) as own:
+        assert own.admin.create_scope(f"hookcheck{uuid.uuid4().hex[:8]}")
     started = time.monotonic()
     ok, message = PravegaHook(pravega_conn_id="pravega_embedded").test_connection()
     elapsed = time.monotonic() - started
@@ -710,6 +712,7 @@ def test_test_connection_tls_against_plaintext_fails_fast(
     assert elapsed < 10
 
 
+@pytest.mark.official_client
 def test_get_conn_with_a_wrong_password_fails_in_seconds(
     monkeypatch: pytest.MonkeyPatch, pravega_secure_embedded: Any
 ) -> None:
@@ -735,6 +738,7 @@ def _c_getenv(name: str) -> str | None:
     return value.decode() if value is not None else None
 
 
+@pytest.mark.official_client
 def test_official_client_credentials_never_reach_another_connection(
     monkeypatch: pytest.MonkeyPatch, pravega_secure_embedded: Any, pravega_controller_uri: str
 ) -> None:
@@ -834,6 +838,7 @@ def test_test_connection_with_hostname_checks_off_asks_the_controller(
         process.stop()
 
 
+@pytest.mark.official_client
 def test_official_client_renews_tokens_without_the_environment(
     monkeypatch: pytest.MonkeyPatch, pravega_secure_embedded_factory: Any
 ) -> None:
@@ -859,3 +864,24 @@ def test_official_client_renews_tokens_without_the_environment(
         segment = "ttl/events/0.#epoch.0"
         assert client.segments.get_segment_info(segment).length == sum(8 + len(f"r{r}-{i}") for r in range(3)
                                                                       for i in range(10))
+
+
+def test_get_conn_without_the_official_client_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the official client is not installed (CPython 3.12+), get_conn() names the extra and
+    the hook's own client; get_client() works. (A None entry in sys.modules makes the import fail
+    exactly as a missing package does, on any interpreter.)"""
+    import sys
+
+    from airflow_provider_pravega.client.errors import OfficialClientMissingError
+
+    monkeypatch.setitem(sys.modules, "pravega_client", None)
+    set_connection(monkeypatch, "pravega_plain", host="127.0.0.1", port=9090)
+    hook = PravegaHook(pravega_conn_id="pravega_plain")
+    with pytest.raises(OfficialClientMissingError) as err:
+        hook.get_conn()
+    message = str(err.value)
+    assert isinstance(err.value, ImportError) and "\n" not in message
+    assert 'pip install "airflow-provider-pravega[official-client]"' in message
+    assert "CPython 3.10 and 3.11 only" in message and "PravegaHook.get_client()" in message
+    with hook.get_client() as own:
+        assert own.controller_uri == "tcp://127.0.0.1:9090"

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pendulum
-import pravega_client
 import pytest
+from pravega_clients import stream_writer
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.controller import RetentionPolicy, ScalingPolicy
@@ -49,8 +49,7 @@ def pravega_conn(monkeypatch: pytest.MonkeyPatch, pravega_embedded: Any) -> Call
 
 def write_events(controller_uri: str, scope: str, stream: str, count: int, prefix: str) -> int:
     """Write ``count`` events with the official client; returns the bytes they take in segments."""
-    manager = pravega_client.StreamManager(controller_uri)
-    writer = manager.create_writer(scope, stream)
+    writer = stream_writer(controller_uri, scope, stream)
     size = 0
     for i in range(count):
         payload = f"{prefix}-{i:04d}"

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pendulum
-import pravega_client
 import pytest
+from pravega_clients import stream_writer
 
 from airflow_provider_pravega._streams import cut_text
 from airflow_provider_pravega.client import PravegaClient
@@ -22,16 +22,16 @@ START = pendulum.datetime(2024, 1, 1, tz="UTC")
 def write_events(controller_uri: str, scope: str, stream: str, count: int, *, atomic: bool = False) -> int:
     """Write ``count`` events; ``atomic`` writes them in one transaction under one routing key, so a
     sensor polling meanwhile sees all of them or none (one segment, one merge at commit)."""
-    manager = pravega_client.StreamManager(controller_uri)  # must outlive the writer
     payloads = [f"sensor-event-{i}" for i in range(count)]
     if atomic:
-        txn_writer = manager.create_transaction_writer(scope, stream, 1)  # must outlive the transaction
-        txn = txn_writer.begin_txn()
-        for payload in payloads:
-            txn.write_event(payload, routing_key="one-key")
-        txn.commit()
+        with PravegaClient(controller_uri) as own:
+            txn = own.transactions.begin(scope, stream)
+            with own.transactions.writer(scope, stream, txn) as txn_writer:
+                for payload in payloads:
+                    txn_writer.write_event(payload.encode(), routing_key="one-key")
+            own.transactions.commit(scope, stream, txn.txn_id)
     else:
-        writer = manager.create_writer(scope, stream)
+        writer = stream_writer(controller_uri, scope, stream)
         for i, payload in enumerate(payloads):
             writer.write_event(payload, routing_key=f"k{i}")
         writer.flush()

