@@ -61,6 +61,7 @@ def _txn(scope: str, stream: str, txn_id: pb.TxnId) -> pb.TxnRequest:
     return pb.TxnRequest(streamInfo=_info(scope, stream), txnId=txn_id)
 
 
+@pytest.mark.official_client
 def test_stream_configuration_always_has_tags_and_no_unknown_retention(stub, scope, pravega_controller_uri):
     """The official client's get_stream_tags is [] for a stream without tags (None before), and
     StreamRetentionPolicy.none() is no retention policy at all."""

@@ -19,6 +19,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from pravega_clients import require_official_client
 
 from .official_suite import OfficialSuiteError, client_version, fetch
 
@@ -71,7 +72,7 @@ def _test_id(official: str) -> str:
 def official_results(pravega_controller_uri: str, pravega_backend: str,
                      tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Run both official test modules once against this backend: {official test: (outcome, details)}."""
-    pytest.importorskip("pravega_client")
+    require_official_client()
     pytest.importorskip("aiounittest", reason="the official reader tests need aiounittest (the 'test' extra)")
     try:
         suite = fetch()

@@ -22,6 +22,7 @@ import uuid
 from collections import defaultdict
 
 import pytest
+from pravega_clients import require_official_client
 
 from .standalone import PravegaStandalone, script, standalone_available
 
@@ -32,7 +33,7 @@ RSS_LIMIT_KIB = 1_400_000
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
-    pytest.importorskip("pravega_client")
+    require_official_client()
     ok, reason = standalone_available()
     if not ok:
         pytest.skip(reason)

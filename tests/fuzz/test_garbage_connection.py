@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from airflow_provider_pravega.protocol import wire
 
 REPO = Path(__file__).resolve().parents[2]
