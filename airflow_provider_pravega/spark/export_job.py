@@ -66,7 +66,6 @@ from airflow_provider_pravega.client.batch import (
     SegmentRange,
     plan_segment_ranges,
     read_segment_range,
-    read_segment_range_arrow,
 )
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import (
@@ -84,6 +83,7 @@ from airflow_provider_pravega.spark.connection_args import (
     run_job_command,
     spark_settings,
 )
+from airflow_provider_pravega.spark.datasource import read_ranges_arrow
 
 log = logging.getLogger(__name__)
 
@@ -678,46 +678,34 @@ def _read_schema(event_type: str) -> str:
 def make_reader(config: Any, ranges: Sequence[SegmentRange], groups: list[list[int]], text: bool,
                 counters: tuple[Any, Any]) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The function ``mapInArrow`` runs: partition ``i`` reads the ranges of ``groups[i]`` in
-    order and yields one Arrow batch per segment-store reply (event, segment id, offset)."""
+    order and yields one Arrow batch per segment-store reply (event, segment id, offset). The
+    reading itself is the ``pravega`` data source's (:func:`read_ranges_arrow`)."""
     events_acc, bytes_acc = counters
     plan = [[ranges[i] for i in group] for group in groups]
 
     def read_partition(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        int64, string = pa.int64(), pa.string()
+        int64 = pa.int64()
         names = ["event", "segment_id", "offset"]
         for batch in batches:
             for index in batch.column(0).to_pylist():
-                for rng in plan[index]:
-                    count = size = 0
-                    segment_id = pa.scalar(rng.segment_id, int64)
-                    for _, events, offsets, payload_bytes in read_segment_range_arrow(config, rng):
-                        if text:
-                            try:
-                                events = events.cast(string)
-                            except pa.ArrowInvalid:
-                                _raise_not_utf8(rng, events, offsets)
-                        n = len(events)
-                        count += n
-                        size += payload_bytes
-                        yield pa.RecordBatch.from_arrays([events, pa.repeat(segment_id, n), pa.array(offsets)], names)
-                    events_acc.add(count)
-                    bytes_acc.add(size)
+                count = size = 0
+                current = None
+                segment_id = None
+                for rng, events, offsets, payload_bytes in read_ranges_arrow(
+                        config, plan[index], text=text, decode_error=EventDecodeError,
+                        advice="export it with event_format='binary'"):
+                    if rng is not current:
+                        current, segment_id = rng, pa.scalar(rng.segment_id, int64)
+                    n = len(events)
+                    count += n
+                    size += payload_bytes
+                    yield pa.RecordBatch.from_arrays([events, pa.repeat(segment_id, n), pa.array(offsets)], names)
+                events_acc.add(count)
+                bytes_acc.add(size)
 
     return read_partition
-
-
-def _raise_not_utf8(rng: SegmentRange, events: Any, offsets: Any) -> None:
-    for payload, offset in zip(events.to_pylist(), offsets.tolist(), strict=True):
-        try:
-            payload.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise EventDecodeError(
-                f"the event at offset {offset} of segment {rng.segment_name} is not UTF-8 text ({exc.reason} at "
-                f"byte {exc.start}); export it with event_format='binary'"
-            ) from None
-    raise EventDecodeError(f"an event of segment {rng.segment_name} is not UTF-8 text")
 
 
 def json_sample(config: Any, ranges: Sequence[SegmentRange], limit: int) -> list[str]:
