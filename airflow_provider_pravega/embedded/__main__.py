@@ -34,6 +34,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pravega-embedded",
@@ -52,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long the controller remembers a committed/aborted transaction (default one day)")
     p.add_argument("--finished-txn-limit", type=int, default=None,
                    help="how many committed/aborted transactions per stream it remembers (default 10000)")
+    p.add_argument("--retention-interval-s", type=_positive_seconds, default=1800.0,
+                   help="how often the retention policies of streams are applied, and how far apart the stream "
+                        "cuts recorded for them are (default 1800 s, Pravega's retention.frequency.minutes)")
     p.add_argument("--tail-wait", type=float, default=5.0, help="seconds a read at the tail waits for data")
     p.add_argument("--no-fsync", action="store_true", help="acknowledge before data reaches the disk (unsafe)")
     p.add_argument("--auth-file", type=Path, default=None,
@@ -102,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         advertise_host=args.advertise_host, lease_cap_ms=args.txn_lease_cap_ms, tail_wait_s=args.tail_wait,
         fsync=not args.no_fsync, auth_file=args.auth_file, token_ttl_s=args.token_ttl_s,
         token_signing_key_file=args.token_signing_key_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        pravega_token_rules=args.pravega_token_rules,
+        pravega_token_rules=args.pravega_token_rules, retention_interval_s=args.retention_interval_s,
         **({"finished_txn_retention_ms": args.finished_txn_retention_ms}
            if args.finished_txn_retention_ms is not None else {}),
         **({"finished_txn_limit": args.finished_txn_limit} if args.finished_txn_limit is not None else {}),

@@ -62,12 +62,16 @@ from airflow_provider_pravega.embedded.controller_state import (
     DELETING,
     OPEN,
     SEALED,
+    RETENTION_SIZE,
+    RETENTION_TIME,
     ControllerState,
+    RetentionCut,
     RollPlan,
     StreamConfigRecord,
     StreamRecord,
     TxnRecord,
     number_of,
+    retention_truncation_cut,
     segment_id_of,
 )
 from airflow_provider_pravega.protocol import controller_pb2 as pb
@@ -128,6 +132,9 @@ class ControllerConfig:
     # then needs READ_UPDATE for any token, so read-only users are refused) instead of granting the
     # caller's own permission.
     pravega_token_rules: bool = False
+    # The retention service (Pravega's retention.frequency.minutes, default 30): how often it runs
+    # over the streams with a retention policy, and how far apart the stream cuts it records are.
+    retention_interval_s: float = 1800.0
 
     def __post_init__(self) -> None:
         if self.max_lease_ms <= 0:
@@ -146,6 +153,8 @@ class ControllerConfig:
             raise ValueError(f"finished_txn_limit must be at least 1, got {self.finished_txn_limit}")
         if self.finished_txn_retention_ms < 0:
             raise ValueError(f"finished_txn_retention_ms must not be negative, got {self.finished_txn_retention_ms}")
+        if not self.retention_interval_s > 0:
+            raise ValueError(f"retention_interval_s must be positive, got {self.retention_interval_s}")
 
 
 class _Fail(Exception):
@@ -367,6 +376,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         self._log_failure: BaseException | None = None  # fail-stop after a metadata write error
         self._stop_event = threading.Event()
         self._reaper: threading.Thread | None = None
+        self._retention: threading.Thread | None = None
         self._controller_endpoint: tuple[str, int] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -458,14 +468,18 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             return
         self._reaper = threading.Thread(target=self._reap_loop, name="pravega-controller-leases", daemon=True)
         self._reaper.start()
+        self._retention = threading.Thread(target=self._retention_loop, name="pravega-controller-retention",
+                                           daemon=True)
+        self._retention.start()
 
     def stop(self) -> None:
         """Stop the reaper, refuse further RPCs, and close the metadata log."""
         self._stopped = True
         self._stop_event.set()
-        if self._reaper is not None:
-            self._reaper.join(timeout=10)
-            self._reaper = None
+        for thread in (self._reaper, self._retention):
+            if thread is not None:
+                thread.join(timeout=10)
+        self._reaper = self._retention = None
         with self._lock:
             self._log.close()
 
@@ -919,15 +933,23 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         difference: a cut past the end of a segment's data is refused (FAILURE) too — Pravega
         accepts it, records a head beyond the data and leaves the segment untruncated."""
         scope, name = self._names(request.streamInfo)
-        cut = dict(request.cut)
-        failure = pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.FAILURE)
+        return pb.UpdateStreamStatus(status=self._truncate(scope, name, dict(request.cut)))
+
+    def _truncate(self, scope: str, name: str, cut: dict[int, int],
+                  retention: tuple[int, int, int] | None = None) -> int:
+        """Truncate at ``cut``: the one home of truncation (truncateStream and the retention service);
+        returns the UpdateStreamStatus value. With ``retention`` (the retention service), only while
+        the stream still has that retention policy: none is applied after updateStream removed it."""
+        failure = pb.UpdateStreamStatus.FAILURE
         with self._gate(scope, name).exclusive():
             with self._lock:
                 stream = self._state.stream(scope, name)
                 if stream is None:
-                    return self._update_status_for_missing(scope)
+                    return pb.UpdateStreamStatus.STREAM_NOT_FOUND  # as Pravega 0.13, a missing scope too
                 if stream.state == SEALED:
-                    return pb.UpdateStreamStatus(status=4)  # Pravega's STREAM_SEALED (not in our .proto)
+                    return 4  # Pravega's STREAM_SEALED (not in our .proto)
+                if retention is not None and stream.config.retention != retention:
+                    return failure
                 problem = stream.cut_problem(cut)
                 if problem is not None:
                     log.info("truncation of %s/%s refused: %s", scope, name, problem)
@@ -966,7 +988,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
                 self._backend.truncate_segment(qualified_segment_name(scope, name, sid), offset)
             for sid in deleted:
                 self._backend.delete_segment(qualified_segment_name(scope, name, sid))
-        return pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.SUCCESS)
+        return pb.UpdateStreamStatus.SUCCESS
 
     def _list_streams(self, scope: str, token: str, tag: str | None) -> pb.StreamsInScopeResponse:
         def names() -> list[str] | None:
@@ -1585,6 +1607,109 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             if self._expire(scope, name, txn_id):
                 aborted += 1
         return aborted
+
+    # ------------------------------------------------------------------ retention service
+
+    def _retention_loop(self) -> None:
+        while not self._stop_event.wait(self._config.retention_interval_s):
+            if self._log_failure is not None:
+                continue
+            try:
+                self.apply_retention()
+            except Exception:  # as Pravega's PeriodicRetention: log, try again next round
+                log.exception("retention round failed")
+
+    def apply_retention(self) -> int:
+        """One round of Pravega's periodic retention over every active stream with a time or size
+        retention policy: record a stream cut when the newest recorded one is at least one
+        interval old, then truncate at the newest recorded cut the policy lets go of
+        (:func:`retention_truncation_cut`) and forget the cuts older than it. Returns how many
+        streams were truncated."""
+        with self._lock:
+            due = [(s.scope, s.name) for s in self._state.iter_streams()
+                   if s.state == ACTIVE and s.config.retention is not None
+                   and s.config.retention[0] in (RETENTION_TIME, RETENTION_SIZE)]
+        truncated = 0
+        for scope, name in due:
+            if self._stopped:
+                break
+            try:
+                truncated += self._retain(scope, name)
+            except Exception:
+                log.exception("retention of %s/%s failed; it is tried again next round", scope, name)
+        return truncated
+
+    def _retain(self, scope: str, name: str) -> bool:
+        interval_ms = int(self._config.retention_interval_s * 1000)
+        with self._lock:
+            stream = self._state.stream(scope, name)
+            if stream is None or stream.state != ACTIVE or stream.config.retention is None:
+                return False
+            latest = stream.retention_cuts[-1] if stream.retention_cuts else None
+        if latest is None or _now_ms() - latest.ts >= interval_ms:
+            self._record_retention_cut(scope, name, latest)
+        with self._lock:
+            stream = self._state.stream(scope, name)
+            if stream is None or stream.config.retention is None:
+                return False
+            policy = stream.config.retention
+            kind, param, _max = policy
+            chosen = retention_truncation_cut(kind, param, stream.retention_cuts, _now_ms())
+            if chosen is None:
+                return False
+            cut = dict(chosen.cut)
+            head = stream.head_positions()
+            # Already truncated there (or past it: a manual truncation): nothing to do.
+            done = cut == head or stream.cut_problem(cut) is not None or any(
+                offset < head.get(sid, 0) or any(stream.is_before(sid, h) for h in head) for sid, offset in cut.items())
+        status = pb.UpdateStreamStatus.SUCCESS if done else self._truncate(scope, name, cut, policy)
+        if status != pb.UpdateStreamStatus.SUCCESS:
+            return False  # as Pravega: a cut behind the current truncation point is ignored
+        with self._lock:
+            stream = self._state.stream(scope, name)
+            seq = None
+            if stream is not None and stream.retention_cuts and stream.retention_cuts[0].ts < chosen.ts:
+                seq = self._persist({"op": "retention_cuts_dropped", "scope": scope, "stream": name,
+                                     "before_ts": chosen.ts, "ts": _now_ms()})
+        if seq is not None:
+            self._durable(seq)
+        if not done:
+            log.info("retention truncated %s/%s at the stream cut recorded at %d", scope, name, chosen.ts)
+        return not done
+
+    def _record_retention_cut(self, scope: str, name: str, previous: RetentionCut | None) -> None:
+        """Record the stream's tail as a retention cut (Pravega's generateStreamCut): the active
+        segments at their current lengths, the time, and the stream's size up to the cut (the
+        previous cut's size plus what arrived between the two)."""
+        with self._gate(scope, name).shared():  # no scale or truncation while the cut is taken
+            with self._lock:
+                stream = self._state.stream(scope, name)
+                if stream is None or stream.state != ACTIVE:
+                    return
+                active = list(stream.active_epoch.segment_ids)
+                live = [s.segment_id for s in stream.segments.values() if not s.deleted]
+            lengths = {}
+            for sid in live:
+                info = self._backend.segment_info(qualified_segment_name(scope, name, sid))
+                lengths[sid] = info.length if info is not None else 0
+            cut = {sid: lengths[sid] for sid in active}
+            ts = _now_ms()
+            with self._lock:
+                stream = self._state.streams[(scope, name)]
+                base = previous.cut if previous is not None and stream.cut_problem(dict(previous.cut)) is None \
+                    else tuple(stream.head_positions().items())
+                grown = self._bytes_to(stream, cut, lengths) - self._bytes_to(stream, dict(base), lengths)
+                size = (previous.size if previous is not None else 0) + max(0, grown)
+                seq = self._persist({"op": "retention_cut_recorded", "scope": scope, "stream": name, "ts": ts,
+                                     "size": size, "cut": [[k, v] for k, v in sorted(cut.items())]})
+        self._durable(seq)
+
+    @staticmethod
+    def _bytes_to(stream: StreamRecord, cut: Mapping[int, int], lengths: Mapping[int, int]) -> int:
+        """Bytes of the stream's existing segments that lie before ``cut``."""
+        before = set(stream.segments_before_cut(cut))
+        return sum(cut[sid] if sid in cut else lengths.get(sid, 0) if sid in before else 0
+                   for sid in lengths)
 
     # ------------------------------------------------------------------ introspection (tests, tools)
 

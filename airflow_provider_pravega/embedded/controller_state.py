@@ -15,6 +15,8 @@ Vocabulary (as in Pravega):
 * a segment is **sealed at epoch e** when epoch e is the first epoch after its creation that does
   not list it; its successors are the segments of epoch e that overlap its key range.
 * the **head** is the truncation stream cut (segment id -> offset); empty means untruncated.
+* a stream with a retention policy keeps **retention cuts** (Pravega's retention set): stream cuts
+  recorded periodically, each with its recording time and the stream's size up to it, oldest first.
 """
 
 from __future__ import annotations
@@ -205,6 +207,47 @@ class TxnRecord:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class RetentionCut:
+    """A stream cut the retention service recorded: when, the stream's size up to it, the cut."""
+
+    ts: int  # wall-clock ms
+    size: int  # bytes the stream received before this cut (counted from the first recorded cut's base)
+    cut: tuple[tuple[int, int], ...]  # (segment id, offset), sorted
+
+    def to_json(self) -> list[Any]:
+        return [self.ts, self.size, [list(p) for p in self.cut]]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> RetentionCut:
+        return cls(int(data[0]), int(data[1]), tuple((int(a), int(b)) for a, b in data[2]))
+
+
+RETENTION_TIME = 1  # gRPC RetentionPolicy.TIME: retentionParam in milliseconds
+RETENTION_SIZE = 2  # RetentionPolicy.SIZE: retentionParam in bytes
+
+
+def retention_truncation_cut(
+    retention_type: int, retention_param: int, cuts: list[RetentionCut], now_ms: int
+) -> RetentionCut | None:
+    """Where Pravega 0.13's retention service truncates a stream without subscribers
+    (StreamMetadataTasks.getTruncationStreamCutBy{Time,Size}Limit with no lower bound): at the
+    *most recent* recorded cut that keeps at least ``retention_param`` milliseconds (time: its
+    recording time is that old) or bytes (size: the stream received that much after it, measured
+    to the newest recorded cut). None when no recorded cut qualifies. (retentionMax bounds only
+    consumption-based retention, which needs subscribers.)"""
+    if not cuts:
+        return None
+    current_size = cuts[-1].size
+    best: RetentionCut | None = None
+    best_delta = None
+    for c in cuts:
+        delta = now_ms - c.ts if retention_type == RETENTION_TIME else current_size - c.size
+        if delta >= retention_param and (best_delta is None or delta < best_delta):
+            best, best_delta = c, delta
+    return best
+
+
 @dataclass(slots=True)
 class StreamRecord:
     scope: str
@@ -219,6 +262,7 @@ class StreamRecord:
     txns: dict[int, TxnRecord] = field(default_factory=dict)
     txn_counter: int = 0  # the low 64 bits of the last transaction id handed out
     finished: dict[int, None] = field(default_factory=dict)  # finished txn ids, oldest first
+    retention_cuts: list[RetentionCut] = field(default_factory=list)  # oldest first
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -333,6 +377,7 @@ class StreamRecord:
             "txns": [t.to_json() for t in self.txns.values()],
             "txn_counter": self.txn_counter,
             "finished": [format(t, "032x") for t in self.finished],
+            "retention_cuts": [c.to_json() for c in self.retention_cuts],
         }
 
     @classmethod
@@ -355,6 +400,7 @@ class StreamRecord:
             txn = TxnRecord.from_json(t)
             stream.txns[txn.txn_id] = txn
         stream.finished = {int(t, 16): None for t in data["finished"]}
+        stream.retention_cuts = [RetentionCut.from_json(c) for c in data.get("retention_cuts", ())]
         return stream
 
 
@@ -463,6 +509,19 @@ class ControllerState:
         stream.head = {int(k): int(v) for k, v in r["head"]}
         for sid in r["deleted"]:
             stream.segments[int(sid)].deleted = True
+
+    def _apply_retention_cut_recorded(self, r: Mapping[str, Any]) -> None:
+        stream = self._stream_for(r)
+        cut = RetentionCut(int(r["ts"]), int(r["size"]), tuple((int(a), int(b)) for a, b in r["cut"]))
+        # As Pravega's RetentionSet.addReferenceToStreamCutIfLatest: only a newer cut is added.
+        if not stream.retention_cuts or stream.retention_cuts[-1].ts < cut.ts:
+            stream.retention_cuts.append(cut)
+
+    def _apply_retention_cuts_dropped(self, r: Mapping[str, Any]) -> None:
+        """Forget the recorded cuts older than ``before_ts`` (they lie behind the truncation point)."""
+        stream = self._stream_for(r)
+        before = int(r["before_ts"])
+        stream.retention_cuts = [c for c in stream.retention_cuts if c.ts >= before]
 
     def _apply_stream_scaled(self, r: Mapping[str, Any]) -> None:
         """A manual scale whose new segments already exist: append the new epoch."""

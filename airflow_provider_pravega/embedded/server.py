@@ -60,6 +60,7 @@ class ServerSettings:
     pravega_token_rules: bool = False  # delegation tokens exactly as Pravega 0.13 grants them
     finished_txn_retention_ms: int = 24 * 3600 * 1000  # how long COMMITTED/ABORTED transactions are remembered
     finished_txn_limit: int = 10_000  # ... and how many per stream
+    retention_interval_s: float = 1800.0  # how often retention policies are applied (Pravega: 30 min)
 
     @property
     def auth_enabled(self) -> bool:
@@ -148,7 +149,8 @@ class EmbeddedPravega:
             config = ControllerConfig(max_lease_ms=s.max_lease_ms, lease_cap_ms=s.lease_cap_ms,
                                       pravega_token_rules=s.pravega_token_rules,
                                       finished_txn_retention_ms=s.finished_txn_retention_ms,
-                                      finished_txn_limit=s.finished_txn_limit)
+                                      finished_txn_limit=s.finished_txn_limit,
+                                      retention_interval_s=s.retention_interval_s)
             self.controller = EmbeddedController(
                 self.storage, self._client_host(), self.segment_store.port, data_dir, config,
                 authenticator=authenticator, tokens=tokens,
