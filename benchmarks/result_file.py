@@ -177,6 +177,8 @@ def rss_mb(pid: int | str = "self") -> tuple[float, float]:
     except (FileNotFoundError, ProcessLookupError):
         return 0.0, 0.0
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    if "VmRSS" not in fields:  # exited, not yet reaped: no memory left
+        return 0.0, 0.0
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 

@@ -2,7 +2,7 @@
 
 Run: ``make bench`` (full) or ``make bench-quick``, i.e.
 ``.venv/bin/python benchmarks/run.py [quick|full] [--only server,ingest] [--repeat N] [--events N]``
-(default: server, ingest, export, txn_writer, event_writer, ingest_state; ``--only batch_read`` adds the batch readers).
+(default: server, ingest, export, txn_writer, event_writer, ingest_state, lake; ``--only batch_read`` adds the batch readers).
 
 Each benchmark (``benchmarks/bench_<name>.py``) runs as its own subprocess with sizes from the
 profile and ``--json``; its output is streamed, prefixed with its name. Then one table: figure,
@@ -49,6 +49,8 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
     "event_writer": {"script": HERE / "bench_event_writer.py", "events": "--events", "repeat": "--rounds"},
     # Start of an ingest run vs remembered files ("events" is the large state's file count).
     "ingest_state": {"script": HERE / "bench_ingest_state.py", "events": "--files", "repeat": "--repeat"},
+    # Driver cost vs input bytes, and s3a vs local disk ("events" is the s3a/local comparison's size).
+    "lake": {"script": HERE / "bench_lake.py", "events": "--events", "repeat": "--repeat"},
     # Not one of the figures (our batch readers vs the official reader): only with --only.
     "batch_read": {"script": HERE / "bench_batch_read.py", "events": "--events", "repeat": "--rounds", "default": False},
 }
@@ -64,6 +66,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "txn_writer": {"events": 100_000, "repeat": 3, "extra": []},
         "event_writer": {"events": 100_000, "repeat": 3, "extra": []},
         "ingest_state": {"events": 100_000, "repeat": 3, "extra": []},
+        "lake": {"events": 100_000, "repeat": 1, "extra": ["--small-mb", "20", "--large-mb", "200"]},
     },
     "full": {
         "server": {"events": 1_000_000, "repeat": 3, "extra": ["--hold-gb", "5"]},
@@ -72,6 +75,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "txn_writer": {"events": 500_000, "repeat": 3, "extra": []},
         "event_writer": {"events": 500_000, "repeat": 3, "extra": []},
         "ingest_state": {"events": 1_000_000, "repeat": 3, "extra": []},
+        "lake": {"events": 300_000, "repeat": 2, "extra": ["--small-mb", "100", "--large-mb", "2000"]},
     },
 }
 

@@ -113,3 +113,21 @@ def test_a_crashing_benchmark_makes_the_harness_fail_but_the_others_are_reported
     data = json.loads((tmp_path / "out" / "quick.json").read_text())
     assert data["benchmarks"]["crash"]["error"] == "exit code 3"
     assert [s["verdict"] for s in data["summary"]] == ["PASS"] and data["summary"][0]["ratio"] == 1.0
+
+
+def test_memory_of_an_exited_unreaped_process_is_zero_and_its_cpu_time_is_kept():
+    """The lake benchmark reads the ingest driver's CPU time after it exits, before it is reaped
+    (/proc keeps the times of a zombie but no memory fields)."""
+    import os
+    import subprocess
+
+    import bench_lake
+
+    proc = subprocess.Popen([sys.executable, "-c", "sum(range(3_000_000))"])
+    try:
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        assert rf.rss_mb(proc.pid) == (0.0, 0.0)
+        assert bench_lake.proc_cpu_seconds(proc.pid) > 0
+    finally:
+        proc.wait()
+    assert rf.rss_mb(proc.pid) == (0.0, 0.0)  # reaped: gone
