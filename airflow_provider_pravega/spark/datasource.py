@@ -68,7 +68,7 @@ OPTIONS = {
     "start_stream_cut": "read: head/earliest (default), tail/latest, or a stream-cut text",
     "end_stream_cut": "read: tail/latest (default), head/earliest, or a stream-cut text",
     "decode": "read: binary (default) or text (UTF-8, event becomes a string)",
-    "mode": "write: exactly_once (default) or at_least_once",
+    "mode": "write: exactly_once (default) or at_least_once (plain appends; a retried task writes again)",
 }
 _CONNECTION_OPTIONS = ("tls", "trust_store", "validate_hostname", "transaction_lease_ms")
 _CUT_WORDS = {"head": HEAD, "earliest": HEAD, "tail": TAIL, "latest": TAIL}
@@ -276,7 +276,8 @@ class PravegaCommitMessage(WriterCommitMessage):
 
 
 class PravegaBatchWriter(DataSourceArrowWriter):
-    """Exactly once by default: one transaction per task attempt, committed by the driver."""
+    """Exactly once by default: one transaction per task attempt, committed by the driver;
+    ``mode=at_least_once``: plain appends, nothing to commit."""
 
     def __init__(self, options: Mapping[str, str], schema: Any, overwrite: bool) -> None:
         if overwrite:
@@ -287,8 +288,6 @@ class PravegaBatchWriter(DataSourceArrowWriter):
         self.mode = (_option(options, "mode", "exactly_once") or "").lower()
         if self.mode not in _MODES:
             raise PravegaDataSourceError(f"option mode must be one of {', '.join(_MODES)}, got {self.mode!r}")
-        if self.mode == "at_least_once":
-            raise PravegaDataSourceError("mode at_least_once is not implemented yet; use the default exactly_once")
         self.event_text, self.has_key = _check_columns(schema)
         with _client(self.config) as client:
             _check_stream(client, self.scope, self.stream)
@@ -321,7 +320,12 @@ class PravegaBatchWriter(DataSourceArrowWriter):
         return PravegaCommitMessage(self.scope, self.stream, txn.txn_id, count)
 
     def _write_at_least_once(self, iterator: Iterator[Any]) -> PravegaCommitMessage:
-        raise PravegaDataSourceError("mode at_least_once is not implemented yet; use the default exactly_once")
+        """Plain appends (the provider's EventWriter, routed like the official writer): visible at
+        once, no transaction; a retried task writes its rows again (at least once)."""
+        with _client(self.config) as client, client.event_writer(self.scope, self.stream) as writer:
+            count = self._write_rows(iterator, writer.write_event)
+            writer.flush()
+        return PravegaCommitMessage(self.scope, self.stream, None, count)
 
     def _write_rows(self, batches: Iterator[Any], write: Any) -> int:
         count = 0

@@ -2,7 +2,7 @@
 both backends: a batch read between two stream cuts (across a scale) returns exactly what the raw
 segment reader returns; a batch write puts every row in the stream once, in per-key order, even
 when a task attempt dies after writing some events (Spark retries it); a failed job commits nothing;
-bad options fail before anything is written."""
+bad options fail before anything is written; mode=at_least_once appends plainly."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import pravega_client
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient
@@ -25,15 +24,14 @@ def registered(spark):
     return spark
 
 
-def _write(uri: str, scope: str, stream: str, label: str, count: int) -> list[bytes]:
-    manager = pravega_client.StreamManager(uri)  # kept alive while its writer writes
-    writer = manager.create_writer(scope, stream, 1000)
+def _write(client: PravegaClient, scope: str, stream: str, label: str, count: int) -> list[bytes]:
     events = []
-    for i in range(count):
-        event = f"{label}|k{i % 16}|{i:05d}"
-        writer.write_event(event, routing_key=f"k{i % 16}")
-        events.append(event.encode())
-    writer.flush()
+    with client.event_writer(scope, stream) as writer:
+        for i in range(count):
+            event = f"{label}|k{i % 16}|{i:05d}".encode()
+            writer.write_event(event, routing_key=f"k{i % 16}")
+            events.append(event)
+        writer.flush()
     return events
 
 
@@ -46,14 +44,14 @@ def test_read_between_two_cuts_equals_the_raw_reader(registered, client, pravega
     scope, stream = unique_name("ds-read"), "s"
     client.admin.create_scope(scope)
     client.admin.create_stream(scope, stream, 2)
-    _write(pravega_controller_uri, scope, stream, "before", 300)
+    _write(client, scope, stream, "before", 300)
     start = StreamCut.tail(client, scope, stream)
-    between = _write(pravega_controller_uri, scope, stream, "between", 500)
+    between = _write(client, scope, stream, "between", 500)
     segment = sorted(client.admin.tail(scope, stream))[0]
     client.admin.split_segment(scope, stream, segment)  # the range plan must follow the scale
-    between += _write(pravega_controller_uri, scope, stream, "after-scale", 400)
+    between += _write(client, scope, stream, "after-scale", 400)
     end = StreamCut.tail(client, scope, stream)
-    _write(pravega_controller_uri, scope, stream, "later", 200)
+    _write(client, scope, stream, "later", 200)
 
     frame = (registered.read.format("pravega").option("controller", pravega_controller_uri)
              .option("scope", scope).option("stream", stream)
@@ -156,3 +154,7 @@ def test_a_failed_job_commits_nothing_and_bad_options_fail_first(registered, cli
         with pytest.raises(PySparkException, match=message):
             save(frame, **options)
     assert _stream_events(client, scope, stream) == []
+
+    plain = registered.range(0, 120, 1, 2).selectExpr("cast(id as string) as event", "cast(id % 3 as string) as routing_key")
+    save(plain, mode="at_least_once")  # plain appends, no transaction
+    assert Counter(_stream_events(client, scope, stream)) == Counter(str(i).encode() for i in range(120))
