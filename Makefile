@@ -2,7 +2,7 @@
 # Results: docs/benchmarks/<profile>.json (every sample, the machine), .md (the table), .png (the chart).
 PYTHON ?= .venv/bin/python
 
-.PHONY: bench bench-quick test
+.PHONY: bench bench-quick test stack
 
 # The virtualenv first (a no-op when pyproject.toml has not changed), as scripts/test does.
 bench:
@@ -15,3 +15,8 @@ bench-quick:
 
 test:
 	scripts/test $(ARGS)
+
+# The full stack natively (PostgreSQL, embedded Pravega, Airflow components): `make stack ARGS=--spark`;
+# `scripts/stack status`, `scripts/stack down` (see README "Run the full stack without Docker").
+stack:
+	scripts/stack up $(ARGS)

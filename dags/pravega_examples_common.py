@@ -18,12 +18,23 @@ def data_dir() -> str:
     return os.environ.get("PRAVEGA_EXAMPLES_DATA", "/data")
 
 
+def start_date() -> datetime:
+    """The first daily interval: ``$PRAVEGA_EXAMPLES_START`` (an ISO date; ``scripts/stack`` and the
+    topology test set it to limit catchup to a few days), default 2026-11-01."""
+    text = os.environ.get("PRAVEGA_EXAMPLES_START", "2026-11-01")
+    try:
+        day = datetime.strptime(text, "%Y-%m-%d")
+    except ValueError:
+        raise ValueError(f"PRAVEGA_EXAMPLES_START must be a date like 2026-11-01, not {text!r}") from None
+    return day.replace(tzinfo=timezone.utc)
+
+
 def daily(**overrides: Any) -> dict[str, Any]:
-    """Keyword arguments of a daily example pipeline from 2026-11-01 with catchup, one run at a
-    time, and two retries 20 s apart (a retry recovers a crashed ingest)."""
+    """Keyword arguments of a daily example pipeline from :func:`start_date` with catchup, one run
+    at a time, and two retries 20 s apart (a retry recovers a crashed ingest)."""
     return {
         "schedule": "@daily",
-        "start_date": datetime(2026, 11, 1, tzinfo=timezone.utc),
+        "start_date": start_date(),
         "catchup": True,
         "max_active_runs": 1,
         "default_args": {"retries": 2, "retry_delay": timedelta(seconds=20)},

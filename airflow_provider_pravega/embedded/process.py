@@ -46,6 +46,7 @@ class EmbeddedPravegaProcess:
         token_ttl_s: int | None = None,
         token_signing_key_file: str | os.PathLike[str] | None = None,
         pravega_token_rules: bool = False,
+        new_session: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.host = host
@@ -60,6 +61,8 @@ class EmbeddedPravegaProcess:
         self.token_signing_key_file = Path(token_signing_key_file) if token_signing_key_file is not None else None
         self.pravega_token_rules = pravega_token_rules
         self.startup_timeout_s = startup_timeout_s
+        # In its own session (process group): it outlives its starter (scripts/stack) and is stopped by group.
+        self.new_session = new_session
         self.proc: subprocess.Popen[str] | None = None
         self.controller_uri = ""
         self.segment_store_endpoint = ""
@@ -95,7 +98,8 @@ class EmbeddedPravegaProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self._log_path, "ab")
         try:
-            self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=log, text=True)
+            self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=log, text=True,
+                                         start_new_session=self.new_session)
         finally:
             log.close()
         assert self.proc.stdout is not None
