@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 from airflow_provider_pravega.embedded import auth
+from airflow_provider_pravega.embedded.autoscale import AutoScalerConfig
 from airflow_provider_pravega.embedded.server import (
     EmbeddedPravega,
     EmbeddedServerError,
@@ -65,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retention-interval-s", type=_positive_seconds, default=1800.0,
                    help="how often the retention policies of streams are applied, and how far apart the stream "
                         "cuts recorded for them are (default 1800 s, Pravega's retention.frequency.minutes)")
+    p.add_argument("--autoscale-window-s", type=_positive_seconds, default=120.0,
+                   help="auto-scaling: the shortest rate window (Pravega's two minutes; the others are 2.5, 5 and "
+                        "10 times it), also how often a segment's rates are judged (default 120 s)")
+    p.add_argument("--autoscale-cooldown-s", type=_positive_seconds, default=600.0,
+                   help="auto-scaling: no scaling of a segment younger than this (default 600 s, as Pravega)")
+    p.add_argument("--autoscale-mute-s", type=_positive_seconds, default=600.0,
+                   help="auto-scaling: no repeated request for one segment within this (default 600 s, as Pravega)")
     p.add_argument("--tail-wait", type=float, default=5.0, help="seconds a read at the tail waits for data")
     p.add_argument("--no-fsync", action="store_true", help="acknowledge before data reaches the disk (unsafe)")
     p.add_argument("--auth-file", type=Path, default=None,
@@ -116,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         fsync=not args.no_fsync, auth_file=args.auth_file, token_ttl_s=args.token_ttl_s,
         token_signing_key_file=args.token_signing_key_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
         pravega_token_rules=args.pravega_token_rules, retention_interval_s=args.retention_interval_s,
+        autoscale=AutoScalerConfig(window_s=args.autoscale_window_s, cooldown_s=args.autoscale_cooldown_s,
+                                   mute_s=args.autoscale_mute_s),
         **({"finished_txn_retention_ms": args.finished_txn_retention_ms}
            if args.finished_txn_retention_ms is not None else {}),
         **({"finished_txn_limit": args.finished_txn_limit} if args.finished_txn_limit is not None else {}),

@@ -135,6 +135,9 @@ class ControllerConfig:
     # The retention service (Pravega's retention.frequency.minutes, default 30): how often it runs
     # over the streams with a retention policy, and how far apart the stream cuts it records are.
     retention_interval_s: float = 1800.0
+    # Auto-scaling: how long a scale-down request's cold marker stays valid (Pravega's
+    # REQUEST_VALIDITY_PERIOD, 10 minutes; the server passes its auto-scaler's mute time).
+    cold_marker_ms: int = 600_000
 
     def __post_init__(self) -> None:
         if self.max_lease_ms <= 0:
@@ -377,6 +380,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         self._stop_event = threading.Event()
         self._reaper: threading.Thread | None = None
         self._retention: threading.Thread | None = None
+        self._cold: dict[tuple[str, str, int], int] = {}  # auto-scaling's cold markers -> valid until (ms)
         self._controller_endpoint: tuple[str, int] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -1607,6 +1611,71 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             if self._expire(scope, name, txn_id):
                 aborted += 1
         return aborted
+
+    # ------------------------------------------------------------------ auto-scaling (Pravega's AutoScaleTask)
+
+    def autoscale_policy(self, scope: str, name: str) -> tuple[int, int] | None:
+        """(scale type, target rate) of an active auto-scaled stream, else None."""
+        with self._lock:
+            stream = self._state.stream(scope, name)
+            if stream is None or stream.state != ACTIVE:
+                return None
+            c = stream.config
+            if c.scale_type == pb.ScalingPolicy.FIXED_NUM_SEGMENTS or c.target_rate <= 0:
+                return None
+            return c.scale_type, c.target_rate
+
+    def handle_autoscale(self, event: Any) -> None:
+        """A scale request from the segment store's auto-scaler (an ``autoscale.AutoScaleEvent``).
+
+        Up: split the segment into ``min(max(2, num_splits), max(2, scaleFactor))`` equal key
+        ranges. Down: mark it cold (until the request's time + ``mute``, or for ever when silent),
+        then merge the cold ones among it and its two neighbours, never below ``minNumSegments``
+        (with room for one fewer segment only, the first two). As Pravega 0.13."""
+        if self._stopped or self._log_failure is not None:
+            return
+        scope, name, sid = event.scope, event.stream, event.segment_id
+        with self._gate(scope, name).exclusive():
+            with self._lock:
+                stream = self._state.stream(scope, name)
+                if stream is None or stream.state != ACTIVE or \
+                        stream.config.scale_type == pb.ScalingPolicy.FIXED_NUM_SEGMENTS:
+                    return
+                config = stream.config
+                active = stream.active_segments()
+                if event.direction == "up":
+                    seg = stream.segments.get(sid)
+                    if seg is None or not stream.is_active_segment(sid):
+                        return
+                    n = min(max(2, event.num_splits), max(2, config.scale_factor))
+                    if len(active) - 1 + n > MAX_SEGMENTS_PER_EPOCH:
+                        return
+                    delta = (seg.max_key - seg.min_key) / n
+                    ranges = [(seg.min_key + delta * i, seg.min_key + delta * (i + 1)) for i in range(n - 1)]
+                    ranges.append((seg.min_key + delta * (n - 1), seg.max_key))
+                    sealed = [sid]
+                else:
+                    self._cold[(scope, name, sid)] = (2**63 if event.silent
+                                                      else event.timestamp_ms + self._config.cold_marker_ms)
+                    current = stream.segments.get(sid)
+                    if current is None or not stream.is_active_segment(sid) or \
+                            len(active) == config.min_num_segments:
+                        return
+                    candidates = [s for s in active if s.max_key == current.min_key or s.min_key == current.max_key
+                                  or s.segment_id == sid]
+                    now = _now_ms()
+                    cold = [s for s in candidates if self._cold.get((scope, name, s.segment_id), 0) > now]
+                    if len(active) - config.min_num_segments == 1 and len(cold) == 3:
+                        cold = cold[:2]
+                    if len(cold) < 2:
+                        return
+                    sealed = [s.segment_id for s in cold]
+                    ranges = [(min(s.min_key for s in cold), max(s.max_key for s in cold))]
+            log.info("auto-scaling %s/%s: sealing %s, new ranges %s", scope, name, sealed, ranges)
+            self._scale_locked(scope, name, sealed, ranges)
+        with self._lock:
+            for s in sealed:
+                self._cold.pop((scope, name, s), None)
 
     # ------------------------------------------------------------------ retention service
 

@@ -16,6 +16,7 @@ import ssl
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from airflow_provider_pravega.embedded import storage as st
 from airflow_provider_pravega.embedded.auth import (
@@ -37,6 +38,12 @@ def _writer_key(writer_id: int) -> bytes:
     return writer_id.to_bytes(16, "big")
 
 
+class SegmentStats(Protocol):
+    """Pravega's SegmentStatsRecorder: what the segment store reports about traffic."""
+
+    def record_append(self, segment: str, data_length: int, events: int) -> None: ...
+
+
 class SegmentStoreServer:
     """Serves the segment-store wire protocol for one ``SegmentStorage``."""
 
@@ -49,8 +56,10 @@ class SegmentStoreServer:
         tail_wait_s: float = 5.0,
         tokens: TokenAuthority | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        stats: SegmentStats | None = None,
     ) -> None:
         self.storage = storage
+        self.stats = stats  # told of every acknowledged append (the auto-scaler's measurements)
         self.tokens = tokens  # None: no authentication, delegation tokens are ignored (as before)
         self.ssl_context = ssl_context
         self.host = host
@@ -293,7 +302,7 @@ class _Connection(asyncio.Protocol):
         self.storage.setup_writer(cmd.segment, _writer_key(cmd.writer_id), done)
 
     def _append(self, writer_id: int, event_number: int, data: bytes, request_id: int,
-                expected_offset: int | None) -> None:
+                expected_offset: int | None, events: int = 1) -> None:
         segment = self.writers.get(writer_id)
         if segment is None:
             raise wire.ProtocolError(f"append for writer {writer_id:032x} that was not set up on this connection")
@@ -304,17 +313,20 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
         def done(result: st.AppendResult) -> None:
-            self.server.post(lambda: self.on_appended(writer_id, segment, request_id, size, result))
+            self.server.post(lambda: self.on_appended(writer_id, segment, request_id, size, result, events))
 
         self.storage.append(segment, _writer_key(writer_id), event_number, data, done,
                             expected_offset=expected_offset)
 
-    def on_appended(self, writer_id: int, segment: str, request_id: int, size: int, r: st.AppendResult) -> None:
+    def on_appended(self, writer_id: int, segment: str, request_id: int, size: int, r: st.AppendResult,
+                    events: int = 1) -> None:
         self.unacked_bytes -= size
         if self.paused and self.unacked_bytes <= MAX_UNACKED_BYTES // 2 and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
         if r.error is None:
+            if self.server.stats is not None:
+                self.server.stats.record_append(segment, size, events)
             self.send(wire.DataAppended(writer_id, r.event_number, r.previous_event_number, request_id, r.write_offset))
         elif isinstance(r.error, st.ConditionalCheckFailed):
             self.send(wire.ConditionalCheckFailed(writer_id, r.event_number, request_id))
@@ -322,7 +334,7 @@ class _Connection(asyncio.Protocol):
             self.send(self.error_reply(request_id, segment, r.error))
 
     def on_append_block_end(self, cmd: wire.AppendBlockEnd) -> None:
-        self._append(cmd.writer_id, cmd.last_event_number, cmd.data, cmd.request_id, None)
+        self._append(cmd.writer_id, cmd.last_event_number, cmd.data, cmd.request_id, None, max(1, cmd.num_event))
 
     def on_conditional_block_end(self, cmd: wire.ConditionalBlockEnd) -> None:
         self._append(cmd.writer_id, cmd.event_number, cmd.data, cmd.request_id, cmd.expected_offset)

@@ -25,6 +25,7 @@ from pathlib import Path
 import grpc
 
 from airflow_provider_pravega.embedded import auth, tls
+from airflow_provider_pravega.embedded.autoscale import AutoScaler, AutoScalerConfig, RecordingBackend
 from airflow_provider_pravega.embedded.controller import (
     ControllerConfig,
     EmbeddedController,
@@ -61,6 +62,7 @@ class ServerSettings:
     finished_txn_retention_ms: int = 24 * 3600 * 1000  # how long COMMITTED/ABORTED transactions are remembered
     finished_txn_limit: int = 10_000  # ... and how many per stream
     retention_interval_s: float = 1800.0  # how often retention policies are applied (Pravega: 30 min)
+    autoscale: AutoScalerConfig = AutoScalerConfig()  # rate window, cooldown, mute (Pravega's defaults)
 
     @property
     def auth_enabled(self) -> bool:
@@ -79,6 +81,7 @@ class EmbeddedPravega:
         self.storage: SegmentStorage | None = None
         self.segment_store: SegmentStoreServer | None = None
         self.controller: EmbeddedController | None = None
+        self.autoscaler: AutoScaler | None = None
         self._grpc: grpc.Server | None = None
         self._lock_fd: int | None = None
         self.controller_port: int | None = None
@@ -136,9 +139,13 @@ class EmbeddedPravega:
         try:
             self.storage = SegmentStorage(data_dir / "segments", fsync=s.fsync, checkpoint_bytes=s.checkpoint_bytes)
             self.storage.open()
+            # The auto-scaler sits between the segment store (which reports traffic) and the controller
+            # (which decides): Pravega's stats recorder, AutoScaleProcessor and request stream, in-process.
+            self.autoscaler = AutoScaler(s.autoscale, self._autoscale_policy)
             self.segment_store = SegmentStoreServer(
                 self.storage, s.host, s.segment_store_port, tail_wait_s=s.tail_wait_s,
                 tokens=tokens, ssl_context=server_tls.ssl_context() if server_tls else None,
+                stats=self.autoscaler,
             )
             try:
                 self.segment_store.start()
@@ -150,9 +157,10 @@ class EmbeddedPravega:
                                       pravega_token_rules=s.pravega_token_rules,
                                       finished_txn_retention_ms=s.finished_txn_retention_ms,
                                       finished_txn_limit=s.finished_txn_limit,
-                                      retention_interval_s=s.retention_interval_s)
+                                      retention_interval_s=s.retention_interval_s,
+                                      cold_marker_ms=int(s.autoscale.mute_s * 1000))
             self.controller = EmbeddedController(
-                self.storage, self._client_host(), self.segment_store.port, data_dir, config,
+                RecordingBackend(self.storage, self.autoscaler), self._client_host(), self.segment_store.port, data_dir, config,
                 authenticator=authenticator, tokens=tokens,
             )
             self.controller.recover()
@@ -177,6 +185,8 @@ class EmbeddedPravega:
             self.controller.advertise_controller(self._client_host(), self.controller_port)
             self._grpc.start()
             self.controller.start()
+            self.autoscaler.set_handler(self.controller.handle_autoscale)
+            self.autoscaler.start()
         except OSError as exc:  # the data directory's contents: a file where a directory belongs, no space, ...
             self.stop()
             where = f" {exc.filename}" if exc.filename else ""
@@ -193,7 +203,14 @@ class EmbeddedPravega:
                         self._client_host())
         return self
 
+    def _autoscale_policy(self, scope: str, stream: str) -> tuple[int, int] | None:
+        controller = self.controller
+        return controller.autoscale_policy(scope, stream) if controller is not None else None
+
     def stop(self) -> None:
+        if self.autoscaler is not None:
+            self.autoscaler.stop()
+            self.autoscaler = None
         if self._grpc is not None:
             self._grpc.stop(grace=1).wait()
             self._grpc = None

@@ -114,3 +114,65 @@ def test_retention_choice_is_pravegas():
     assert retention_truncation_cut(RETENTION_SIZE, 151, cuts, now_ms=0) == cuts[1]
     assert retention_truncation_cut(RETENTION_SIZE, 401, cuts, now_ms=0) is None
     assert retention_truncation_cut(RETENTION_TIME, 1, [], now_ms=0) is None
+
+
+def test_event_rate_policy_splits_a_hot_segment(pravega_embedded_factory, unique_name, read_stream):
+    """by_event_rate target 100 ev/s, written at about 2,000 ev/s: the segment splits (short windows
+    on this server); a reader group sees every event once, in per-key order."""
+    from airflow_provider_pravega.client.controller import ScalingPolicy
+
+    server = pravega_embedded_factory(extra_args=["--autoscale-window-s", "1", "--autoscale-cooldown-s", "1",
+                                                  "--autoscale-mute-s", "1"])
+    uri = server.controller_uri
+    scope = unique_name("scale")
+    with PravegaClient(uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "s", scaling=ScalingPolicy.by_event_rate(100, 2, 1))
+        manager = pravega_client.StreamManager(uri)
+        writer = manager.create_writer(scope, "s")
+        sent: list[str] = []
+        started = time.monotonic()
+
+        def write_paced(n: int = 100) -> None:  # about 2,000 events/s
+            for _ in range(n):
+                key = KEYS[len(sent) % len(KEYS)]
+                event = f"{key}|{len(sent):06d}"
+                writer.write_event(event, routing_key=key)
+                sent.append(event)
+            writer.flush()
+            ahead = started + len(sent) / 2000 - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
+
+        wait_for(lambda: len(client.admin.tail(scope, "s")) > 1, "the hot segment to split", step_s=0,
+                 during=write_paced)
+        for _ in range(5):
+            write_paced()
+        segments = len(client.admin.tail(scope, "s"))
+    assert segments >= 2
+    got = [e.decode() for e in read_stream(uri, scope, "s", expected=len(sent), timeout=120)]
+    assert Counter(got) == Counter(sent)
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for event in got:
+        key, seq = event.split("|")
+        per_key[key].append(int(seq))
+    assert all(seqs == sorted(seqs) for seqs in per_key.values())
+
+
+def test_idle_neighbours_merge_down_to_the_minimum(pravega_embedded_factory, unique_name):
+    """Two segments without traffic are reported cold (Pravega's expiry of idle segments) and merged,
+    once the policy's minimum allows it."""
+    from airflow_provider_pravega.client.controller import ScalingPolicy
+
+    server = pravega_embedded_factory(extra_args=["--autoscale-window-s", "0.2", "--autoscale-cooldown-s", "0.2",
+                                                  "--autoscale-mute-s", "0.2"])
+    scope = unique_name("merge")
+    with PravegaClient(server.controller_uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "s", scaling=ScalingPolicy.by_event_rate(100, 2, 2))
+        client.admin.create_stream(scope, "fixed", 2)
+        client.admin.update_stream(scope, "s", scaling=ScalingPolicy.by_event_rate(100, 2, 1))
+        wait_for(lambda: len(client.admin.tail(scope, "s")) == 1, "the idle segments to merge")
+        (merged,) = client.admin.tail(scope, "s")
+        assert merged >> 32 == 1  # one scale: epoch 1
+        assert len(client.admin.tail(scope, "fixed")) == 2  # a fixed policy is never scaled
