@@ -155,6 +155,7 @@ def test_a_failed_job_commits_nothing_and_bad_options_fail_first(registered, cli
             save(frame, **options)
     assert _stream_events(client, scope, stream) == []
 
-    plain = registered.range(0, 120, 1, 2).selectExpr("cast(id as string) as event", "cast(id % 3 as string) as routing_key")
+    plain = registered.range(0, 120, 1, 2).selectExpr("cast(id as string) as event",
+                                                     "cast(id % 3 as string) as routing_key")
     save(plain, mode="at_least_once")  # plain appends, no transaction
     assert Counter(_stream_events(client, scope, stream)) == Counter(str(i).encode() for i in range(120))
