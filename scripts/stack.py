@@ -445,8 +445,10 @@ def stop_all(work: Path, state: dict[str, Any] | None) -> list[str]:
             continue
         # PostgreSQL: SIGINT is its fast shutdown (clients disconnected, a clean checkpoint).
         sig = signal.SIGINT if name == "postgres" else signal.SIGTERM
+        t0 = time.monotonic()
         if stop_group(c["pgid"], sig, timeout_s=30.0):
             killed.append(name)
+        say(f"{name} stopped ({time.monotonic() - t0:.1f} s)")
     for _ in range(3):
         stragglers = processes_of_stack(state["id"])
         if not stragglers:
@@ -478,6 +480,25 @@ def down(args: argparse.Namespace) -> int:
             shutil.rmtree(cluster, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
         say(f"removed {work}")
+    return 0
+
+
+def restart(args: argparse.Namespace) -> int:
+    """Stop one Airflow component's process group (if it still runs) and start it again, as after a
+    crash: the same command, environment and log."""
+    work: Path = args.work_dir.resolve()
+    state = read_state(work)
+    if state is None or args.component not in state.get("components", {}):
+        raise StackError(f"no {args.component} recorded in {work}")
+    c = state["components"][args.component]
+    if group_alive(c["pgid"]):
+        stop_group(c["pgid"])
+    os.environ[STACK_ID_VAR] = state["id"]
+    base = dict(os.environ)
+    env = airflow_env(work, state, base)
+    state["components"][args.component] = spawn(args.component, c["cmd"], env, work / "logs", cwd=work)
+    write_state(work, state)
+    say(f"{args.component} restarted (pgid {state['components'][args.component]['pgid']})")
     return 0
 
 
@@ -531,9 +552,11 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("down", help="stop what `up` started")
     d.add_argument("--purge", action="store_true", help="also delete the work directory (database, streams, logs)")
     sub.add_parser("status", help="each component: running, health, log")
+    r = sub.add_parser("restart", help="stop (if running) and start one Airflow component again")
+    r.add_argument("component", choices=AIRFLOW_COMPONENTS)
     args = ap.parse_args(argv)
     try:
-        return {"up": up, "down": down, "status": status}[args.command](args)
+        return {"up": up, "down": down, "status": status, "restart": restart}[args.command](args)
     except StackError as exc:
         print(f"stack: error: {exc}", file=sys.stderr)
         return 1
