@@ -2,6 +2,10 @@
 Airflow's api-server, scheduler, dag-processor and triggerer on LocalExecutor) in a temporary work
 dir, driven through Airflow's REST API like a user would.
 
+A probe DAG's deferrable transaction sensor waits on a transaction the test holds open: it is
+observed ``deferred``, the triggerer's process group is SIGKILLed and restarted, and once the test
+commits, the restarted triggerer resumes the sensor and its run succeeds.
+
 The example ingest DAG catches up over two days of small sample data; while the first ingest task
 runs, the scheduler's whole process group is SIGKILLed (its LocalExecutor workers and the task die
 with it) and the scheduler restarted: every run still succeeds. A backfill over the killed day with
@@ -16,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,12 +37,25 @@ import pytest
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
 from airflow_provider_pravega.client.streamcut import StreamCut
+from airflow_provider_pravega.triggers.transaction import format_txn_id
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "scripts" / "stack.py"
 DAG = "pravega_exactly_once_ingest"
 SCOPE, STREAM = "iot", "readings"
 FILES_PER_DAY, EVENTS_PER_FILE = 2, 150
+PROBE = "pravega_topology_probe"
+PROBE_SCOPE, PROBE_STREAM = "topology", "probe"
+PROBE_DAG = f"""
+from datetime import datetime, timezone
+from airflow.sdk import DAG
+from airflow_provider_pravega.sensors import PravegaTransactionSensor
+
+with DAG(dag_id={PROBE!r}, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc), catchup=False):
+    PravegaTransactionSensor(task_id="wait", scope={PROBE_SCOPE!r}, stream={PROBE_STREAM!r},
+                             transaction_ids="{{{{ dag_run.conf['txn'] }}}}", deferrable=True, poke_interval=1,
+                             timeout=1200)
+"""
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -91,12 +109,21 @@ class Stack:
     def get(self, path: str) -> Any:
         return self._call("GET", path)
 
-    def runs(self) -> list[dict[str, Any]]:
-        return self.get(f"/api/v2/dags/{DAG}/dagRuns?limit=100")["dag_runs"]
+    def runs(self, dag: str = DAG) -> list[dict[str, Any]]:
+        return self.get(f"/api/v2/dags/{dag}/dagRuns?limit=100")["dag_runs"]
 
-    def task_instances(self, run_id: str) -> list[dict[str, Any]]:
-        return self.get(f"/api/v2/dags/{DAG}/dagRuns/{urllib.request.quote(run_id, safe='')}/taskInstances")[
+    def task_instances(self, run_id: str, dag: str = DAG) -> list[dict[str, Any]]:
+        return self.get(f"/api/v2/dags/{dag}/dagRuns/{urllib.request.quote(run_id, safe='')}/taskInstances")[
             "task_instances"]
+
+    def kill_and_restart(self, component: str) -> None:
+        """kill -9 of the component's whole process group, then ``scripts/stack restart``."""
+        pgid = self.state["components"][component]["pgid"]
+        os.killpg(pgid, signal.SIGKILL)
+        self.wait(f"the killed {component}'s process group to be gone", lambda: not _group_alive(pgid), 120)
+        restarted = _stack(self.work, "restart", component)
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        self.reload()
 
     def logs(self) -> str:
         parts = []
@@ -109,9 +136,12 @@ class Stack:
             parts.append(f"--- {path}\n" + path.read_text(errors="replace")[-3000:])
         return "\n".join(parts)
 
+    on_poll: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
+
     def wait(self, what: str, done: Callable[[], Any], timeout_s: float = 900) -> Any:
         deadline = time.monotonic() + timeout_s
         while True:
+            self.on_poll()
             result = done()
             if result:
                 return result
@@ -170,12 +200,15 @@ def stack_work(tmp_path: Path) -> Iterator[tuple[Path, list[str]]]:
     global T0
     T0 = time.monotonic()
     work = tmp_path / "stack"
+    dags = tmp_path / "dags"  # the example DAGs and the probe
+    shutil.copytree(REPO / "dags", dags, ignore=shutil.ignore_patterns("__pycache__"))
+    (dags / f"{PROBE}.py").write_text(PROBE_DAG)
     today = dt.datetime.now(dt.timezone.utc).date()
     start = today - dt.timedelta(days=2)
     days = [start.isoformat(), (start + dt.timedelta(days=1)).isoformat()]
     up = _stack(work, "up", "--examples-start", start.isoformat(), "--sample-days", "2",
                 "--files-per-day", str(FILES_PER_DAY), "--events-per-file", str(EVENTS_PER_FILE),
-                "--parallelism", "2", "--timeout", "600",
+                "--parallelism", "2", "--timeout", "600", "--dags", str(dags),
                 # A retry recovers a crashed ingest run quickly (its driver silent for 5 s: dead).
                 "--env", "PRAVEGA_EXAMPLES_STALE_AFTER_S=5",
                 # Notice the killed scheduler's task soon instead of after the 5-minute defaults.
@@ -217,28 +250,48 @@ def test_stack_catchup_scheduler_kill_backfill_exactly_once(stack_work: tuple[Pa
     for name in ("postgres", "pravega", "api-server", "scheduler", "dag-processor", "triggerer"):
         assert any(line.startswith(name) and " up " in line for line in status.stdout.splitlines()), status.stdout
 
-    stack.wait("the dag-processor to register the ingest DAG",
-               lambda: any(d["dag_id"] == DAG for d in stack.get("/api/v2/dags")["dags"]))
-    stack._call("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": False})
+    stack.wait("the dag-processor to register the ingest and probe DAGs",
+               lambda: {DAG, PROBE} <= {d["dag_id"] for d in stack.get("/api/v2/dags")["dags"]})
+    client = PravegaClient(stack.state["controller_uri"])
+    try:
+        client.admin.create_scope(PROBE_SCOPE)
+        client.admin.create_stream(PROBE_SCOPE, PROBE_STREAM, 1)
+        txn = client.transactions.begin(PROBE_SCOPE, PROBE_STREAM, lease_ms=60_000).txn_id
+        stack.on_poll = lambda: client.transactions.ping(PROBE_SCOPE, PROBE_STREAM, txn, 60_000)
+        probe_run = stack._call("POST", f"/api/v2/dags/{PROBE}/dagRuns",
+                                {"logical_date": None, "conf": {"txn": format_txn_id(txn)}})["dag_run_id"]
+        stack._call("PATCH", f"/api/v2/dags/{PROBE}", {"is_paused": False})
+        stack._call("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": False})
 
-    def ingest_running() -> bool:
-        runs = _day_runs(stack, days)
-        if days[0] not in runs:
-            return False
-        tis = {t["task_id"]: t for t in stack.task_instances(runs[days[0]]["dag_run_id"])}
-        if (tis.get("ingest") or {}).get("state") == "success":
-            pytest.fail("the first ingest finished before the scheduler could be killed during it")
-        return (tis.get("ingest") or {}).get("state") == "running"
+        def ingest_running() -> bool:
+            runs = _day_runs(stack, days)
+            if days[0] not in runs:
+                return False
+            tis = {t["task_id"]: t for t in stack.task_instances(runs[days[0]]["dag_run_id"])}
+            if (tis.get("ingest") or {}).get("state") == "success":
+                pytest.fail("the first ingest finished before the scheduler could be killed during it")
+            return (tis.get("ingest") or {}).get("state") == "running"
 
-    stack.wait(f"the ingest task of {days[0]} to run", ingest_running)
-    phase("first ingest running: killing the scheduler's process group")
-    # kill -9 of the scheduler's process group: the scheduler, its LocalExecutor workers, the task.
-    scheduler = stack.state["components"]["scheduler"]
-    os.killpg(scheduler["pgid"], signal.SIGKILL)
-    stack.wait("the killed scheduler's process group to be gone", lambda: not _group_alive(scheduler["pgid"]), 120)
-    restarted = _stack(work, "restart", "scheduler")
-    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
-    stack.reload()
+        stack.wait(f"the ingest task of {days[0]} to run", ingest_running)
+        phase("first ingest running: killing the scheduler's process group")
+        # kill -9 of the scheduler's process group: the scheduler, its LocalExecutor workers, the task.
+        stack.kill_and_restart("scheduler")
+
+        def probe_state() -> str:
+            return stack.task_instances(probe_run, PROBE)[0]["state"] or ""
+
+        stack.wait("the probe's sensor to be deferred", lambda: probe_state() == "deferred")
+        phase("probe sensor deferred: killing the triggerer's process group")
+        stack.kill_and_restart("triggerer")
+        assert probe_state() == "deferred"
+        stack.on_poll = lambda: None
+        client.transactions.commit(PROBE_SCOPE, PROBE_STREAM, txn)
+        stack.wait("the restarted triggerer to resume the probe's sensor and its run to succeed",
+                   lambda: stack.get(f"/api/v2/dags/{PROBE}/dagRuns/{urllib.request.quote(probe_run, safe='')}")[
+                       "state"] == "success")
+        phase("probe resumed after the triggerer restart")
+    finally:
+        client.close()
 
     stack.wait(f"the catchup runs of {days} to succeed", lambda: _all_succeeded(stack, days))
     first = _day_runs(stack, days)
