@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
@@ -30,6 +32,12 @@ from airflow_provider_pravega.protocol import wire
 log = logging.getLogger(__name__)
 
 MAX_READ_REPLY = 4 * 1024 * 1024  # bytes per SegmentRead (the client asks for 8 MiB)
+#: A read that reaches the tail of a segment appended to within this time waits up to this long
+#: for the writer's next appends, so events written back to back come in one reply, as Pravega's
+#: group commit of its durable log answers them (a reader at the tail sees the slices Pravega
+#: gives it). A segment at rest is answered at once. 20 ms gave 19 of 20 official tail tests on a
+#: loaded machine, 50 ms 30 of 30.
+TAIL_COALESCE_S = 0.05
 MAX_UNACKED_BYTES = 64 * 1024 * 1024  # per connection; reading pauses beyond it
 _NO_OFFSET = -1
 
@@ -352,6 +360,7 @@ class _Connection(asyncio.Protocol):
         want = max(0, min(cmd.suggested_length, MAX_READ_REPLY))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.server.tail_wait_s
+        coalesced = False
         while True:
             # Watch before reading: growth that becomes readable after the read looked (while this
             # coroutine waits for the read thread, which under CPU load can take long) must wake it;
@@ -365,6 +374,14 @@ class _Connection(asyncio.Protocol):
                     self.send(self.error_reply(cmd.request_id, cmd.segment, exc, offset=cmd.offset))
                     return
                 remaining = deadline - loop.time()
+                if (not coalesced and res.data and res.at_tail and not res.end_of_segment and len(res.data) < want
+                        and self._appending(cmd.segment)):
+                    coalesced = True  # the writer is mid-burst: its next appends join this reply
+                    self.server.unwatch(cmd.segment, changed)  # may be fired by the append just read
+                    changed = self.server.watch(cmd.segment)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(changed), TAIL_COALESCE_S)
+                    continue
                 if res.data or res.end_of_segment or want == 0 or remaining <= 0:
                     break
                 try:
@@ -374,6 +391,11 @@ class _Connection(asyncio.Protocol):
             finally:
                 self.server.unwatch(cmd.segment, changed)
         self.send(wire.SegmentRead(cmd.segment, cmd.offset, res.at_tail, res.end_of_segment, res.data, cmd.request_id))
+
+    def _appending(self, segment: str) -> bool:
+        """Whether the segment was appended to within the last TAIL_COALESCE_S (a burst under way)."""
+        info = self.storage.segment_info(segment)
+        return info is not None and time.time() * 1000 - info.last_modified_ms < TAIL_COALESCE_S * 1000
 
     def on_get_stream_segment_info(self, cmd: wire.GetStreamSegmentInfo) -> None:
         info = self.storage.segment_info(cmd.segment_name)

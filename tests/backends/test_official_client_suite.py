@@ -50,14 +50,6 @@ EXPECTED_FAILURES: dict[tuple[str, str], tuple[str, bool]] = {
         False,
     ),
     ("standalone", "pravega_reader_test.py::PravegaReaderTest::test_ReadfromTail"): (_FLAKY_ON_PRAVEGA_TAIL, False),
-    # Issue #19 item 3 (tail reads in the slices Pravega produces) is being fixed in the segment
-    # store's tail-read path; until then the embedded server answers the first tail read with 1 event.
-    ("embedded", "pravega_reader_test.py::PravegaReaderTest::test_ReadfromTail"): (
-        "embedded tail read: the first slice of a reader at the tail usually holds 1 event (5 of 5 runs on an "
-        "idle machine; both now and then under load), where Pravega 0.13 standalone gives both in 2 of 5; "
-        "issue #19 item 3",
-        False,
-    ),
 }
 
 SUBPROCESS_TIMEOUT_S = 600

@@ -345,3 +345,32 @@ def test_tail_reader_gets_the_one_event_written_after_it_under_cpu_load(pravega_
                 outcomes.append(f"{type(exc).__name__}: {exc}")
     wrong = [(i, o) for i, o in enumerate(outcomes) if o != [f"event-{i}".encode()]]
     assert not wrong, f"{len(wrong)} of 20 runs failed: {wrong}"
+
+
+def test_tail_reader_gets_back_to_back_events_in_one_slice_under_cpu_load(pravega_embedded, manager, scope):
+    """Issue #19 item 3 (the official ``test_ReadfromTail``): a reader created at the tail, then two
+    events written back to back without a flush: its first slice holds both, as Pravega's group
+    commit gives them, 20 times of 20 with both cores busy (without the tail coalescing: 2 of 20)."""
+    outcomes = []
+    with busy_cores(2):
+        for i in range(20):
+            stream = f"burst{i}"
+            manager.create_stream(scope, stream, 1)
+            w = manager.create_writer(scope, stream)
+            w.write_event("before")
+            w.flush()
+            rg = manager.create_reader_group(f"rg-burst{i}", scope, stream, True)
+
+            async def run():
+                r = rg.create_reader("r")
+                w.write_event(f"a-{i}")
+                w.write_event(f"b-{i}")
+                sl = await asyncio.wait_for(r.get_segment_slice_async(), 60)
+                got = [e.data() for e in sl]
+                r.release_segment(sl)
+                r.reader_offline()
+                return got
+
+            outcomes.append(asyncio.run(run()))
+    wrong = [(i, o) for i, o in enumerate(outcomes) if o != [f"a-{i}".encode(), f"b-{i}".encode()]]
+    assert not wrong, f"{len(wrong)} of 20 runs failed: {wrong}"
