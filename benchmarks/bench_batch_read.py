@@ -130,6 +130,7 @@ def report(name: str, results: list[tuple[int, int, float]], expected: int) -> N
 
 
 def main() -> None:
+    rf.require_official_client()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=100)

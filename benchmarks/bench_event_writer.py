@@ -98,11 +98,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None, help="write the result file here")
     args = parser.parse_args()
-    try:
-        import pravega_client  # noqa: F401
-    except ImportError:
-        raise SystemExit("bench_event_writer needs the official client as its baseline: "
-                         "pip install 'airflow-provider-pravega[official-client]' (CPython 3.10/3.11)") from None
+    rf.require_official_client()
 
     from airflow_provider_pravega.client import PravegaClient
     from airflow_provider_pravega.embedded.process import embedded_pravega_process

@@ -173,6 +173,7 @@ def hold_and_read(proc: subprocess.Popen, uri: str, hold_gb: float, repeat: int)
 
 
 def main() -> int:
+    rf.require_official_client()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="200,000 events, 0.5 GB held, one repetition")
     ap.add_argument("--events", type=int, default=None, help="100-byte events per single-writer run (default 1,000,000)")

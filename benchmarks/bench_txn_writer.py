@@ -88,6 +88,7 @@ def run_ours(
 
 
 def main() -> None:
+    rf.require_official_client()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=500_000)
     parser.add_argument("--size", type=int, default=100)

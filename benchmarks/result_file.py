@@ -25,6 +25,16 @@ from pathlib import Path
 from typing import Any
 
 
+def require_official_client() -> None:
+    """Exit with a clear message when the official client, a benchmark's baseline, is missing."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("pravega_client") is None:
+        sys.exit(f"{sys.argv[0]}: its baseline is the official Pravega client, which is not installed "
+                 f"(wheels for CPython 3.10/3.11 only: pip install 'airflow-provider-pravega[official-client]')")
+
+
 def figure(
     name: str,
     unit: str,

@@ -19,14 +19,12 @@ Run it with ``scripts/demo`` (which sets up .venv first). It
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from datetime import date, timedelta
 from pathlib import Path
@@ -52,31 +50,25 @@ def airflow(env: dict[str, str], *args: str, check: bool = True, timeout: float 
 
 
 def read_stream(uri: str, expected: int, timeout: float = 120) -> list[bytes]:
-    import pravega_client
+    """Every event of the stream, head to tail, read straight from the segment store with the
+    provider's own client (works on every Python; the official client is not needed). Waits until
+    ``expected`` events are there (commits may still be completing), then reads the whole stream
+    once more, so a duplicate beyond the expected count is seen too."""
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
+    from airflow_provider_pravega.client.streamcut import StreamCut
 
-    mgr = pravega_client.StreamManager(uri)
+    def read_all(client: PravegaClient) -> list[bytes]:
+        head, tail = StreamCut.head(client, SCOPE, STREAM), StreamCut.tail(client, SCOPE, STREAM)
+        return [e.payload for rng in plan_segment_ranges(client, head, tail) for e in read_segment_range(client, rng)]
 
-    async def run() -> list[bytes]:
-        group = mgr.create_reader_group(f"demo-{uuid.uuid4().hex[:8]}", SCOPE, STREAM)
-        reader = group.create_reader("demo")
-        got: list[bytes] = []
+    with PravegaClient(uri) as client:
         deadline = time.monotonic() + timeout
+        got = read_all(client)
         while len(got) < expected and time.monotonic() < deadline:
-            try:
-                sl = await asyncio.wait_for(reader.get_segment_slice_async(), 10)
-            except asyncio.TimeoutError:
-                continue
-            got.extend(e.data() for e in sl)
-            reader.release_segment(sl)
-        # Anything beyond the expected count would be a duplicate: look a little longer.
-        try:
-            sl = await asyncio.wait_for(reader.get_segment_slice_async(), 6)
-            got.extend(e.data() for e in sl)
-        except asyncio.TimeoutError:
-            pass
+            time.sleep(1.0)
+            got = read_all(client)
         return got
-
-    return asyncio.run(run())
 
 
 def xcoms(env: dict[str, str], dag_id: str, task_id: str, day: str) -> list:

@@ -68,6 +68,7 @@ def test_table_and_chart_from_canned_results(tmp_path):
         rf.summarize(rf.figure("empty", "s", []))
 
 
+@pytest.mark.official_client  # bench_txn_writer's baseline is the official client
 def test_harness_runs_a_real_benchmark_and_writes_json_table_and_png(tmp_path, capsys):
     """bench_txn_writer.py on tiny sizes: embedded server and client processes, a few seconds."""
     code = run.main(["quick", "--only", "txn_writer", "--events", "2000", "--repeat", "2", "--out-dir", str(tmp_path)])
