@@ -288,6 +288,9 @@ def airflow_env(work: Path, state: dict[str, Any], base: dict[str, str]) -> dict
     if state.get("spark_master"):
         env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": state["spark_master"]})
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
+        # The executors' Python workers run what the driver names: this interpreter (pyarrow, the
+        # provider), not whatever `python3` the worker finds first on PATH.
+        env["PYSPARK_PYTHON"] = sys.executable
     env.update(state.get("extra_env") or {})
     return {**base, **env}
 
@@ -364,6 +367,7 @@ def up(args: argparse.Namespace) -> int:
             state["spark_master"] = f"spark://127.0.0.1:{port}"
             state["spark_ui"] = f"http://127.0.0.1:{ui}"
             comps["spark-master"] = spawn("spark-master", spark_standalone.master_command(port, ui), senv, logs)
+            comps["spark-master"]["port"] = port
             (work / "spark-work").mkdir(exist_ok=True)
             comps["spark-worker"] = spawn("spark-worker", spark_standalone.worker_command(
                 state["spark_master"], work / "spark-work", free_port(), cores=args.spark_cores,

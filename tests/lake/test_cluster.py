@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
 from airflow_provider_pravega.client.ingest import open_state_store, state_location
 from airflow_provider_pravega.client.streamcut import StreamCut
+from airflow_provider_pravega.testing import spark_standalone
 from airflow_provider_pravega.testing.net import free_port
 
 
@@ -80,46 +80,31 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 @pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    import pyspark
-
-    home = Path(pyspark.__file__).parent
     root = tmp_path_factory.mktemp("spark-cluster")
-    env = dict(os.environ, SPARK_HOME=str(home), PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
-               SPARK_LOG_DIR=str(root), SPARK_NO_DAEMONIZE="1")
+    env = spark_standalone.spark_env(root)
     port, ui = free_port(), free_port()
     master_url = f"spark://127.0.0.1:{port}"
-    spark_class = str(home / "bin" / "spark-class")
     procs: list[subprocess.Popen] = []
 
-    def start(name: str, *args: str) -> subprocess.Popen:
+    def start(name: str, cmd: list[str]) -> subprocess.Popen:
         with (root / f"{name}.log").open("w") as log:
-            proc = subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         procs.append(proc)
         return proc
 
     try:
-        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-              "--webui-port", str(ui))
+        start("master", spark_standalone.master_command(port, ui))
         workers = []
         for i in range(2):
             work_dir = root / f"work-{i}"
             work_dir.mkdir()
-            workers.append(start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", master_url, "--cores", "1",
-                                 "--memory", "1g", "--work-dir", str(work_dir), "--webui-port", str(free_port()),
-                                 "--host", "127.0.0.1"))
+            workers.append(start(f"worker-{i}", spark_standalone.worker_command(master_url, work_dir, free_port())))
         cluster = SparkCluster(master_url, workers, env, root)
-        deadline = time.monotonic() + 120
-        while True:  # ready when the master's UI lists both workers alive
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as resp:
-                    if json.load(resp).get("aliveworkers") == 2:
-                        break
-            except OSError:
-                pass
-            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-                pytest.fail(f"the Spark cluster did not start:\n{cluster.log_tail()}")
-            time.sleep(0.3)
+        try:  # ready when the master's UI lists both workers alive
+            spark_standalone.wait_for_workers(ui, 2, timeout_s=120,
+                                              still_running=lambda: all(p.poll() is None for p in procs))
+        except spark_standalone.SparkStandaloneError as exc:
+            pytest.fail(f"the Spark cluster did not start ({exc}):\n{cluster.log_tail()}")
         yield cluster
     finally:
         _stop(procs)
