@@ -10,9 +10,9 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import pravega_client
 import pyarrow.parquet as pq
 import pytest
+from pravega_clients import stream_writer
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.controller import RetentionPolicy
@@ -48,8 +48,7 @@ def test_time_retention_truncates_old_data_only(tmp_path, pravega_embedded_facto
         client.admin.create_scope(scope)
         client.admin.create_stream(scope, "s", 2, retention=RetentionPolicy.by_time(retention_ms))
         old_head = StreamCut.head(client, scope, "s")
-        manager = pravega_client.StreamManager(uri)  # keep it: the writer needs its runtime
-        writer = manager.create_writer(scope, "s")
+        writer = stream_writer(uri, scope, "s")
         sent: list[tuple[float, str, str]] = []  # (wall-clock time before the write, key, event)
 
         def write_batch(phase: str, n: int) -> None:
@@ -128,8 +127,7 @@ def test_event_rate_policy_splits_a_hot_segment(pravega_embedded_factory, unique
     with PravegaClient(uri) as client:
         client.admin.create_scope(scope)
         client.admin.create_stream(scope, "s", scaling=ScalingPolicy.by_event_rate(100, 2, 1))
-        manager = pravega_client.StreamManager(uri)
-        writer = manager.create_writer(scope, "s")
+        writer = stream_writer(uri, scope, "s")
         sent: list[str] = []
         started = time.monotonic()
 
