@@ -65,6 +65,12 @@ def _requirements() -> str | None:
     for mod in ("asyncpg", "psycopg2"):
         if importlib.util.find_spec(mod) is None:
             return f"needs {mod} (the postgres extra; scripts/bootstrap.sh installs it with the test extra)"
+    if os.geteuid() == 0:
+        import pwd
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return "runs as root and there is no 'postgres' user to run PostgreSQL as (initdb refuses root)"
     if not any(Path(p, "initdb").exists() for p in [*Path("/usr/lib/postgresql").glob("*/bin")]) and not \
             subprocess.run(["sh", "-c", "command -v initdb"], capture_output=True).stdout:
         return "needs PostgreSQL server binaries (apt-get install -y postgresql)"
@@ -138,7 +144,7 @@ class Stack:
 
     on_poll: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
 
-    def wait(self, what: str, done: Callable[[], Any], timeout_s: float = 900) -> Any:
+    def wait(self, what: str, done: Callable[[], Any], timeout_s: float = 900, poll_s: float = 3) -> Any:
         deadline = time.monotonic() + timeout_s
         while True:
             self.on_poll()
@@ -148,7 +154,7 @@ class Stack:
             if time.monotonic() > deadline:
                 pytest.fail(f"waited {timeout_s:.0f} s for {what}; runs: "
                             f"{[(r['logical_date'], r['state']) for r in self.runs()]}\n{self.logs()}")
-            time.sleep(3)
+            time.sleep(poll_s)
 
 
 def _day_runs(stack: Stack, days: list[str]) -> dict[str, dict[str, Any]]:
@@ -272,7 +278,7 @@ def test_stack_catchup_scheduler_kill_backfill_exactly_once(stack_work: tuple[Pa
                 pytest.fail("the first ingest finished before the scheduler could be killed during it")
             return (tis.get("ingest") or {}).get("state") == "running"
 
-        stack.wait(f"the ingest task of {days[0]} to run", ingest_running)
+        stack.wait(f"the ingest task of {days[0]} to run", ingest_running, poll_s=1)
         phase("first ingest running: killing the scheduler's process group")
         # kill -9 of the scheduler's process group: the scheduler, its LocalExecutor workers, the task.
         stack.kill_and_restart("scheduler")
