@@ -54,6 +54,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Pravega for backend-neutral tests: auto (embedded, plus standalone when Java 17 and its jars or "
              "Maven Central are available), embedded, standalone, or both (default: $PRAVEGA_BACKEND or auto)",
     )
+    parser.addoption(
+        "--only-standalone-tests", action="store_true",
+        help="run only the tests that talk to Pravega standalone (backend-neutral tests on it and tests marked "
+             "standalone); scripts/test runs them in a second pytest process beside the embedded run",
+    )
+    parser.addoption(
+        "--no-standalone-tests", action="store_true",
+        help="leave out the tests marked standalone (the other process of scripts/test runs them)",
+    )
 
 
 def _selected_backends(config: pytest.Config) -> list[str]:
@@ -77,10 +86,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config._pravega_backends = _selected_backends(config)  # type: ignore[attr-defined]
 
 
+def _talks_to_standalone(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    backend = callspec.params.get("pravega_backend") if callspec is not None else None
+    return backend == "standalone" or item.get_closest_marker("standalone") is not None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``official_client`` skip, saying why, where the official client is missing
-    (modules that need it throughout call ``pravega_clients.require_official_client()``)."""
+    """``--only-standalone-tests`` / ``--no-standalone-tests`` split the suite between the two
+    processes of ``scripts/test``. Tests marked ``official_client`` skip, saying why, where the
+    official client is missing (modules that need it throughout call
+    ``pravega_clients.require_official_client()``)."""
     from airflow_provider_pravega.testing.pytest_plugin import OFFICIAL_CLIENT_REASON, official_client_installed
+
+    only, without = config.getoption("--only-standalone-tests"), config.getoption("--no-standalone-tests")
+    if only or without:
+        keep = [item for item in items if _talks_to_standalone(item) == only]
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
 
     if official_client_installed():
         return
