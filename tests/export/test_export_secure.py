@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from pravega_clients import official_client_installed
 
 
 def _connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, server: Any, user: str) -> None:
@@ -39,13 +40,19 @@ def test_export_head_to_tail_through_auth_and_tls(
     with hook.get_client() as client:
         client.admin.create_scope(scope)
         client.admin.create_stream(scope, "readings", 2)
-    # Written by the official client, built by the hook with the connection's credentials and CA.
-    manager = hook.get_conn()
-    writer = manager.create_writer(scope, "readings", 1000)
+    # Written by the official client, built by the hook with the connection's credentials and CA
+    # (where it is installed), else by the hook's own client's EventWriter over the same TLS and auth.
     events = [f"event-{i:04d}" for i in range(400)]
-    for i, event in enumerate(events):
-        writer.write_event(event, routing_key=f"k{i % 7}")
-    writer.flush()
+    if official_client_installed():
+        manager = hook.get_conn()
+        writer = manager.create_writer(scope, "readings", 1000)
+        for i, event in enumerate(events):
+            writer.write_event(event, routing_key=f"k{i % 7}")
+        writer.flush()
+    else:
+        with hook.get_client() as client, client.event_writer(scope, "readings") as own_writer:
+            for i, event in enumerate(events):
+                own_writer.write_event(event.encode(), routing_key=f"k{i % 7}")
 
     out = tmp_path / "lake" / "all"
     with DAG(dag_id=f"export_{scope.replace('-', '_')}", schedule=None,
