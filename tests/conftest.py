@@ -55,13 +55,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "Maven Central are available), embedded, standalone, or both (default: $PRAVEGA_BACKEND or auto)",
     )
     parser.addoption(
-        "--only-standalone-tests", action="store_true",
-        help="run only the tests that talk to Pravega standalone (backend-neutral tests on it and tests marked "
-             "standalone); scripts/test runs them in a second pytest process beside the embedded run",
-    )
-    parser.addoption(
-        "--no-standalone-tests", action="store_true",
-        help="leave out the tests marked standalone (the other process of scripts/test runs them)",
+        "--suite-part", choices=["all", "1", "2"], default="all",
+        help="scripts/test runs the suite as two pytest processes side by side: part 2 is every test that talks "
+             "to Pravega standalone plus the heaviest self-contained scenarios (SECOND_PART), part 1 the rest",
     )
 
 
@@ -86,25 +82,28 @@ def pytest_configure(config: pytest.Config) -> None:
     config._pravega_backends = _selected_backends(config)  # type: ignore[attr-defined]
 
 
-def _talks_to_standalone(item: pytest.Item) -> bool:
+#: Heavy scenarios with their own servers that run in part 2 of ``scripts/test`` (beside part 1).
+SECOND_PART = ("tests/topology/", "tests/lake/", "tests/test_demo.py")
+
+
+def _in_second_part(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
     backend = callspec.params.get("pravega_backend") if callspec is not None else None
-    return backend == "standalone" or item.get_closest_marker("standalone") is not None
+    return (backend == "standalone" or item.get_closest_marker("standalone") is not None
+            or item.nodeid.startswith(SECOND_PART))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``--only-standalone-tests`` / ``--no-standalone-tests`` split the suite between the two
-    processes of ``scripts/test``. Tests marked ``official_client`` skip, saying why, where the
-    official client is missing (modules that need it throughout call
-    ``pravega_clients.require_official_client()``)."""
+    """``--suite-part`` splits the suite between the two processes of ``scripts/test``. Tests
+    marked ``official_client`` skip, saying why, where the official client is missing (modules that
+    need it throughout call ``pravega_clients.require_official_client()``)."""
     from airflow_provider_pravega.testing.pytest_plugin import OFFICIAL_CLIENT_REASON, official_client_installed
 
-    only, without = config.getoption("--only-standalone-tests"), config.getoption("--no-standalone-tests")
-    if only or without:
-        keep = [item for item in items if _talks_to_standalone(item) == only]
+    part = config.getoption("--suite-part")
+    if part != "all":
+        keep = [item for item in items if _in_second_part(item) == (part == "2")]
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep
-
     if official_client_installed():
         return
     skip = pytest.mark.skip(reason=OFFICIAL_CLIENT_REASON)
