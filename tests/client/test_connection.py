@@ -104,9 +104,9 @@ def test_reconnect_after_connection_loss_resends_only_what_is_missing(
             # Cut the TCP connection under the session (as a network failure or a server restart would).
             session._conn.sock.shutdown(socket.SHUT_RDWR)
     session.flush()
-    assert (
-        session._conn is not first_conn and session.reconnects == 4
-    )  # it did reconnect, each time
+    # It reconnected after each of the 4 cuts (under load a reconnect attempt may itself fail and be
+    # retried: CI once counted 5 against Pravega standalone).
+    assert session._conn is not first_conn and session.reconnects >= 4
     session.close()
     assert read_segments_direct(client, scope, stream) == {
         0: expected
