@@ -756,7 +756,28 @@ class _Block:
         self.parts = parts
 
 
-class AppendSession:
+class FlushOnExit:
+    """``with`` for writers: flush when the block ends normally, close in every case (an error
+    abandons what was not flushed rather than waiting on it)."""
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                self.flush()
+        finally:
+            self.close()
+
+
+class AppendSession(FlushOnExit):
     """Pipelined appends of framed events to one segment by one writer id.
 
     Not thread-safe for writers (one producing thread); a private reader thread handles acks.
@@ -1216,13 +1237,3 @@ class AppendSession:
         reader = self._reader
         if reader is not None and reader is not threading.current_thread():
             reader.join(timeout=5)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        try:
-            if exc_type is None:
-                self.flush()
-        finally:
-            self.close()

@@ -19,9 +19,9 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Iterable, Sequence
-from typing import Any, Self
+from typing import Any
 
-from airflow_provider_pravega.client.connection import AppendSession, SegmentStoreClient
+from airflow_provider_pravega.client.connection import AppendSession, FlushOnExit, SegmentStoreClient
 from airflow_provider_pravega.client.controller import ControllerClient, SegmentRange
 from airflow_provider_pravega.client.errors import (
     NoSuchSegmentError,
@@ -38,7 +38,7 @@ __all__ = ["DEFAULT_MAX_INFLIGHT_EVENTS", "EventWriter", "RoutedSegmentWriter"]
 DEFAULT_MAX_INFLIGHT_EVENTS = 1000
 
 
-class RoutedSegmentWriter:
+class RoutedSegmentWriter(FlushOnExit):
     """Events routed by key over a table of segments, one append session per segment.
 
     Subclasses say which segment a table entry names (:meth:`segment_name`) and what a sealed or
@@ -181,16 +181,6 @@ class RoutedSegmentWriter:
         for session in set(self._open_sessions()):
             session.close()
         self._sessions = [None] * len(self._sessions)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        try:
-            if exc_type is None:
-                self.flush()
-        finally:
-            self.close()
 
 
 class EventWriter(RoutedSegmentWriter):

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_pravega.testing.cache import cache_dir
 from airflow_provider_pravega.testing.net import free_port
 
-CACHE = Path.home() / ".cache" / "airflow-provider-pravega"
 
 
 def hadoop_version() -> str:
@@ -37,7 +37,7 @@ class ObjectStore:
         """Standard s3a settings only (what a user puts in ``spark_conf`` or the Spark connection)."""
         return {
             "spark.jars.packages": f"org.apache.hadoop:hadoop-aws:{hadoop_version()}",
-            "spark.jars.ivy": str(CACHE / "ivy"),
+            "spark.jars.ivy": str(cache_dir("ivy")),
             "spark.hadoop.fs.s3a.endpoint": self.endpoint,
             "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
             "spark.hadoop.fs.s3a.path.style.access": "true",

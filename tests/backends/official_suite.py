@@ -25,6 +25,8 @@ import urllib.request
 from importlib import metadata
 from pathlib import Path
 
+from airflow_provider_pravega.testing.cache import cache_dir
+
 DIST = "pravega"
 # The test files the client's source distribution ships (tests/test.py is a script, not a test module).
 TEST_FILES = ("pravega_client_test.py", "pravega_reader_test.py")
@@ -39,12 +41,7 @@ def client_version() -> str:
 
 
 def cache_root() -> Path:
-    env = os.environ.get("PRAVEGA_CLIENT_TESTS_CACHE")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "airflow-provider-pravega" / "pravega-client-tests"
+    return cache_dir("pravega-client-tests", "PRAVEGA_CLIENT_TESTS_CACHE")
 
 
 def tests_dir(version: str | None = None, root: Path | None = None) -> Path:
