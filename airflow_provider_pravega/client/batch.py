@@ -60,6 +60,7 @@ __all__ = [
     "EventBatch",
     "SegmentRange",
     "SegmentRangeTruncatedError",
+    "advance_cut",
     "StreamCutOrderError",
     "plan_segment_ranges",
     "read_segment_range",
@@ -398,6 +399,117 @@ def plan_segment_ranges(
             ranges.append(SegmentRange(scope, stream, segment_id, begin, finish))
     ranges.sort(key=lambda r: (r.segment_id >> 32, history.key_range(r.segment_id), r.segment_id))
     return ranges
+
+
+def advance_cut(
+    client: Any,
+    start: StreamCut,
+    end: StreamCut,
+    *,
+    max_bytes: int | None = None,
+    max_events: int | None = None,
+) -> StreamCut:
+    """The cut up to which a reader from ``start`` goes next, at most ``max_bytes`` segment bytes
+    (event headers included) and ``max_events`` events past ``start``, never past ``end``.
+
+    Why: a micro-batch must not hold a whole backlog. Without limits, or when everything up to
+    ``end`` fits, this is ``end`` (resolved). Otherwise the budget goes to the segments of the
+    current cut in planning order (predecessors first), each advanced to an event boundary (found by
+    reading the bytes it hands out, so a limited step costs a read of at most that budget); a
+    sealed segment read to its end is replaced by its successors only together with every segment
+    its scale replaced, so each returned cut tiles the key space as Pravega's cuts do. At least one
+    event is taken when there is any, so a single event larger than the budget cannot stall a reader.
+    """
+    for name, value in (("max_bytes", max_bytes), ("max_events", max_events)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    start = start.resolve(client)
+    end = end.resolve(client)
+    ranges = plan_segment_ranges(client, start, end, include_empty=True)
+    total = sum(r.length or 0 for r in ranges)
+    if (max_bytes is None or total <= max_bytes) and max_events is None or total == 0:
+        return end
+    history = _History(controller_of(client), start.scope, start.stream)
+    ends = {r.segment_id: r.end_offset for r in ranges}
+    order = {r.segment_id: i for i, r in enumerate(ranges)}
+    sealed = {r.segment_id for r in ranges if r.segment_id not in end.positions}
+    cut = dict(start.positions)
+    for segment_id in cut:
+        ends.setdefault(segment_id, cut[segment_id])  # in the start cut, nothing planned (already at end)
+    bytes_left = max_bytes if max_bytes is not None else total
+    events_left = max_events if max_events is not None else total
+    taken_any = False
+    while bytes_left > 0 and events_left > 0:
+        progressed = False
+        for segment_id in sorted(cut, key=lambda s: order.get(s, -1)):
+            finish = ends[segment_id]
+            if cut[segment_id] >= finish or bytes_left <= 0 or events_left <= 0:
+                continue
+            rng = SegmentRange(start.scope, start.stream, segment_id, cut[segment_id], finish)
+            offset, used, count = _boundary_within(client, rng, bytes_left, events_left, force=not taken_any)
+            if count:
+                cut[segment_id] = offset
+                bytes_left -= used
+                events_left -= count
+                taken_any = progressed = True
+        replaced = _replace_finished(history, cut, ends, sealed)
+        if not progressed and not replaced:
+            break
+    return StreamCut(start.scope, start.stream, cut)
+
+
+def _boundary_within(client: Any, rng: SegmentRange, max_bytes: int, max_events: int,
+                     force: bool) -> tuple[int, int, int]:
+    """``(offset, bytes, events)``: the furthest event boundary of ``rng`` within the budget
+    (with ``force``, at least one event even when it alone is over budget). Reads in chunks of
+    about the budget and stops there: no read-ahead past what it hands out."""
+    offset, used, count = rng.start_offset, 0, 0
+    chunk = min(DEFAULT_READ_CHUNK, max(64 * 1024, max_bytes))
+    reads = read_segment_range_batches(client, rng, chunk=chunk)
+    try:
+        for batch in reads:
+            for payload, at in zip(batch.payloads, batch.offsets, strict=True):
+                size = len(payload) + 8
+                if (count or not force) and (used + size > max_bytes or count >= max_events):
+                    return offset, used, count
+                used += size
+                count += 1
+                offset = at + size
+    finally:
+        reads.close()
+    return offset, used, count
+
+
+def _replace_finished(history: _History, cut: dict[int, int], ends: Mapping[int, int | None],
+                      sealed: set[int]) -> bool:
+    """Replace each group of sealed, fully read segments of ``cut`` by their successors, one scale
+    at a time (the segments that scale sealed, whose successors' key ranges are exactly theirs);
+    True when any was. A group whose scale also sealed a segment not yet reached waits for it."""
+    changed = False
+    for segment_id in sorted(cut):
+        if segment_id not in cut or segment_id not in sealed or cut[segment_id] < (ends.get(segment_id) or 0):
+            continue
+        scale = history.sealed_epoch(segment_id)
+        group, successors = {segment_id}, {s.segment_id for s in history.successors(segment_id)}
+        while True:
+            more = {p for p in cut if p not in group and p in sealed and history.sealed_epoch(p) == scale
+                    and any(history.overlap(p, t) for t in successors)}
+            if not more:
+                break
+            group |= more
+            for p in more:
+                successors |= {s.segment_id for s in history.successors(p)}
+        if not all(cut[p] >= (ends.get(p) or 0) for p in group) or not all(t in ends for t in successors):
+            continue
+        candidate = {p: o for p, o in cut.items() if p not in group} | dict.fromkeys(successors, 0)
+        try:
+            history.check_cut(candidate, "next")
+        except InvalidStreamCutError:
+            continue  # the scale also sealed a segment the cut has not reached yet
+        cut.clear()
+        cut.update(candidate)
+        changed = True
+    return changed
 
 
 # ----------------------------------------------------------------------------------- reading

@@ -32,11 +32,20 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
     InputPartition,
     WriterCommitMessage,
 )
 
-from airflow_provider_pravega.client.batch import SegmentRange, plan_segment_ranges, read_segment_range_arrow
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+from airflow_provider_pravega.client.batch import (
+    SegmentRange,
+    advance_cut,
+    plan_segment_ranges,
+    read_segment_range_arrow,
+)
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import PravegaError, SegmentStoreError
 from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
@@ -69,6 +78,13 @@ OPTIONS = {
     "end_stream_cut": "read: tail/latest (default), head/earliest, or a stream-cut text",
     "decode": "read: binary (default) or text (UTF-8, event becomes a string)",
     "mode": "write: exactly_once (default) or at_least_once (plain appends; a retried task writes again)",
+    "writer_id": "streaming write, exactly once: names the query's record of committed micro-batches (required; "
+                 "keep it with the checkpoint location: a new checkpoint needs a new writer_id)",
+    "stale_after_s": "streaming write: after a driver crash, how long a restarted query waits before it "
+                     "finishes or rolls back the crashed commit (default 60)",
+    "max_events_per_trigger": "streaming read: at most this many events per micro-batch (default: no limit)",
+    "max_bytes_per_trigger": "streaming read: at most this many segment bytes (event headers included) per "
+                             "micro-batch; at least one event is always taken (default: no limit)",
 }
 _CONNECTION_OPTIONS = ("tls", "trust_store", "validate_hostname", "transaction_lease_ms")
 _CUT_WORDS = {"head": HEAD, "earliest": HEAD, "tail": TAIL, "latest": TAIL}
@@ -199,8 +215,14 @@ class PravegaDataSource(DataSource):
     def reader(self, schema: Any) -> DataSourceReader:
         return PravegaBatchReader(self.options, self._text())
 
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return PravegaStreamReader(self.options, self._text())
+
     def writer(self, schema: Any, overwrite: bool) -> PravegaBatchWriter:
         return PravegaBatchWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> PravegaStreamWriter:
+        return PravegaStreamWriter(self.options, schema, overwrite)
 
 
 class RangePartition(InputPartition):
@@ -229,23 +251,131 @@ class PravegaBatchReader(DataSourceReader):
             RangePartition(SegmentRange(self.scope, self.stream, 0, 0, 0))]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        import pyarrow as pa
+        return _read_partition(self.config, partition.rng, self.text)  # type: ignore[attr-defined]
 
-        rng: SegmentRange = partition.rng  # type: ignore[attr-defined]
-        if rng.length == 0:
-            return
-        int64, string = pa.int64(), pa.string()
-        # NOT NULL as the schema says (Spark checks nullability too).
-        schema = pa.schema([pa.field("event", string if self.text else pa.binary(), nullable=False),
-                            pa.field("scope", string, nullable=False), pa.field("stream", string, nullable=False),
-                            pa.field("segment_id", int64, nullable=False), pa.field("offset", int64, nullable=False)])
-        scope, stream = pa.scalar(rng.scope, string), pa.scalar(rng.stream, string)
-        segment_id = pa.scalar(rng.segment_id, int64)
-        for _, events, offsets, _ in read_ranges_arrow(self.config, [rng], text=self.text):
-            n = len(events)
-            yield pa.RecordBatch.from_arrays(
-                [events, pa.repeat(scope, n), pa.repeat(stream, n), pa.repeat(segment_id, n), pa.array(offsets)],
-                schema=schema)
+
+def _read_partition(config: Any, rng: SegmentRange, text: bool) -> Iterator[Any]:
+    """One range as Arrow record batches of the data source's schema (batch and streaming reads)."""
+    import pyarrow as pa
+
+    if rng.length == 0:
+        return
+    int64, string = pa.int64(), pa.string()
+    # NOT NULL as the schema says (Spark checks nullability too).
+    schema = pa.schema([pa.field("event", string if text else pa.binary(), nullable=False),
+                        pa.field("scope", string, nullable=False), pa.field("stream", string, nullable=False),
+                        pa.field("segment_id", int64, nullable=False), pa.field("offset", int64, nullable=False)])
+    scope, stream = pa.scalar(rng.scope, string), pa.scalar(rng.stream, string)
+    segment_id = pa.scalar(rng.segment_id, int64)
+    for _, events, offsets, _ in read_ranges_arrow(config, [rng], text=text):
+        n = len(events)
+        yield pa.RecordBatch.from_arrays(
+            [events, pa.repeat(scope, n), pa.repeat(stream, n), pa.repeat(segment_id, n), pa.array(offsets)],
+            schema=schema)
+
+
+class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reads: offsets are stream cuts (``{"scope", "stream", "positions"}``), so a
+    query restarted from its checkpoint continues exactly at the last committed cut; each
+    micro-batch is planned like a batch read (successors followed across scaling, predecessors
+    first) and bounded by ``max_events_per_trigger`` / ``max_bytes_per_trigger``
+    (:func:`~airflow_provider_pravega.client.batch.advance_cut`)."""
+
+    def __init__(self, options: Mapping[str, str], text: bool) -> None:
+        self.config = connection_config(options)
+        self.scope = _required(options, "scope", "the stream's scope")
+        self.stream = _required(options, "stream", "the stream to read")
+        self.start = _cut(options, "start_stream_cut", "head", self.scope, self.stream)
+        if _option(options, "end_stream_cut") is not None:
+            raise PravegaDataSourceError("a streaming read has no end_stream_cut (it follows the stream's tail); "
+                                         "use spark.read for a bounded read")
+        self.max_events = _positive(options, "max_events_per_trigger")
+        self.max_bytes = _positive(options, "max_bytes_per_trigger")
+        self.text = text
+        self._client: Any = None
+        self._end = StreamCut.symbolic(self.scope, self.stream, TAIL)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None}  # tasks connect on their own
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """``trigger(availableNow=True)``: read up to the tail as it is now, in limited batches."""
+        self._end = StreamCut.tail(self._connected(), self.scope, self.stream)
+
+    def _connected(self) -> Any:
+        if self._client is None:
+            self._client = _client(self.config)
+            _check_stream(self._client, self.scope, self.stream)
+        return self._client
+
+    def _offset(self, cut: StreamCut) -> dict:
+        return {"scope": cut.scope, "stream": cut.stream,
+                "positions": {str(s): o for s, o in sorted(cut.positions.items())}}
+
+    def _cut_of(self, offset: Mapping[str, Any]) -> StreamCut:
+        try:
+            cut = StreamCut(offset["scope"], offset["stream"],
+                            {int(s): int(o) for s, o in offset["positions"].items()})
+        except (KeyError, TypeError, ValueError, PravegaError) as exc:
+            raise PravegaDataSourceError(f"checkpointed offset {dict(offset)!r} is not a pravega stream cut: {exc}") \
+                from None
+        if (cut.scope, cut.stream) != (self.scope, self.stream):
+            raise PravegaDataSourceError(
+                f"the checkpoint's offsets are of stream {cut.scope}/{cut.stream}, but the query reads "
+                f"{self.scope}/{self.stream}: use a new checkpoint location for another stream")
+        return cut
+
+    def initialOffset(self) -> dict:
+        return self._offset(self.start.resolve(self._connected()))
+
+    def getDefaultReadLimit(self) -> Any:
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
+
+        if self.max_events is not None:
+            return ReadMaxRows(self.max_events)
+        if self.max_bytes is not None:
+            return ReadMaxBytes(self.max_bytes)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: Any) -> dict:
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
+
+        client = self._connected()
+        if isinstance(limit, ReadAllAvailable):
+            max_events = max_bytes = None
+        else:  # the engine's limit for its kind, the options for the other (both may be set)
+            max_events = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_events
+            max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.max_bytes
+        return self._offset(advance_cut(client, self._cut_of(start), self._end, max_bytes=max_bytes,
+                                        max_events=max_events))
+
+    def reportLatestOffset(self) -> dict:
+        return self._offset(StreamCut.tail(self._connected(), self.scope, self.stream))
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        ranges = _plan(self._connected(), self._cut_of(start), self._cut_of(end))
+        return [RangePartition(rng) for rng in ranges if rng.length != 0]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _read_partition(self.config, partition.rng, self.text)  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _positive(options: Mapping[str, str], name: str) -> int | None:
+    value = _option(options, name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise PravegaDataSourceError(f"option {name} must be a positive whole number, got {value!r}")
+    return number
 
 
 def _plan(client: Any, start: StreamCut, end: StreamCut) -> list[SegmentRange]:
@@ -275,9 +405,9 @@ class PravegaCommitMessage(WriterCommitMessage):
     events: int
 
 
-class PravegaBatchWriter(DataSourceArrowWriter):
-    """Exactly once by default: one transaction per task attempt, committed by the driver;
-    ``mode=at_least_once``: plain appends, nothing to commit."""
+class _TaskWrites:
+    """What batch and streaming writes share: the options checked on the driver, and each task
+    attempt writing its rows into one transaction (or plainly, at least once)."""
 
     def __init__(self, options: Mapping[str, str], schema: Any, overwrite: bool) -> None:
         if overwrite:
@@ -341,35 +471,124 @@ class PravegaBatchWriter(DataSourceArrowWriter):
                 count += 1
         return count
 
+
+class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
+    """Exactly once by default: one transaction per task attempt, committed by the driver;
+    ``mode=at_least_once``: plain appends, nothing to commit."""
+
     def commit(self, messages: Sequence[PravegaCommitMessage | None]) -> None:
         txns = [m.txn_id for m in messages if m is not None and m.txn_id is not None]
         if not txns:
             return
         with _client(self.config) as client:
-            manager = client.transactions
-            # Renew all first: if any ended (its lease ran out), commit none of them.
             from airflow_provider_pravega.client.transactions import TxnStatus
 
-            lost = [t for t in txns if manager.ping(self.scope, self.stream, t) != TxnStatus.OPEN]
-            if lost:
-                for t in txns:
-                    _abort_quietly(manager, self.scope, self.stream, t)
-                raise PravegaDataSourceError(
-                    f"{len(lost)} of the {len(txns)} write transactions on {self.scope}/{self.stream} ended before "
-                    f"the job committed (lease of {self.config.transaction_lease_ms} ms ran out?): nothing was "
-                    f"committed; raise option transaction_lease_ms")
+            manager = client.transactions
+            _renew_all_or_abort(manager, self.scope, self.stream, txns, self.config)
             for t in txns:
                 manager.commit(self.scope, self.stream, t, wait=False)
             for t in txns:
                 manager.wait_for(self.scope, self.stream, t, (TxnStatus.COMMITTED,))
 
     def abort(self, messages: Sequence[PravegaCommitMessage | None]) -> None:
-        txns = [m.txn_id for m in messages if m is not None and m.txn_id is not None]
-        if not txns:
+        _abort_all(self.config, self.scope, self.stream, messages)
+
+
+class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
+    """Exactly once per micro-batch: each task attempt writes one transaction, as in a batch write;
+    the driver's commit of micro-batch N runs the provider's exactly-once ingest protocol
+    (:class:`~airflow_provider_pravega.client.ingest.IngestCoordinator`) with the batch as its one
+    "file", identified by N, in a state keyed by the target stream and ``writer_id``. A batch that
+    Spark replays after a crash between this commit and Spark's own commit log is found committed:
+    its new transactions are aborted, so it is not written twice; a commit interrupted after its
+    commit point is rolled forward by the next batch's commit (once ``stale_after_s`` has passed)."""
+
+    def __init__(self, options: Mapping[str, str], schema: Any, overwrite: bool) -> None:
+        super().__init__(options, schema, overwrite)
+        self.writer_id = _option(options, "writer_id")
+        if self.mode == "exactly_once" and self.writer_id is None:
+            raise PravegaDataSourceError(
+                "an exactly-once streaming write needs option writer_id (a name for this query's record of "
+                "committed micro-batches, kept with its checkpoint location), or mode=at_least_once")
+        stale = _option(options, "stale_after_s", "60")
+        try:
+            self.stale_after_s = float(stale)  # type: ignore[arg-type]
+        except ValueError:
+            raise PravegaDataSourceError(f"option stale_after_s must be a number of seconds, got {stale!r}") from None
+        if self.mode == "exactly_once":
+            from airflow_provider_pravega.client.ingest import IngestError, check_timing
+
+            try:
+                check_timing(self.stale_after_s, self.config.transaction_lease_ms)
+            except IngestError as exc:
+                raise PravegaDataSourceError(f"option stale_after_s: {exc}") from None
+
+    def commit(self, messages: Sequence[PravegaCommitMessage | None], batchId: int) -> None:
+        if self.mode != "exactly_once":
             return
+        from airflow_provider_pravega.client.ingest import (
+            FilePlan,
+            IngestCoordinator,
+            WriteResult,
+            open_ingest_state,
+            register_txn,
+        )
+
+        done = [m for m in messages if m is not None and m.txn_id is not None]
+        txns = [m.txn_id for m in done]
         with _client(self.config) as client:
-            for t in txns:
-                _abort_quietly(client.transactions, self.scope, self.stream, t)
+            manager = client.transactions
+            _renew_all_or_abort(manager, self.scope, self.stream, txns, self.config)
+            store = open_ingest_state(client, self.scope, self.stream, f"spark-stream:{self.writer_id}",
+                                      stale_after_s=self.stale_after_s)
+            try:
+                coord = IngestCoordinator(store, manager, self.scope, self.stream, stale_after_s=self.stale_after_s,
+                                          lease_ms=self.config.transaction_lease_ms,
+                                          lease_keeper=client.lease_keeper)
+                hex_ids = [f"{t:032x}" for t in txns]
+
+                def register(run_id: str, plan: FilePlan) -> WriteResult:
+                    for hex_id in hex_ids:
+                        register_txn(store, run_id, hex_id)
+                    return WriteResult(hex_ids, sum(m.events for m in done))
+
+                # One "file" whose identity is the batch id: a replay of the last committed batch is
+                # skipped, the next batch replaces it (the state stays one entry long).
+                outcome = coord.run({"micro-batch": {"size": 0, "fp": f"{batchId:020d}"}}, register,
+                                    allow_changed_files=True, wait_for_commit=True)
+            finally:
+                store.close()
+            if outcome.run_id is None:
+                log.info("micro-batch %d of writer %s was already committed (a replay): its %d new transaction(s) "
+                         "are aborted", batchId, self.writer_id, len(txns))
+                for t in txns:
+                    _abort_quietly(manager, self.scope, self.stream, t)
+
+    def abort(self, messages: Sequence[PravegaCommitMessage | None], batchId: int) -> None:
+        _abort_all(self.config, self.scope, self.stream, messages)
+
+
+def _renew_all_or_abort(manager: Any, scope: str, stream: str, txns: Sequence[int], config: Any) -> None:
+    """Renew every transaction; if any ended (its lease ran out), abort them all and say so."""
+    from airflow_provider_pravega.client.transactions import TxnStatus
+
+    lost = [t for t in txns if manager.ping(scope, stream, t) != TxnStatus.OPEN]
+    if lost:
+        for t in txns:
+            _abort_quietly(manager, scope, stream, t)
+        raise PravegaDataSourceError(
+            f"{len(lost)} of the {len(txns)} write transactions on {scope}/{stream} ended before the job "
+            f"committed (lease of {config.transaction_lease_ms} ms ran out?): nothing was committed; raise "
+            f"option transaction_lease_ms")
+
+
+def _abort_all(config: Any, scope: str, stream: str, messages: Sequence[PravegaCommitMessage | None]) -> None:
+    txns = [m.txn_id for m in messages if m is not None and m.txn_id is not None]
+    if not txns:
+        return
+    with _client(config) as client:
+        for t in txns:
+            _abort_quietly(client.transactions, scope, stream, t)
 
 
 def _abort_quietly(manager: Any, scope: str, stream: str, txn_id: int) -> None:
