@@ -9,6 +9,7 @@ of this but retries errors for a minute and cannot scale, truncate or report pos
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -32,7 +33,83 @@ from airflow_provider_pravega.client.errors import (
 )
 from airflow_provider_pravega.protocol import naming
 
-__all__ = ["KEEP", "StreamAdmin", "StreamInfo"]
+__all__ = [
+    "KEEP",
+    "SCALING_POLICIES",
+    "StreamAdmin",
+    "StreamInfo",
+    "build_retention_policy",
+    "build_scaling_policy",
+    "whole_number",
+]
+
+
+# ------------------------------------------------------------------ policies from parameters
+
+SCALING_POLICIES = ("fixed", "by_event_rate", "by_data_rate")
+
+
+def whole_number(value: Any, name: str, minimum: int = 0) -> int:
+    """Numbers from templates or Spark options arrive as text; accept whole numbers only, naming the parameter."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value.strip())
+    if not isinstance(value, int):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def build_scaling_policy(
+    policy: str,
+    *,
+    segments: Any = None,
+    min_segments: Any = None,
+    target_rate: Any = None,
+    scale_factor: Any = None,
+) -> ScalingPolicy:
+    """A scaling policy from operator parameters or data-source options.
+
+    ``fixed`` takes ``segments`` (default 1); ``by_event_rate`` (events/s per segment) and
+    ``by_data_rate`` (KiB/s per segment) take ``target_rate``, ``scale_factor`` and
+    ``min_segments`` (default 1).
+    """
+    kind = str(policy).strip().lower()
+    if kind == "fixed":
+        extra = [n for n, v in (("min_segments", min_segments), ("target_rate", target_rate), ("scale_factor", scale_factor)) if v is not None]
+        if extra:
+            raise ValueError(
+                f"{', '.join(extra)} only apply to scaling_policy 'by_event_rate' or 'by_data_rate'; a fixed "
+                f"policy takes segments=N"
+            )
+        return ScalingPolicy.fixed(whole_number(1 if segments is None else segments, "segments", 1))
+    if kind in ("by_event_rate", "by_data_rate"):
+        if segments is not None:
+            raise ValueError(f"segments is for scaling_policy 'fixed'; {kind} takes min_segments")
+        if target_rate is None or scale_factor is None:
+            raise ValueError(f"scaling_policy {kind!r} needs target_rate and scale_factor")
+        rate = whole_number(target_rate, "target_rate", 1)
+        factor = whole_number(scale_factor, "scale_factor", 1)
+        minimum = whole_number(1 if min_segments is None else min_segments, "min_segments", 1)
+        if kind == "by_event_rate":
+            return ScalingPolicy.by_event_rate(rate, factor, minimum)
+        return ScalingPolicy.by_data_rate(rate, factor, minimum)
+    raise ValueError(f"scaling_policy must be one of {', '.join(SCALING_POLICIES)}, got {policy!r}")
+
+
+def build_retention_policy(size_bytes: Any = None, time_ms: Any = None) -> RetentionPolicy | None:
+    """Retention by size (bytes) or by time (milliseconds), or None (keep everything)."""
+    if size_bytes is not None and time_ms is not None:
+        raise ValueError("give retention_size_bytes or retention_time_ms, not both")
+    if size_bytes is not None:
+        return RetentionPolicy.by_size(whole_number(size_bytes, "retention_size_bytes", 1))
+    if time_ms is not None:
+        return RetentionPolicy.by_time(whole_number(time_ms, "retention_time_ms", 1))
+    return None
 
 
 class _Keep:

@@ -24,7 +24,8 @@ from airflow_provider_pravega._streams import (
     resolve_stream_cut,
     stream_info_to_dict,
 )
-from airflow_provider_pravega.client.controller import RetentionPolicy, ScalingPolicy, SegmentRange
+from airflow_provider_pravega.client.admin import build_retention_policy, build_scaling_policy, whole_number
+from airflow_provider_pravega.client.controller import SegmentRange
 from airflow_provider_pravega.client.errors import (
     PravegaError,
     ScopeNotFoundError,
@@ -51,9 +52,6 @@ __all__ = [
     "build_retention_policy",
     "build_scaling_policy",
 ]
-
-SCALING_POLICIES = ("fixed", "by_event_rate", "by_data_rate")
-
 
 class _PravegaOperator(BaseOperator):
     """Connection, default scope and client handling shared by the Pravega operators."""
@@ -106,21 +104,6 @@ class _PravegaStreamOperator(_PravegaOperator):
 # ----------------------------------------------------------------------------------- parameters
 
 
-def _as_int(value: Any, name: str, minimum: int = 0) -> int:
-    """Template-rendered numbers arrive as text; accept whole numbers only, naming the parameter."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value.strip())
-    if not isinstance(value, int):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return value
-
-
 def _as_list(value: Any, name: str) -> list[Any]:
     """A list parameter, also accepted as rendered JSON text (e.g. from a template)."""
     if isinstance(value, str):
@@ -142,54 +125,6 @@ def _as_bool(value: Any, name: str) -> bool:
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
     raise ValueError(f"{name} must be true or false, got {value!r}")
-
-
-def build_scaling_policy(
-    policy: str,
-    *,
-    segments: Any = None,
-    min_segments: Any = None,
-    target_rate: Any = None,
-    scale_factor: Any = None,
-) -> ScalingPolicy:
-    """A scaling policy from operator parameters.
-
-    ``fixed`` takes ``segments`` (default 1); ``by_event_rate`` (events/s per segment) and
-    ``by_data_rate`` (KiB/s per segment) take ``target_rate``, ``scale_factor`` and
-    ``min_segments`` (default 1).
-    """
-    kind = str(policy).strip().lower()
-    if kind == "fixed":
-        extra = [n for n, v in (("min_segments", min_segments), ("target_rate", target_rate), ("scale_factor", scale_factor)) if v is not None]
-        if extra:
-            raise ValueError(
-                f"{', '.join(extra)} only apply to scaling_policy 'by_event_rate' or 'by_data_rate'; a fixed "
-                f"policy takes segments=N"
-            )
-        return ScalingPolicy.fixed(_as_int(1 if segments is None else segments, "segments", 1))
-    if kind in ("by_event_rate", "by_data_rate"):
-        if segments is not None:
-            raise ValueError(f"segments is for scaling_policy 'fixed'; {kind} takes min_segments")
-        if target_rate is None or scale_factor is None:
-            raise ValueError(f"scaling_policy {kind!r} needs target_rate and scale_factor")
-        rate = _as_int(target_rate, "target_rate", 1)
-        factor = _as_int(scale_factor, "scale_factor", 1)
-        minimum = _as_int(1 if min_segments is None else min_segments, "min_segments", 1)
-        if kind == "by_event_rate":
-            return ScalingPolicy.by_event_rate(rate, factor, minimum)
-        return ScalingPolicy.by_data_rate(rate, factor, minimum)
-    raise ValueError(f"scaling_policy must be one of {', '.join(SCALING_POLICIES)}, got {policy!r}")
-
-
-def build_retention_policy(size_bytes: Any = None, time_ms: Any = None) -> RetentionPolicy | None:
-    """Retention by size (bytes) or by time (milliseconds), or None (keep everything)."""
-    if size_bytes is not None and time_ms is not None:
-        raise ValueError("give retention_size_bytes or retention_time_ms, not both")
-    if size_bytes is not None:
-        return RetentionPolicy.by_size(_as_int(size_bytes, "retention_size_bytes", 1))
-    if time_ms is not None:
-        return RetentionPolicy.by_time(_as_int(time_ms, "retention_time_ms", 1))
-    return None
 
 
 def _tags(value: Any) -> list[str] | None:
@@ -486,15 +421,15 @@ class PravegaScaleStreamOperator(_PravegaStreamOperator):
                 + (f" (got {', '.join(modes)})" if modes else "")
             )
         if modes[0] == "split_segment":
-            return "split", [_as_int(self.split_segment, "split_segment")], None, _as_int(self.parts, "parts", 2)
+            return "split", [whole_number(self.split_segment, "split_segment")], None, whole_number(self.parts, "parts", 2)
         if modes[0] == "merge_segments":
-            ids = [_as_int(i, "merge_segments") for i in _as_list(self.merge_segments, "merge_segments")]
+            ids = [whole_number(i, "merge_segments") for i in _as_list(self.merge_segments, "merge_segments")]
             if len(ids) < 2:
                 raise ValueError(f"merge_segments needs at least 2 segment ids, got {ids}")
             return "merge", ids, None, 1
         if self.seal_segments is None or self.new_key_ranges is None:
             raise ValueError("seal_segments and new_key_ranges go together")
-        ids = [_as_int(i, "seal_segments") for i in _as_list(self.seal_segments, "seal_segments")]
+        ids = [whole_number(i, "seal_segments") for i in _as_list(self.seal_segments, "seal_segments")]
         ranges = []
         for item in _as_list(self.new_key_ranges, "new_key_ranges"):
             if not isinstance(item, (list, tuple)) or len(item) != 2:

@@ -7,7 +7,8 @@ Register it once per session with :func:`register` (classic PySpark or Spark Con
   ranges between them (:func:`~airflow_provider_pravega.client.batch.plan_segment_ranges`, which
   follows scaling); each range is one Spark partition, read straight from the segment store as
   Arrow batches by :func:`read_ranges_arrow` (the export job reads its partitions with the same
-  function). Rows: ``event`` (binary, or UTF-8 text with ``decode=text``), ``scope``, ``stream``,
+  function). Rows: ``event`` (binary, or UTF-8 text with ``decode=text``; with ``decode=json`` the
+  columns of the given schema instead, parsed by Arrow), ``scope``, ``stream``,
   ``segment_id``, ``offset`` (where the event's header starts in its segment).
 * **batch write**, exactly once: each task attempt writes its rows into one Pravega transaction
   (:class:`~airflow_provider_pravega.client.transactions.TransactionalWriter`, routed by the
@@ -76,12 +77,22 @@ OPTIONS = {
     "transaction_lease_ms": "write: lease of each task's transaction (default 90000)",
     "start_stream_cut": "read: head/earliest (default), tail/latest, or a stream-cut text",
     "end_stream_cut": "read: tail/latest (default), head/earliest, or a stream-cut text",
-    "decode": "read: binary (default) or text (UTF-8, event becomes a string)",
+    "decode": "read: binary (default), text (UTF-8, event becomes a string) or json (each event one JSON object, "
+              "parsed into the columns of the schema given with .schema(...))",
     "mode": "write: exactly_once (default) or at_least_once (plain appends; a retried task writes again)",
     "writer_id": "streaming write, exactly once: names the query's record of committed micro-batches (required; "
                  "keep it with the checkpoint location: a new checkpoint needs a new writer_id)",
     "stale_after_s": "streaming write: after a driver crash, how long a restarted query waits before it "
                      "finishes or rolls back the crashed commit (default 60)",
+    "create_stream": "write: true creates the scope and the stream when missing, with the policy options below "
+                     "(default false: a missing stream is an error)",
+    "scaling_policy": "write with create_stream: fixed (default), by_event_rate or by_data_rate",
+    "segments": "write with create_stream: segments of a fixed policy (default 1)",
+    "min_segments": "write with create_stream: minimum segments of a rate policy (default 1)",
+    "target_rate": "write with create_stream: events/s or KiB/s per segment of a rate policy",
+    "scale_factor": "write with create_stream: how many segments one splits into under a rate policy",
+    "retention_size_bytes": "write with create_stream: keep at most this many bytes",
+    "retention_time_ms": "write with create_stream: keep data this many milliseconds",
     "max_events_per_trigger": "streaming read: at most this many events per micro-batch (default: no limit)",
     "max_bytes_per_trigger": "streaming read: at most this many segment bytes (event headers included) per "
                              "micro-batch; at least one event is always taken (default: no limit)",
@@ -89,6 +100,9 @@ OPTIONS = {
 _CONNECTION_OPTIONS = ("tls", "trust_store", "validate_hostname", "transaction_lease_ms")
 _CUT_WORDS = {"head": HEAD, "earliest": HEAD, "tail": TAIL, "latest": TAIL}
 _MODES = ("exactly_once", "at_least_once")
+_DECODINGS = ("binary", "text", "json")
+#: The columns a read gives besides the event, with their Spark types.
+_METADATA_COLUMNS = {"scope": "string", "stream": "string", "segment_id": "bigint", "offset": "bigint"}
 
 
 class PravegaDataSourceError(PravegaError, ValueError):
@@ -202,21 +216,21 @@ class PravegaDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
-        event = "string" if self._text() else "binary"
+        decode = _decode_option(self.options)
+        if decode == "json":
+            raise PravegaDataSourceError(
+                "decode=json needs the events' fields as a schema, e.g. spark.read.format('pravega')"
+                ".schema('sensor string, temperature double, offset bigint').option('decode', 'json'); "
+                f"columns named {', '.join(_METADATA_COLUMNS)} are filled from the event's position")
+        event = "string" if decode == "text" else "binary"
         return f"event {event} not null, scope string not null, stream string not null, " \
                "segment_id bigint not null, offset bigint not null"
 
-    def _text(self) -> bool:
-        decode = (_option(self.options, "decode", "binary") or "binary").lower()
-        if decode not in ("binary", "text"):
-            raise PravegaDataSourceError(f"option decode must be 'binary' or 'text', got {decode!r}")
-        return decode == "text"
-
     def reader(self, schema: Any) -> DataSourceReader:
-        return PravegaBatchReader(self.options, self._text())
+        return PravegaBatchReader(self.options, Decoding.of(self.options, schema))
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        return PravegaStreamReader(self.options, self._text())
+        return PravegaStreamReader(self.options, Decoding.of(self.options, schema))
 
     def writer(self, schema: Any, overwrite: bool) -> PravegaBatchWriter:
         return PravegaBatchWriter(self.options, schema, overwrite)
@@ -233,14 +247,60 @@ class RangePartition(InputPartition):
         self.rng = rng
 
 
+def _decode_option(options: Mapping[str, str]) -> str:
+    decode = (_option(options, "decode", "binary") or "binary").lower()
+    if decode not in _DECODINGS:
+        raise PravegaDataSourceError(f"option decode must be one of {', '.join(_DECODINGS)}, got {decode!r}")
+    return decode
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How events become rows (picklable, shipped to the read tasks): the output's Arrow schema
+    and, for ``json``, which of its columns come from the event's JSON fields."""
+
+    kind: str
+    arrow_schema: Any
+    json_fields: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, options: Mapping[str, str], schema: Any) -> Decoding:
+        """``schema`` is the user's (``.schema(...)``) or ours; checked against ``decode``."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        kind = _decode_option(options)
+        fields = {f.name: f.dataType.simpleString() for f in schema.fields}
+        if kind != "json":
+            expected = {"event": "string" if kind == "text" else "binary", **_METADATA_COLUMNS}
+            if fields != expected:
+                raise PravegaDataSourceError(
+                    f"with decode={kind} the schema is fixed ({', '.join(f'{n} {t}' for n, t in expected.items())}); "
+                    f"got {', '.join(f'{n} {t}' for n, t in fields.items())}: leave .schema() out, or use "
+                    "decode=json to read JSON events into columns of your own")
+        else:
+            wrong = [f"{n} {t}" for n, t in fields.items() if n in _METADATA_COLUMNS and t != _METADATA_COLUMNS[n]]
+            if wrong:
+                raise PravegaDataSourceError(
+                    f"schema column(s) {', '.join(wrong)}: columns named {', '.join(_METADATA_COLUMNS)} are the "
+                    f"event's position and must have the types {', '.join(f'{n} {t}' for n, t in _METADATA_COLUMNS.items())}")
+            if not any(n not in _METADATA_COLUMNS for n in fields):
+                raise PravegaDataSourceError("decode=json needs at least one column read from the events' JSON")
+        json_fields = tuple(n for n in fields if n not in _METADATA_COLUMNS) if kind == "json" else ()
+        return cls(kind, to_arrow_schema(schema, timezone="UTC"), json_fields)
+
+    @property
+    def text(self) -> bool:
+        return self.kind == "text"
+
+
 class PravegaBatchReader(DataSourceReader):
-    def __init__(self, options: Mapping[str, str], text: bool) -> None:
+    def __init__(self, options: Mapping[str, str], decoding: Decoding) -> None:
         self.config = connection_config(options)
         self.scope = _required(options, "scope", "the stream's scope")
         self.stream = _required(options, "stream", "the stream to read")
         self.start = _cut(options, "start_stream_cut", "head", self.scope, self.stream)
         self.end = _cut(options, "end_stream_cut", "tail", self.scope, self.stream)
-        self.text = text
+        self.decoding = decoding
 
     def partitions(self) -> Sequence[InputPartition]:
         with _client(self.config) as client:
@@ -251,27 +311,63 @@ class PravegaBatchReader(DataSourceReader):
             RangePartition(SegmentRange(self.scope, self.stream, 0, 0, 0))]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return _read_partition(self.config, partition.rng, self.text)  # type: ignore[attr-defined]
+        return _read_partition(self.config, partition.rng, self.decoding)  # type: ignore[attr-defined]
 
 
-def _read_partition(config: Any, rng: SegmentRange, text: bool) -> Iterator[Any]:
-    """One range as Arrow record batches of the data source's schema (batch and streaming reads)."""
+def _read_partition(config: Any, rng: SegmentRange, decoding: Decoding) -> Iterator[Any]:
+    """One range as Arrow record batches of the read's schema (batch and streaming reads)."""
     import pyarrow as pa
 
     if rng.length == 0:
         return
+    schema = decoding.arrow_schema
     int64, string = pa.int64(), pa.string()
-    # NOT NULL as the schema says (Spark checks nullability too).
-    schema = pa.schema([pa.field("event", string if text else pa.binary(), nullable=False),
-                        pa.field("scope", string, nullable=False), pa.field("stream", string, nullable=False),
-                        pa.field("segment_id", int64, nullable=False), pa.field("offset", int64, nullable=False)])
-    scope, stream = pa.scalar(rng.scope, string), pa.scalar(rng.stream, string)
-    segment_id = pa.scalar(rng.segment_id, int64)
-    for _, events, offsets, _ in read_ranges_arrow(config, [rng], text=text):
+    constants = {"scope": pa.scalar(rng.scope, string), "stream": pa.scalar(rng.stream, string),
+                 "segment_id": pa.scalar(rng.segment_id, int64)}
+    json_schema = pa.schema([schema.field(n) for n in decoding.json_fields]) if decoding.json_fields else None
+    for _, events, offsets, _ in read_ranges_arrow(config, [rng], text=decoding.text):
         n = len(events)
-        yield pa.RecordBatch.from_arrays(
-            [events, pa.repeat(scope, n), pa.repeat(stream, n), pa.repeat(segment_id, n), pa.array(offsets)],
-            schema=schema)
+        columns = {"offset": pa.array(offsets)}
+        columns.update((name, pa.repeat(value, n)) for name, value in constants.items())
+        if json_schema is None:
+            columns["event"] = events
+        else:
+            parsed = _parse_json(events, offsets, json_schema, rng)
+            columns.update((name, parsed.column(name).combine_chunks()) for name in decoding.json_fields)
+        yield pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
+
+
+def _parse_json(events: Any, offsets: Any, schema: Any, rng: SegmentRange) -> Any:
+    """Each event one JSON object, parsed by Arrow's JSON reader in one pass over the reply
+    (fields not in ``schema`` ignored, missing ones null); a bad event is named by its position."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    lines = pc.binary_join_element_wise(events, pa.scalar(b"\n"), pa.scalar(b""))
+    ends = np.frombuffer(lines.buffers()[1], dtype=np.int32 if lines.type == pa.binary() else np.int64)
+    start, end = int(ends[lines.offset]), int(ends[lines.offset + len(lines)])
+    options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore", newlines_in_values=True)
+    try:
+        table = pj.read_json(pa.BufferReader(lines.buffers()[2].slice(start, end - start)),
+                             read_options=pj.ReadOptions(use_threads=False, block_size=max(end - start, 1) + 1),
+                             parse_options=options)
+        if table.num_rows == len(events):
+            return table
+    except pa.ArrowInvalid:
+        pass
+    for payload, offset in zip(events.to_pylist(), offsets.tolist(), strict=True):  # find the culprit
+        try:
+            rows = pj.read_json(pa.BufferReader(payload + b"\n"), parse_options=options).num_rows
+            problem = None if rows == 1 else f"holds {rows} JSON values, not one object"
+        except pa.ArrowInvalid as exc:
+            problem = str(exc).removeprefix("JSON parse error: ")
+        if problem:
+            raise PravegaDataSourceError(
+                f"the event at offset {offset} of segment {rng.segment_name} cannot be read as JSON of the schema "
+                f"({problem}); read it with decode=text to see it")
+    raise PravegaDataSourceError(f"the events of segment {rng.segment_name} cannot be read as JSON of the schema")
 
 
 class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -281,7 +377,7 @@ class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     first) and bounded by ``max_events_per_trigger`` / ``max_bytes_per_trigger``
     (:func:`~airflow_provider_pravega.client.batch.advance_cut`)."""
 
-    def __init__(self, options: Mapping[str, str], text: bool) -> None:
+    def __init__(self, options: Mapping[str, str], decoding: Decoding) -> None:
         self.config = connection_config(options)
         self.scope = _required(options, "scope", "the stream's scope")
         self.stream = _required(options, "stream", "the stream to read")
@@ -291,7 +387,7 @@ class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                          "use spark.read for a bounded read")
         self.max_events = _positive(options, "max_events_per_trigger")
         self.max_bytes = _positive(options, "max_bytes_per_trigger")
-        self.text = text
+        self.decoding = decoding
         self._client: Any = None
         self._end = StreamCut.symbolic(self.scope, self.stream, TAIL)
 
@@ -357,7 +453,7 @@ class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [RangePartition(rng) for rng in ranges if rng.length != 0]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return _read_partition(self.config, partition.rng, self.text)  # type: ignore[attr-defined]
+        return _read_partition(self.config, partition.rng, self.decoding)  # type: ignore[attr-defined]
 
     def stop(self) -> None:
         if self._client is not None:
@@ -376,6 +472,33 @@ def _positive(options: Mapping[str, str], name: str) -> int | None:
     if number < 1:
         raise PravegaDataSourceError(f"option {name} must be a positive whole number, got {value!r}")
     return number
+
+
+def _flag(options: Mapping[str, str], name: str) -> bool:
+    value = (_option(options, name, "false") or "").lower()
+    if value not in ("true", "false"):
+        raise PravegaDataSourceError(f"option {name} must be true or false, got {value!r}")
+    return value == "true"
+
+
+def _create_stream(client: Any, scope: str, stream: str, options: Mapping[str, str]) -> None:
+    """The scope and stream, created when missing with the policies in the options (an existing
+    stream is left as it is, whatever its policies)."""
+    from airflow_provider_pravega.client.admin import build_retention_policy, build_scaling_policy
+
+    try:
+        scaling = build_scaling_policy(
+            _option(options, "scaling_policy", "fixed"), segments=_option(options, "segments"),
+            min_segments=_option(options, "min_segments"), target_rate=_option(options, "target_rate"),
+            scale_factor=_option(options, "scale_factor"))
+        retention = build_retention_policy(_option(options, "retention_size_bytes"),
+                                           _option(options, "retention_time_ms"))
+    except (TypeError, ValueError) as exc:
+        raise PravegaDataSourceError(f"pravega data source option: {exc}") from None
+    if client.admin.create_scope(scope):
+        log.info("created scope %s", scope)
+    if client.admin.create_stream(scope, stream, scaling=scaling, retention=retention):
+        log.info("created stream %s/%s (%s)", scope, stream, scaling)
 
 
 def _plan(client: Any, start: StreamCut, end: StreamCut) -> list[SegmentRange]:
@@ -419,7 +542,10 @@ class _TaskWrites:
         if self.mode not in _MODES:
             raise PravegaDataSourceError(f"option mode must be one of {', '.join(_MODES)}, got {self.mode!r}")
         self.event_text, self.has_key = _check_columns(schema)
+        create = _flag(options, "create_stream")
         with _client(self.config) as client:
+            if create:
+                _create_stream(client, self.scope, self.stream, options)
             _check_stream(client, self.scope, self.stream)
 
     def write(self, iterator: Iterator[Any]) -> PravegaCommitMessage:

@@ -6,6 +6,7 @@ bad options fail before anything is written; mode=at_least_once appends plainly.
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -159,3 +160,93 @@ def test_a_failed_job_commits_nothing_and_bad_options_fail_first(registered, cli
                                                      "cast(id % 3 as string) as routing_key")
     save(plain, mode="at_least_once")  # plain appends, no transaction
     assert Counter(_stream_events(client, scope, stream)) == Counter(str(i).encode() for i in range(120))
+
+
+def test_json_events_read_into_the_columns_of_a_given_schema(registered, client, pravega_controller_uri,
+                                                            unique_name):
+    from pyspark.errors import PySparkException
+
+    scope, stream = unique_name("ds-json"), "s"
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, stream, 2)
+    with client.event_writer(scope, stream) as writer:
+        for i in range(600):  # compact, pretty-printed, extra and missing fields, nested values
+            doc = {"sensor": f"s{i % 7}", "reading": i / 4, "tags": [i, i + 1], "unused": "x"}
+            if i % 5 == 0:
+                del doc["reading"]
+            text = json.dumps(doc, indent=2 if i % 3 == 0 else None)
+            writer.write_event(text.encode(), routing_key=doc["sensor"])
+        writer.flush()
+
+    def read(schema: str | None, **options):
+        reader = registered.read.format("pravega")
+        if schema:
+            reader = reader.schema(schema)
+        for k, v in {"controller": pravega_controller_uri, "scope": scope, "stream": stream, "decode": "json",
+                     **options}.items():
+            reader = reader.option(k, v)
+        return reader.load()
+
+    frame = read("sensor string, reading double, tags array<bigint>, segment_id bigint, offset bigint")
+    rows = frame.collect()
+    assert len(rows) == 600 and frame.columns == ["sensor", "reading", "tags", "segment_id", "offset"]
+    by_first_tag = {r.tags[0]: r for r in rows}
+    assert sorted(by_first_tag) == list(range(600))
+    for i, row in by_first_tag.items():
+        assert (row.sensor, row.reading, row.tags) == (f"s{i % 7}", None if i % 5 == 0 else i / 4, [i, i + 1])
+    raw = {(e.segment_id, e.offset) for e in
+           read_segment_ranges(client, plan_segment_ranges(client, StreamCut.head(client, scope, stream),
+                                                           StreamCut.tail(client, scope, stream)))}
+    assert {(r.segment_id, r.offset) for r in rows} == raw  # each row names its event's position
+
+    with client.event_writer(scope, stream) as writer:
+        writer.write_event(b'{"sensor": "s1", "reading": "warm"}', routing_key="bad")
+        writer.flush()
+    bad = next(e.offset for e in read_segment_ranges(client, plan_segment_ranges(
+        client, StreamCut.head(client, scope, stream), StreamCut.tail(client, scope, stream))) if b"warm" in e.payload)
+    with pytest.raises(PySparkException, match=rf"the event at offset {bad} of segment .* cannot be read as JSON"):
+        read("sensor string, reading double").collect()
+    assert read("sensor string, tags array<bigint>").count() == 601  # 'reading' not asked for: fine
+
+    cases = [
+        (None, {}, "decode=json needs the events' fields as a schema"),
+        ("sensor string, offset string", {}, "offset string: columns named"),
+        ("offset bigint", {}, "needs at least one column read from the events' JSON"),
+        ("event string", {"decode": "binary"}, "with decode=binary the schema is fixed"),
+        (None, {"decode": "yaml"}, "option decode must be one of binary, text, json"),
+    ]
+    for schema, options, message in cases:
+        with pytest.raises(PySparkException, match=message):
+            read(schema, **options).collect()
+
+
+def test_write_creates_the_scope_and_stream_when_asked(registered, client, pravega_controller_uri, unique_name):
+    from pyspark.errors import PySparkException
+
+    scope = unique_name("ds-create")
+    frame = registered.range(0, 90, 1, 3).selectExpr("cast(id as string) as event")
+
+    def save(stream: str, **options):
+        writer = frame.write.format("pravega").mode("append")
+        for k, v in {"controller": pravega_controller_uri, "scope": scope, "stream": stream, **options}.items():
+            writer = writer.option(k, v)
+        writer.save()
+
+    with pytest.raises(PySparkException, match=f"stream {scope}/fixed does not exist"):
+        save("fixed")  # create_stream defaults to false
+    for options, message in [({"create_stream": "yes"}, "option create_stream must be true or false"),
+                             ({"create_stream": "true", "segments": "0"}, "segments must be at least 1"),
+                             ({"create_stream": "true", "scaling_policy": "by_event_rate"},
+                              "needs target_rate and scale_factor")]:
+        with pytest.raises(PySparkException, match=message):
+            save("fixed", **options)
+    assert not client.admin.scope_exists(scope)  # bad options create nothing
+
+    save("fixed", create_stream="true", segments="3", retention_time_ms="86400000")
+    save("fixed", create_stream="true", segments="5")  # exists: left as it is, rows appended
+    assert len(client.admin.tail(scope, "fixed")) == 3
+    assert Counter(_stream_events(client, scope, "fixed")) == Counter(str(i).encode() for i in list(range(90)) * 2)
+    save("rated", create_stream="true", scaling_policy="by_event_rate", target_rate="1000", scale_factor="2",
+         min_segments="2")
+    info = client.admin.stream_info(scope, "rated")
+    assert (info.config.scaling.kind, info.config.scaling.min_segments) == ("by_rate_in_events_per_sec", 2)
