@@ -1,0 +1,135 @@
+"""Ingest from and export to a real HDFS (Hadoop's MiniDFSCluster: a NameNode and a DataNode on
+loopback, see airflow_provider_pravega.testing.hdfs) with the session's local Spark and the shared
+Pravega server: ``hdfs://`` sources listed and identified without reading data, a rerun skips
+everything, a same-size rewrite is detected (HDFS's modification time), a bad record is named by
+its hdfs:// URI and line with nothing written, a missing path is a clear error; the export
+publishes by HDFS's atomic rename, every record once, a rerun rewrites the same bytes and nothing
+temporary is left."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.client.ingest import ChangedFileError
+from airflow_provider_pravega.client.streamcut import StreamCut
+from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
+from airflow_provider_pravega.spark.ingest_job import BadRecordError, IngestSpec, SourceError, run_ingest
+from airflow_provider_pravega.testing.hdfs import Hdfs, HdfsUnavailable, hdfs_minicluster
+
+from .test_object_store import parquet_pages
+
+
+@pytest.fixture(scope="module")
+def hdfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hdfs]:
+    try:
+        with hdfs_minicluster(tmp_path_factory.mktemp("hdfs")) as cluster:
+            yield cluster
+    except HdfsUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+class HadoopFiles:
+    """Files on any Hadoop filesystem through the session's JVM (what a user's cluster sees)."""
+
+    def __init__(self, spark: Any) -> None:
+        self.jvm, self.conf = spark._jvm, spark._jsc.hadoopConfiguration()
+
+    def _fs(self, uri: str) -> tuple[Any, Any]:
+        path = self.jvm.org.apache.hadoop.fs.Path(uri)
+        return path.getFileSystem(self.conf), path
+
+    def write(self, uri: str, data: bytes) -> None:
+        fs, path = self._fs(uri)
+        out = fs.create(path, True)
+        out.write(bytearray(data))
+        out.close()
+
+    def read(self, uri: str) -> bytes:
+        fs, path = self._fs(uri)
+        out = self.jvm.java.io.ByteArrayOutputStream()
+        self.jvm.org.apache.hadoop.io.IOUtils.copyBytes(fs.open(path), out, 65536, True)  # closes both
+        return bytes(out.toByteArray())
+
+    def files(self, uri: str) -> list[str]:
+        """Every file under ``uri``, relative to it."""
+        fs, path = self._fs(uri)
+        found, listing = [], fs.listFiles(path, True)
+        prefix = fs.getFileStatus(path).getPath().toUri().getPath().rstrip("/") + "/"
+        while listing.hasNext():
+            found.append(listing.next().getPath().toUri().getPath()[len(prefix):])
+        return sorted(found)
+
+
+def jsonl(rows: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
+
+
+@pytest.fixture
+def client(pravega_embedded: Any) -> Iterator[PravegaClient]:
+    """The embedded backend only: what is tested here is HDFS, not Pravega."""
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        yield client
+
+
+def test_ingest_from_and_export_to_hdfs(hdfs: Hdfs, spark: Any, client: PravegaClient, unique_name: Any) -> None:
+    files = HadoopFiles(spark)
+    scope = unique_name("hdfs")
+    day = f"{hdfs.uri}/{scope}/in/2026-11-01"
+    sent = []
+    for part, count in ((0, 600), (1, 400)):
+        rows = [{"sensor_id": f"s{i % 5}", "part": part, "n": i} for i in range(count)]
+        sent += rows
+        files.write(f"{day}/part-{part}.jsonl", jsonl(rows))
+    files.write(f"{day}/_SUCCESS", b"")  # hidden: skipped
+
+    spec = IngestSpec(scope=scope, stream="readings", source=f"{day}/*.jsonl", routing_key_field="sensor_id",
+                      create_stream=True)
+    result = run_ingest(client, spark, spec)
+    assert (result.events, sorted(result.files_ingested)) == (1000, [f"{day}/part-0.jsonl", f"{day}/part-1.jsonl"])
+    assert run_ingest(client, spark, spec).run_id is None  # all remembered: nothing to do
+    tail = StreamCut.tail(client, scope, "readings")
+
+    time.sleep(0.01)  # a later modification time, same size, new bytes
+    changed = jsonl([{"sensor_id": f"s{i % 5}", "part": 9, "n": i} for i in range(600)])
+    assert len(changed) == len(jsonl([r for r in sent if r["part"] == 0]))
+    files.write(f"{day}/part-0.jsonl", changed)
+    with pytest.raises(ChangedFileError, match=f"{day}/part-0.jsonl"):
+        run_ingest(client, spark, spec)
+
+    bad = f"{hdfs.uri}/{scope}/in/bad"
+    files.write(f"{bad}/data.jsonl", b'{"sensor_id": "s1"}\n{"sensor_id": oops}\n')
+    with pytest.raises(BadRecordError, match=rf"{bad}/data\.jsonl, line 2: not valid JSON"):
+        run_ingest(client, spark, IngestSpec(scope=scope, stream="readings", source=bad,
+                                             routing_key_field="sensor_id"))
+    started = time.monotonic()
+    with pytest.raises(SourceError, match=f"{hdfs.uri}/{scope}/in/missing"):
+        run_ingest(client, spark, IngestSpec(scope=scope, stream="readings", source=f"{hdfs.uri}/{scope}/in/missing"))
+    assert time.monotonic() - started < 60  # named at once, not after the client's retries
+    assert StreamCut.tail(client, scope, "readings") == tail  # nothing written by the refused runs
+
+    out = f"{hdfs.uri}/{scope}/out/2026-11-01"
+    export = ExportSpec(scope, "readings", out, start_cut="head", end_cut=tail.to_text())
+    first = run_export(client, spark, export)
+    names = [uri.removeprefix(f"{out}/") for uri in first.files] + ["_PRAVEGA_EXPORT.json"]
+    written = files.files(f"{hdfs.uri}/{scope}/out")
+    assert written == sorted(f"2026-11-01/{name}" for name in names)  # the export's files and marker only
+    first_bytes = {name: files.read(f"{out}/{name}") for name in names}
+    exported = [json.loads(e) for name, data in first_bytes.items() if name.endswith(".parquet")
+                for e in pq.read_table(io.BytesIO(data)).column("event").to_pylist()]
+    key = lambda row: (row["part"], row["n"])  # noqa: E731
+    assert sorted(exported, key=key) == sorted(sent, key=key)  # every record once
+
+    again = run_export(client, spark, export)  # a rerun of the same interval: the same bytes
+    assert files.files(f"{hdfs.uri}/{scope}/out") == written  # nothing temporary left beside it
+    assert Counter(again.files) == Counter(first.files)
+    assert {n: parquet_pages(files.read(f"{out}/{n}")) for n in first_bytes} == {
+        n: parquet_pages(data) for n, data in first_bytes.items()}
