@@ -90,7 +90,9 @@ version_of() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/de
 
 want_version=""
 if command -v "$python" >/dev/null 2>&1; then
-    want_version="$(version_of "$python")"
+    # `|| true`: a command that exists but does not run (a pyenv shim of an inactive version) must
+    # reach the error below, not end the script silently under `set -e`.
+    want_version="$(version_of "$python" || true)"
 fi
 venv_is_usable() {
     [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c "$supported" 2>/dev/null &&
@@ -100,7 +102,7 @@ venv_is_usable() {
 
 if ! venv_is_usable; then
     if [[ -z "$want_version" ]]; then
-        fail "'$python' not found. Python 3.10, 3.11, 3.12 or 3.13 is required (3.11 by default: the
+        fail "'$python' not found or not runnable (a pyenv shim needs its version active, or give the full path: PYTHON=\$(pyenv root)/versions/3.13.0/bin/python3.13). Python 3.10, 3.11, 3.12 or 3.13 is required (3.11 by default: the
   official 'pravega' client, the tests' reference, ships wheels for CPython 3.10 and 3.11 only).
   Debian/Ubuntu: apt-get install -y python3.11 python3.11-venv   (or: pyenv install 3.11)
   Or set PYTHON=/path/to/python3.X (3.10-3.13), e.g. with VENV=.venv-3.13 for a separate venv."
