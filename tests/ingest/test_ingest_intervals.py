@@ -199,3 +199,34 @@ def test_a_run_waits_at_its_commit_point_while_another_commits(client, unique_na
         state = store.fetch()
         assert piece_events(client, scope, stream, interval_pieces(state, "A")[0]) == Counter(a_events)
         assert piece_events(client, scope, stream, interval_pieces(state, "B")[0]) == Counter(b_events)
+
+
+def test_a_killed_run_rolled_forward_by_the_next_try_records_its_piece(client, unique_name):
+    """Try 1 dies after its commit point, with one of its three commits requested; try 2 of the
+    same task instance rolls it forward: the interval's piece holds exactly try 1's events."""
+    scope, stream = unique_name("roll"), "s"
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, stream, 2)
+    payloads = [f"e{n}" for n in range(6)]
+
+    class Killed(BaseException):
+        pass
+
+    def die(step: str) -> None:
+        if step == "after_first_commit":
+            raise Killed()
+
+    with open_ingest_state(client, scope, stream, "roll") as store:
+        tries = [IngestCoordinator(store, client.transactions, scope, stream, stale_after_s=30, crash_hook=hook,
+                                   task_instance="dag/ingest/run/-1", try_number=n,
+                                   tail_positions=lambda: tail(client, scope, stream))
+                 for n, hook in ((1, die), (2, None))]
+        with pytest.raises(Killed):
+            tries[0].run({"/f": {"size": 1, "mtime": 1}}, writer_of(client, store, scope, stream, payloads,
+                                                                     tries[0].owner), interval="day")
+        assert interval_pieces(store.fetch(), "day") is None  # at its commit point: nothing recorded yet
+        out = tries[1].run({"/f": {"size": 1, "mtime": 1}}, writer_of(client, store, scope, stream, [],
+                                                                       tries[1].owner), interval="day")
+        assert out.run_id is None and len(out.recovered) == 1
+        (piece,) = interval_pieces(store.fetch(), "day")
+        assert piece["run"] == out.recovered[0] and piece_events(client, scope, stream, piece) == Counter(payloads)
