@@ -3,7 +3,9 @@
 create scope → create stream → transactional Spark ingest of ``<data>/incoming/{{ ds }}/*.jsonl``
 (commits requested, not awaited) → wait for every transaction with the deferrable sensor → log the
 stream's head and tail cuts. Daily; ``catchup`` makes backfills re-run old intervals, which ingest
-nothing twice (files already ingested are skipped, crashed runs are recovered).
+nothing twice (files already ingested are skipped, crashed runs are recovered). Each run records
+the stream cuts around what it committed under its data interval (the ingest's interval index):
+``pravega_stream_cut_export`` exports exactly that range for the same day.
 
 Data directory: ``$PRAVEGA_EXAMPLES_DATA`` (default ``/data``, as in docker-compose.yaml); sample
 input: ``python scripts/generate_sample_data.py --out $PRAVEGA_EXAMPLES_DATA/incoming``.

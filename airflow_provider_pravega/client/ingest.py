@@ -26,6 +26,17 @@ every step; the caller (the Spark job) supplies only the files and the write sta
 7. **Done** when every transaction is COMMITTED (the driver with ``wait_for_commit``, the commit
    sensor, or the next run): the run's files become committed.
 
+**Interval index** (a run given an ``interval``, e.g. its Airflow data interval): the run waits at
+its commit point until no other run of the ingest is between its commit point and its done record,
+records the stream's tail with the commit point (``before``), and the tail once every transaction
+is COMMITTED with the done record (``end``): ``state["intervals"][interval]`` lists these
+``(before, end)`` pieces in commit order (several when an interval ran again with new files, one
+empty piece when its run had nothing to ingest), for the last :data:`KEEP_INTERVALS` intervals. Since
+runs of the ingest commit one at a time, a piece holds every event that run committed and no event
+of another run of this ingest; events other writers (or runs of this ingest without an interval)
+appended to the stream while the piece was open lie inside it too. The export's ``interval_of``
+reads exactly these pieces.
+
 A crash anywhere, then a rerun, yields every record exactly once — with one documented exception
 that is never silent: a driver killed between its commit point and the REQUESTED record, whose
 retry comes only after the controller forgot the transactions, finds them UNKNOWN; nothing can
@@ -62,6 +73,10 @@ MAX_HEARTBEAT_S = 10.0
 #: So the smallest ``stale_after_s`` that can be safe.
 MIN_STALE_AFTER_S = HEARTBEATS_PER_STALE * MIN_HEARTBEAT_S
 UNKNOWN_COMMITS = ("committed", "not_committed")
+#: The interval index keeps the pieces of this many intervals (the oldest recorded are forgotten:
+#: ~2.7 years of daily runs); and at most this many pieces per interval.
+KEEP_INTERVALS = 1000
+MAX_PIECES_PER_INTERVAL = 100
 
 
 class IngestError(PravegaError):
@@ -165,6 +180,11 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
         state["committed"] = {p: c for p, c in state["committed"].items() if (c.get("at") or 0) >= before}
         state["forgotten_before_ms"] = max(before, state.get("forgotten_before_ms") or 0)
         return state
+    if kind == "empty_interval":  # a run of this interval had nothing (new) to ingest
+        if op["interval"] not in state.get("intervals", {}):
+            _add_piece(state, op["interval"], {"run": None, "start": op["at"], "end": op["at"]}, op.get("ts"),
+                       op.get("keep", KEEP_INTERVALS))
+        return state
     if kind == "migrated":  # a state of the old layout, adopted by the state of ``to``
         state["migrated_to"] = op["to"]
         return state
@@ -176,6 +196,8 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
             "owner": op["owner"], "heartbeat_ms": op["ts"], "started_ms": op["ts"],
             "ti": op.get("ti"), "try": op.get("try"), "stale_ms": op.get("stale_ms"),
         }
+        if op.get("interval") is not None:
+            runs[op["run"]]["interval"] = op["interval"]
     elif run is None:
         return state
     elif kind == "register":
@@ -187,6 +209,9 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
         run["phase"] = COMMITTING
         run["commit"] = list(op["txns"])
         run["heartbeat_ms"] = max(run["heartbeat_ms"], op["ts"])
+        state["commit_points"] = state.get("commit_points", 0) + 1
+        if op.get("before") is not None:
+            run["before"] = dict(op["before"])
     elif kind == "requested":
         if run["phase"] == COMMITTING:
             run["phase"] = REQUESTED
@@ -195,6 +220,9 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
         for path, ident in run["files"].items():
             at = {"at": op["ts"]} if op.get("ts") is not None else {}  # when (remember_files_for)
             state["committed"][path] = {**ident, "run": op["run"], **at}
+        if run.get("interval") is not None and run.get("before") is not None:
+            _add_piece(state, run["interval"], {"run": op["run"], "start": run["before"], "end": op.get("end")},
+                       op.get("ts"), op.get("keep", KEEP_INTERVALS))
         del runs[op["run"]]
         state["completed_runs"] = state.get("completed_runs", 0) + 1
     elif kind == "abandon":
@@ -205,6 +233,30 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
         if "ti" in op:
             run["ti"], run["try"] = op.get("ti"), op.get("try")
     return state
+
+
+def _add_piece(state: dict[str, Any], interval: str, piece: dict[str, Any], ts: int | None, keep: int) -> None:
+    """Append a committed range to the interval index; forget the intervals recorded longest ago
+    beyond ``keep`` (bounded state)."""
+    intervals = state.setdefault("intervals", {})
+    entry = intervals.setdefault(interval, {"pieces": []})
+    if len(entry["pieces"]) >= MAX_PIECES_PER_INTERVAL:
+        entry["overflow"] = True  # the export refuses it (never a silently partial day)
+    else:
+        entry["pieces"].append(piece)
+    entry["at"] = ts or 0
+    if len(intervals) > keep:
+        oldest = sorted(intervals, key=lambda k: (intervals[k].get("at") or 0, k))[: len(intervals) - keep]
+        for key in oldest:
+            state["intervals_forgotten_at"] = max(state.get("intervals_forgotten_at") or 0, intervals[key].get("at") or 0)
+            del intervals[key]
+
+
+def interval_pieces(state: Mapping[str, Any], interval: str) -> list[dict[str, Any]] | None:
+    """The committed ranges of ``interval`` in commit order (``start``/``end``: segment id text ->
+    offset), or None when no run of this interval was recorded done."""
+    entry = (state.get("intervals") or {}).get(interval)
+    return None if entry is None else list(entry["pieces"])
 
 
 class StateStore(Protocol):
@@ -342,6 +394,9 @@ class IngestCoordinator:
     ``task_instance``/``try_number`` identify the Airflow task try running this driver: a run
     owned by an earlier try of the same task instance is taken over at once (Airflow already
     decided that try is gone), without waiting ``stale_after_s``.
+
+    ``tail_positions`` returns the target stream's tail (segment id text -> offset): needed by runs
+    with an ``interval`` (the interval index, see the module doc); ``keep_intervals`` bounds it.
     """
 
     def __init__(
@@ -360,6 +415,8 @@ class IngestCoordinator:
         remember_files_for_s: float | None = None,
         lease_keeper: Callable[[float], Any] | None = None,
         crash_hook: Callable[[str], None] | None = None,
+        tail_positions: Callable[[], Mapping[str, int]] | None = None,
+        keep_intervals: int = KEEP_INTERVALS,
     ) -> None:
         self.heartbeat_s = check_timing(stale_after_s, lease_ms)
         if unknown_commits is not None and unknown_commits not in UNKNOWN_COMMITS:
@@ -379,26 +436,38 @@ class IngestCoordinator:
         self.remember_files_for_ms = None if remember_files_for_s is None else int(remember_files_for_s * 1000)
         self._lease_keeper = lease_keeper
         self._crash = crash_hook or (lambda _step: None)
+        self._tail_positions = tail_positions
+        if keep_intervals < 1:
+            raise IngestError(f"keep_intervals must be at least 1, got {keep_intervals!r}")
+        self.keep_intervals = keep_intervals
+        self.commit_timeout_s = 300.0
 
     # the whole protocol --------------------------------------------------------------------
 
     def run(
         self, identities: Mapping[str, Mapping[str, Any]], write: Callable[[str, FilePlan], WriteResult], *,
         allow_changed_files: bool = False, wait_for_commit: bool = True, transactional: bool = True,
-        wait_for_live_runs_s: float = 3600.0, commit_timeout_s: float = 300.0,
+        wait_for_live_runs_s: float = 3600.0, commit_timeout_s: float = 300.0, interval: str | None = None,
     ) -> RunOutcome:
         """Recover, plan, start, write (``write(run_id, plan)``), commit point, commit, done.
 
         ``transactional=False`` (at-least-once writes): no transactions, the run is recorded done
-        once the write stage returns.
+        once the write stage returns (and no interval piece is recorded: see the module doc).
+        ``interval``: record the run's committed range in the interval index under this key.
         """
+        if interval is not None and transactional and self._tail_positions is None:
+            raise IngestError("an ingest run with an interval needs tail_positions (to record its stream cuts)")
+        self.commit_timeout_s = commit_timeout_s
         recovered, finished = self.recover()
         self._crash("before_run_record")
         waited: tuple[list[str], list[str]] = ([], [])
         run_id, plan = self.start_run(identities, allow_changed_files=allow_changed_files,
-                                      wait_for_live_runs_s=wait_for_live_runs_s, _waited=waited)
+                                      wait_for_live_runs_s=wait_for_live_runs_s, _waited=waited,
+                                      interval=interval if transactional else None)
         out = RunOutcome(run_id, plan, recovered + waited[0], finished + waited[1])
         if run_id is None:
+            if interval is not None and transactional:
+                self.record_empty_interval(interval)
             return out
         keeper = _RunKeeper(self, run_id)
         keeper.start()
@@ -414,7 +483,16 @@ class IngestCoordinator:
                 return out
             txns = list(written.txns)
             orphans = [t for t in self.registered_txns(run_id) if t not in set(txns)]
-            self.mark_committing(run_id, txns)
+            if interval is None:
+                self.mark_committing(run_id, txns)
+            else:  # one run of the ingest commits at a time: its pieces hold no other run's events
+                while True:
+                    seen, before = self.await_commit_turn(run_id, keeper)
+                    try:
+                        self.mark_committing(run_id, txns, before=before, commit_points=seen)
+                        break
+                    except _Skip:
+                        continue
             committing = True
             self._abort_quietly(orphans)  # task attempts that failed and were retried
             self.request_commits(run_id, txns)
@@ -507,7 +585,7 @@ class IngestCoordinator:
     def start_run(
         self, identities: Mapping[str, Mapping[str, Any]], *, allow_changed_files: bool = False,
         wait_for_live_runs_s: float = 3600.0, poll_s: float = 2.0,
-        _waited: tuple[list[str], list[str]] | None = None,
+        _waited: tuple[list[str], list[str]] | None = None, interval: str | None = None,
     ) -> tuple[str | None, FilePlan]:
         """Record a new run over the files not yet committed; run id None when there is nothing
         to do. Files another live run holds are waited for (that run may commit them); the runs
@@ -531,8 +609,11 @@ class IngestCoordinator:
                     raise _Skip()
                 if not plan.to_ingest:
                     return None
-                return {"op": "start", "run": run_id, "files": plan.to_ingest, "owner": self.owner, "ts": _now_ms(),
-                        "ti": self.task_instance, "try": self.try_number, "stale_ms": self.stale_after_ms}
+                op = {"op": "start", "run": run_id, "files": plan.to_ingest, "owner": self.owner, "ts": _now_ms(),
+                      "ti": self.task_instance, "try": self.try_number, "stale_ms": self.stale_after_ms}
+                if interval is not None:
+                    op["interval"] = interval
+                return op
 
             try:
                 state = self.store.update(start)
@@ -572,8 +653,13 @@ class IngestCoordinator:
             raise FencedError(run_id)
         return list(run["txns"])
 
-    def mark_committing(self, run_id: str, txns: Sequence[str]) -> None:
-        """The commit point: from here on the run's transactions will be committed, crash or not."""
+    def mark_committing(self, run_id: str, txns: Sequence[str], *, before: Mapping[str, int] | None = None,
+                        commit_points: int | None = None) -> None:
+        """The commit point: from here on the run's transactions will be committed, crash or not.
+
+        With ``before`` (the tail read by :meth:`await_commit_turn`, when ``commit_points`` commit
+        points had been recorded): recorded only if no other run reached its commit point since,
+        else ``_Skip`` (read the tail again)."""
         def fn(state: dict[str, Any]) -> dict:
             run = state["runs"].get(run_id)
             if run is None or run["owner"] != self.owner or run["phase"] != WRITING:
@@ -581,7 +667,12 @@ class IngestCoordinator:
             missing = [t for t in txns if t not in run["txns"]]
             if missing:
                 raise IngestError(f"transactions {missing} were never registered in run {run_id}")
-            return {"op": "committing", "run": run_id, "txns": list(txns), "ts": _now_ms()}
+            op = {"op": "committing", "run": run_id, "txns": list(txns), "ts": _now_ms()}
+            if before is not None:
+                if state.get("commit_points", 0) != commit_points or _committing_others(state, run_id):
+                    raise _Skip()
+                op["before"] = dict(before)
+            return op
 
         self.store.update(fn)
         self._crash("after_commit_record")
@@ -648,14 +739,20 @@ class IngestCoordinator:
 
     def finish(self, run_id: str) -> None:
         """Record the run done (its files committed). Anyone may do it once the commits are
-        acknowledged; a run already recorded done is fine."""
+        acknowledged; a run already recorded done is fine. A run with an interval piece waits for
+        its transactions to be COMMITTED and records the tail as the piece's end."""
+        end = self._piece_end(run_id)
+
         def fn(state: dict[str, Any]) -> dict | None:
             run = state["runs"].get(run_id)
             if run is None:
                 return None
             if run["phase"] == WRITING and run["owner"] != self.owner:
                 raise FencedError(run_id, "its record belongs to another owner")
-            return {"op": "done", "run": run_id, "ts": _now_ms()}
+            op = {"op": "done", "run": run_id, "ts": _now_ms(), "keep": self.keep_intervals}
+            if end is not None:
+                op["end"] = end
+            return op
 
         state = self.store.update(fn)
         if self.remember_files_for_ms is not None:
@@ -665,6 +762,55 @@ class IngestCoordinator:
         compact = getattr(self.store, "compact", None)
         if compact is not None and state.get("completed_runs", 0) % COMPACT_EVERY_RUNS == 0:
             compact()  # new readers then start from one full record instead of the whole history
+
+    # the interval index -----------------------------------------------------------------------
+
+    def _tail(self) -> dict[str, int]:
+        if self._tail_positions is None:
+            raise IngestError("recording an interval's stream cuts needs tail_positions")
+        return {str(k): int(v) for k, v in self._tail_positions().items()}
+
+    def _piece_end(self, run_id: str) -> dict[str, int] | None:
+        """The end of a run's interval piece: the tail once its transactions are all COMMITTED
+        (None for a run without a piece). Read before the done record, so before any other run
+        of this ingest may commit (they wait for this run's done record)."""
+        run = self.store.fetch()["runs"].get(run_id)
+        if run is None or run.get("interval") is None or run.get("before") is None:
+            return None
+        for hex_id in run["commit"]:
+            self.txns.wait_for(self.scope, self.stream, int(hex_id, 16), _final_states(),
+                               timeout_s=self.commit_timeout_s)
+        return self._tail()
+
+    def await_commit_turn(self, run_id: str, keeper: Any = None, poll_s: float = 0.2) -> tuple[int, dict[str, int]]:
+        """Wait until no other run of this ingest is between its commit point and its done record
+        (runs with acknowledged commits are finished here, dead ones recovered; live ones waited
+        for), then read the tail: (commit points recorded so far, tail)."""
+        deadline = time.monotonic() + self.commit_timeout_s + self.stale_after_ms / 1000
+        while True:
+            state = self.store.fetch()
+            others = _committing_others(state, run_id)
+            if not others:
+                return state.get("commit_points", 0), self._tail()
+            if keeper is not None:
+                keeper.check()
+            if time.monotonic() > deadline:
+                raise IngestError(f"run {run_id} waited too long at its commit point for run(s) "
+                                  f"{', '.join(others)} of this ingest to finish committing")
+            log.info("run %s: waiting at its commit point for run(s) %s to finish committing", run_id,
+                     ", ".join(others))
+            self.recover()
+            time.sleep(poll_s)
+
+    def record_empty_interval(self, interval: str) -> None:
+        """A run of ``interval`` had nothing (new) to ingest: its interval is recorded as an empty
+        range unless a run already recorded it."""
+        if interval in (self.store.fetch().get("intervals") or {}):
+            return
+        at = self._tail()
+        self.store.update(lambda s: None if interval in (s.get("intervals") or {}) else
+                          {"op": "empty_interval", "interval": interval, "at": at, "ts": _now_ms(),
+                           "keep": self.keep_intervals})
 
     def abandon(self, run_id: str) -> None:
         """Undo a run this driver owns (a task failed, bad input): abort every registered txn."""
@@ -743,9 +889,12 @@ def register_txn(store: StateStore, run_id: str, hex_id: str, owner: str | None 
     store.update(fn)
 
 
-def record_run_done(store: StateStore, run_id: str) -> bool:
+def record_run_done(store: StateStore, run_id: str, end: Mapping[str, int] | None = None) -> bool:
     """Record a run whose commit requests were acknowledged as done (the commit sensor calls this
-    when it sees every transaction COMMITTED). True when recorded now, False when it already was."""
+    when it sees every transaction COMMITTED). True when recorded now, False when it already was.
+
+    ``end``: the stream's tail read after every transaction was seen COMMITTED, the end of the
+    run's interval piece; a run with a piece is left to the next run without it (returns False)."""
     done = []
 
     def fn(state: dict[str, Any]) -> dict | None:
@@ -756,8 +905,13 @@ def record_run_done(store: StateStore, run_id: str) -> bool:
         if run["phase"] != REQUESTED:
             raise IngestError(f"ingest run {run_id} is {run['phase']}, not REQUESTED: its commits were not all "
                               "acknowledged, so it cannot be recorded done from here")
+        if run.get("interval") is not None and run.get("before") is not None and end is None:
+            return None
         done.append(True)
-        return {"op": "done", "run": run_id, "ts": _now_ms()}
+        op = {"op": "done", "run": run_id, "ts": _now_ms()}
+        if end is not None:
+            op["end"] = {str(k): int(v) for k, v in end.items()}
+        return op
 
     store.update(fn)
     return bool(done)
@@ -857,6 +1011,11 @@ COMPACT_EVERY_RUNS = 16
 
 class _Skip(Exception):
     """Internal: abandon an update attempt without appending."""
+
+
+def _committing_others(state: Mapping[str, Any], run_id: str) -> list[str]:
+    """Runs other than ``run_id`` past their commit point and not yet recorded done."""
+    return sorted(rid for rid, run in state["runs"].items() if rid != run_id and run["phase"] in (COMMITTING, REQUESTED))
 
 
 def _files_text(run: Mapping[str, Any] | None, limit: int = 5) -> str:

@@ -34,6 +34,13 @@ class PravegaStreamCutExportOperator(BaseOperator):
     :param export_id: Identity of this export's recorded cuts (default ``dag_id.task_id``).
     :param interval_key: The interval whose cuts are recorded (default: the run's data interval,
         ``"<start ISO>/<end ISO>"``; runs without a data interval continue "previous" plainly).
+    :param from_ingest: The id of an exactly-once ingest into this stream (its ``ingest_id``; the
+        ingest operator's default is ``"<dag_id>.<task_id>"``): export exactly what that ingest's
+        runs of this data interval committed, whatever order the intervals ran in (catchup,
+        backfills, late days), instead of ``start_cut``/``end_cut``. Events other writers appended
+        to the stream while such a run committed are included. An interval the ingest did not
+        record (yet) fails with ``IntervalNotIngestedError`` naming it: let the export wait for the
+        ingest (e.g. an ``ExternalTaskSensor`` on its commit sensor, as the example DAGs do).
     :param on_truncated: ``fail`` (default) when the start cut lies before the stream's head, or
         ``head`` to start from the head there.
     :param num_partitions: Output files / Spark partitions (default one per segment range). About
@@ -56,6 +63,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "scope", "stream", "start_cut", "end_cut", "output_path", "export_id", "interval_key", "json_schema",
+        "from_ingest",
     )
     ui_color = "#9fd3c7"
 
@@ -75,6 +83,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
         num_partitions: int | None = None,
         json_schema: str | None = None,
         compression: str | None = None,
+        from_ingest: str | None = None,
         pravega_conn_id: str = PravegaHook.default_conn_name,
         spark_conn_id: str | None = "spark_default",
         spark_conf: dict[str, Any] | None = None,
@@ -94,6 +103,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
         self.num_partitions = num_partitions
         self.json_schema = json_schema
         self.compression = compression
+        self.from_ingest = from_ingest
         self.pravega_conn_id = pravega_conn_id
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf or {}
@@ -125,7 +135,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
             export_id=self.export_id or f"{self.dag_id}.{self.task_id}",
             interval_key=self.interval_key or self.interval_of(context), on_truncated=self.on_truncated,
             num_partitions=self.num_partitions, json_schema=self.json_schema or None,
-            compression=self.compression or None,
+            compression=self.compression or None, from_ingest=self.from_ingest or None,
         )
         spark = get_spark_session(self.spark_conn_id, f"pravega-export-{self.dag_id}.{self.task_id}", **self.spark_conf)
         with hook.get_client() as client:

@@ -46,6 +46,12 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         again: one last modified before the forgotten horizon is refused (ForgottenFileError).
     :param unknown_commits: Only to resolve :class:`UnresolvedCommitError` (a crashed run whose
         transactions the controller forgot): ``"committed"`` or ``"not_committed"``.
+    :param interval_key: Key under which the run's committed range is recorded in the ingest's
+        interval index (default: the run's data interval, ``"<start ISO>/<end ISO>"``, as the export
+        operator names it; nothing is recorded for runs without a data interval or with
+        ``mode="at_least_once"``). ``PravegaStreamCutExportOperator(interval_of=<ingest id>)`` exports
+        exactly what the runs of the same interval committed. Runs of one ingest with an interval
+        commit one at a time (a run waits at its commit point for another one's commits to finish).
     :param pravega_conn_id: The ``pravega`` connection.
     :param spark_conn_id: The Spark provider's ``spark`` connection (its host is the master URL) or
         ``spark_connect`` connection (``sc://…``); local mode when ``spark_default`` does not exist,
@@ -56,7 +62,9 @@ class PravegaTransactionalIngestOperator(BaseOperator):
     status, the stream's tail cut after commit (Pravega stream-cut text), throughput.
     """
 
-    template_fields: Sequence[str] = ("scope", "stream", "source", "routing_key_field", "payload_field", "ingest_id")
+    template_fields: Sequence[str] = (
+        "scope", "stream", "source", "routing_key_field", "payload_field", "ingest_id", "interval_key",
+    )
     template_fields_renderers = {"source": "py"}
     ui_color = "#6dc0e3"
 
@@ -80,6 +88,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         stale_after_s: float = 60.0,
         unknown_commits: str | None = None,
         remember_files_for: timedelta | float | None = None,
+        interval_key: str | None = None,
         pravega_conn_id: str = PravegaHook.default_conn_name,
         spark_conn_id: str | None = "spark_default",
         spark_conf: dict[str, Any] | None = None,
@@ -112,6 +121,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         self.stale_after_s = float(stale_after_s)
         self.unknown_commits = unknown_commits
         self.remember_files_for_s = _seconds(remember_files_for)
+        self.interval_key = interval_key
         self.pravega_conn_id = pravega_conn_id
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf or {}
@@ -133,7 +143,8 @@ class PravegaTransactionalIngestOperator(BaseOperator):
             create_stream=self.create_stream, stream_segments=self.stream_segments, on_empty=self.on_empty,
             allow_changed_files=self.allow_changed_files, wait_for_commit=self.wait_for_commit,
             num_writers=self.num_writers, stale_after_s=self.stale_after_s, unknown_commits=self.unknown_commits,
-            remember_files_for_s=self.remember_files_for_s, **_task_try(context),
+            remember_files_for_s=self.remember_files_for_s, interval_key=self.interval_key or _data_interval(context),
+            **_task_try(context),
         )
         def spark() -> Any:  # only when there is something to ingest (run_ingest checks inputs first)
             return get_spark_session(self.spark_conn_id, f"pravega-ingest-{self.dag_id}.{self.task_id}",
@@ -171,6 +182,14 @@ def _task_try(context: Any) -> dict[str, Any]:
         return {}
     key = f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/{getattr(ti, 'map_index', -1)}"
     return {"task_instance": key, "try_number": int(ti.try_number)}
+
+
+def _data_interval(context: Any) -> str | None:
+    """``"<start>/<end>"`` of the run's data interval (None when it has none): the same key the
+    export operator gives an interval."""
+    from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator
+
+    return PravegaStreamCutExportOperator.interval_of(context) if hasattr(context, "get") else None
 
 
 def _seconds(value: timedelta | float | None) -> float | None:

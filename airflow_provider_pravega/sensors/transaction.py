@@ -146,10 +146,14 @@ class PravegaTransactionSensor(PravegaSensorBase):
         if ingest is None:
             return
         from airflow_provider_pravega.client.ingest import open_state_store, record_run_done
+        from airflow_provider_pravega.client.streamcut import StreamCut
 
         state_scope, state_stream, run_id = ingest
         with self.hook.get_client() as client, open_state_store(client, state_scope, state_stream, create=False) as store:
-            if record_run_done(store, run_id):
+            # Every transaction is COMMITTED: the tail now ends the run's interval piece (no other run
+            # of the ingest with an interval commits before this run is recorded done).
+            end = StreamCut.tail(client, self._scope(), self.stream).positions
+            if record_run_done(store, run_id, end=end):
                 self.log.info("Recorded ingest run %s done in %s/%s", run_id, state_scope, state_stream)
 
     def deferred_trigger(self) -> PravegaTransactionTrigger:

@@ -31,6 +31,14 @@ ones were recorded ends where the next recorded one starts. Without an interval 
 is where the last successful export of this export id ended; a run that fails leaves its cuts as
 pending and the next ``previous`` run exports exactly those again.
 
+Interval-true exports (``from_ingest``): the cuts come from the interval index of an exactly-once
+ingest into the same stream (:mod:`airflow_provider_pravega.client.ingest`): the ranges its runs of
+the same interval key committed, in commit order, whatever order the intervals ran in. Events other
+writers appended to the stream while such a range was open are inside it, so they are exported with
+that interval. An interval no run of the ingest recorded (yet) is an
+:class:`IntervalNotIngestedError` naming it. Nothing is recorded in the export's own state: a re-run
+reads the index again, so it writes the same files unless a later run of that interval added a range.
+
 An existing directory at the output path is replaced only when its marker says it holds the export
 of the same export id, interval and cuts (a re-run reproduces it); anything else there is an error.
 
@@ -97,6 +105,7 @@ __all__ = [
     "ExportResult",
     "ExportSpec",
     "ExportState",
+    "IntervalNotIngestedError",
     "OutputPathError",
     "main",
     "run_export",
@@ -153,6 +162,11 @@ class OutputPathError(ExportError):
     """The output path cannot be written, or already holds something this export must not replace."""
 
 
+class IntervalNotIngestedError(ExportError):
+    """``from_ingest``: the ingest recorded no committed range for the interval (not ingested yet,
+    still committing, or forgotten)."""
+
+
 class EventDecodeError(ExportError, ValueError):
     """An event does not decode as ``event_format`` says (not UTF-8, not a JSON object)."""
 
@@ -184,6 +198,9 @@ class ExportSpec:
     json_sample_events: int = 1000
     #: Codec of the output files (see :data:`COMPRESSION`); None: Spark's default for the format.
     compression: str | None = None
+    #: The id of an exactly-once ingest into this stream: export what its runs of ``interval_key``
+    #: committed (its interval index), instead of ``start_cut``/``end_cut``.
+    from_ingest: str | None = None
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -208,6 +225,15 @@ class ExportSpec:
                              f"got {self.compression!r}")
         if self.interval_key is not None and not str(self.interval_key).strip():
             raise ValueError("interval_key must be a non-empty text (or None)")
+        if self.from_ingest is not None:
+            if not str(self.from_ingest).strip():
+                raise ValueError("from_ingest must be an ingest id (or None)")
+            if self.interval_key is None:
+                raise ValueError("from_ingest exports one interval of the ingest: it needs an interval_key (the "
+                                 "operator passes the run's data interval)")
+            if not self.continues_previous or not (isinstance(self.end_cut, str) and self.end_cut.strip() == TAIL):
+                raise ValueError("from_ingest takes the cuts from the ingest's interval index: leave start_cut and "
+                                 "end_cut at their defaults")
 
     @property
     def effective_export_id(self) -> str:
@@ -237,6 +263,8 @@ class ExportResult:
     ranges: int = 0
     reused_record: bool = False
     replaced_output: bool = False
+    #: ``from_ingest``: the ingest runs whose committed ranges were exported (None: an empty run).
+    ingest_runs: list[str | None] = field(default_factory=list)
     seconds: float = 0.0
     #: Seconds per phase: ``prepare`` (checks, cuts, plan), ``write`` (the Spark job), ``publish``
     #: (file names, marker, rename into place, state update).
@@ -418,6 +446,61 @@ def _basis(spec: ExportSpec, state: ExportState) -> Any:
         return (max(earlier, key=interval_order) if earlier else None,
                 min(later, key=interval_order) if later else None)
     return (state.last, state.pending)
+
+
+def ingest_interval_cuts(client: Any, spec: ExportSpec) -> tuple[_Decision, list[str | None], list[tuple[str, str]]]:
+    """``from_ingest``: the ranges the ingest's runs of ``spec.interval_key`` committed, from its
+    interval index. Returns the decision (start of the first range, end of the last, the segment
+    ranges of every piece in commit order), the runs and each piece's cut texts."""
+    from airflow_provider_pravega.client.ingest import interval_pieces, open_state_store
+    from airflow_provider_pravega.client.ingest import state_location as ingest_state_location
+
+    key, ingest = spec.interval_key, spec.from_ingest
+    where = f"ingest {ingest!r} into {spec.scope}/{spec.stream}"
+    state_scope, state_stream = ingest_state_location(spec.scope, spec.stream, ingest)
+    if not client.admin.stream_exists(state_scope, state_stream):
+        raise IntervalNotIngestedError(
+            f"interval {key} was not ingested: {where} has no state (no run of it ever started; check the ingest id "
+            f"— the operator's default is '<dag_id>.<task_id>')")
+    with open_state_store(client, state_scope, state_stream, create=False) as store:
+        state = store.fetch()
+    pieces = interval_pieces(state, key)
+    if pieces is None:
+        running = sorted(f"{rid} ({run['phase']})" for rid, run in state["runs"].items() if run.get("interval") == key)
+        known = sorted(state.get("intervals") or {}, key=interval_order)
+        if running:
+            detail = (f"its run(s) {', '.join(running)} did not finish committing yet; wait for the ingest (e.g. its "
+                      f"commit sensor) before exporting")
+        elif state.get("intervals_forgotten_at") and known and interval_order(key) < interval_order(known[0]):
+            detail = (f"it may have been forgotten: the index keeps the last intervals only (the oldest kept is "
+                      f"{known[0]})")
+        else:
+            detail = (f"no run of this interval was recorded (yet); the ingest's recorded intervals: "
+                      f"{len(known)}{', latest ' + known[-1] if known else ''}")
+        raise IntervalNotIngestedError(f"interval {key} was not ingested by {where}: {detail}")
+    if (state.get("intervals") or {})[key].get("overflow"):
+        raise ExportError(f"interval {key} of {where} was ingested by more runs than its index keeps; export it with "
+                          f"explicit cuts")
+    ranges: list[SegmentRange] = []
+    texts: list[tuple[str, str]] = []
+    first = last = None
+    for piece in pieces:
+        if piece.get("end") is None:
+            raise ExportError(f"the end of run {piece.get('run')}'s range of interval {key} ({where}) was not recorded")
+        start = StreamCut(spec.scope, spec.stream, {int(k): v for k, v in piece["start"].items()})
+        end = StreamCut(spec.scope, spec.stream, {int(k): v for k, v in piece["end"].items()})
+        try:
+            ranges += _plan(client, spec, start, end)
+        except TruncatedStreamCutError as exc:
+            raise TruncatedStreamCutError(
+                spec.scope, spec.stream, f"the stream was truncated past the start of interval {key} ({where}); "
+                f"pass on_truncated='head' to export what is left of it") from exc
+        texts.append((_cut_text(start), _cut_text(end)))
+        first = first or start
+        last = end
+    if first is None:  # recorded without any range (cannot happen: an empty run records an empty one)
+        first = last = StreamCut.tail(client, spec.scope, spec.stream)
+    return _Decision(first, last, ranges, True, None, None), [p.get("run") for p in pieces], texts
 
 
 def fix_cuts(client: Any, sync: Any, spec: ExportSpec, start_given: StreamCut | None,
@@ -866,11 +949,16 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
             f"{existing.get('interval')!r}, not {export_id!r} of {spec.interval_key!r}; remove it or choose another path"
         )
 
-    with open_export_state(client, spec) as sync:
-        decision = fix_cuts(client, sync, spec, start_given, end_given)
+    pieces: list[tuple[str, str]] | None = None
+    with (open_export_state(client, spec) if spec.from_ingest is None else contextlib.nullcontext()) as sync:
+        if spec.from_ingest is None:
+            decision = fix_cuts(client, sync, spec, start_given, end_given)
+        else:  # the ingest's index is the record: a re-run after a later range was added may replace
+            decision, ingest_runs, pieces = ingest_interval_cuts(client, spec)
         start_text, end_text = _cut_text(decision.start), _cut_text(decision.end)
         replace = existing is not None
-        if existing and (existing.get("start_cut"), existing.get("end_cut")) != (start_text, end_text):
+        if (existing and pieces is None
+                and (existing.get("start_cut"), existing.get("end_cut")) != (start_text, end_text)):
             raise OutputPathError(
                 f"output path {spec.output_path!r} holds an export of other cuts ({existing.get('start_cut')} .. "
                 f"{existing.get('end_cut')}) than this run's ({start_text} .. {end_text}); remove it or choose "
@@ -885,6 +973,8 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
             end_cut=end_text, output_path=spec.output_path, format=spec.format, event_format=spec.event_format,
             ranges=len(decision.ranges), reused_record=decision.reused, replaced_output=replace,
         )
+        if pieces is not None:
+            result.ingest_runs = ingest_runs
         sc = spark.sparkContext
         counters = (sc.accumulator(0), sc.accumulator(0))
         progress = _Progress(spark, f"export {export_id}")
@@ -929,6 +1019,8 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
                 "start_cut": start_text, "end_cut": end_text, "format": spec.format,
                 "event_format": spec.event_format, "events": result.events, "bytes": result.bytes, "files": names,
             }
+            if pieces is not None:
+                marker.update(from_ingest=spec.from_ingest, ingest_runs=ingest_runs, pieces=[list(p) for p in pieces])
             output.write_text(output.child(output.temp, MARKER), json.dumps(marker, indent=1, sort_keys=True) + "\n")
             output.publish(replace)
         except BaseException:
@@ -936,7 +1028,8 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
             raise
         if spec.interval_key is None:  # where the next "previous" starts (intervals have their records)
             sync.update(lambda _state: {"op": "done", "start": start_text, "end": end_text})
-        _maybe_compact(sync)
+        if sync is not None:
+            _maybe_compact(sync)
 
     result.files = [f"{output.text}/{name}" for name in names]
     result.seconds = time.monotonic() - started
@@ -976,6 +1069,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--event-format", default="text", choices=EVENT_FORMATS)
     ap.add_argument("--export-id")
     ap.add_argument("--interval", help="interval key, e.g. 2026-11-20T00:00:00+00:00/2026-11-21T00:00:00+00:00")
+    ap.add_argument("--from-ingest", help="export what this ingest id committed for --interval (its interval index)")
     ap.add_argument("--on-truncated", default="fail", choices=ON_TRUNCATED)
     ap.add_argument("--num-partitions", type=int)
     ap.add_argument("--json-schema")
@@ -990,7 +1084,7 @@ def main(argv: list[str] | None = None) -> int:
             scope=args.scope, stream=args.stream, output_path=args.output_path, start_cut=args.start_cut,
             end_cut=args.end_cut, format=args.format, event_format=args.event_format, export_id=args.export_id,
             interval_key=args.interval, on_truncated=args.on_truncated, num_partitions=args.num_partitions,
-            json_schema=args.json_schema, compression=args.compression,
+            json_schema=args.json_schema, compression=args.compression, from_ingest=args.from_ingest,
         )
         settings = spark_settings(args)
     except ValueError as exc:

@@ -121,6 +121,9 @@ class IngestSpec:
     try_number: int | None = None  # ... and its try: a later try takes an earlier try's run over at once
     unknown_commits: str | None = None  # "committed" / "not_committed": see UnresolvedCommitError
     remember_files_for_s: float | None = None  # forget committed files after this long (None: never)
+    #: Record the run's committed range under this key in the ingest's interval index (the
+    #: operator passes its data interval, "<start ISO>/<end ISO>"); the export's interval_of reads it.
+    interval_key: str | None = None
 
     def __post_init__(self) -> None:
         check_options(format=self.format, mode=self.mode, on_empty=self.on_empty,
@@ -128,6 +131,8 @@ class IngestSpec:
                       num_writers=self.num_writers, stream_segments=self.stream_segments,
                       stale_after_s=self.stale_after_s, unknown_commits=self.unknown_commits,
                       remember_files_for_s=self.remember_files_for_s)
+        if self.interval_key is not None and not str(self.interval_key).strip():
+            raise ValueError("interval_key must be a non-empty text (or None)")
         if not _items(self.source) or any(not i for i in _items(self.source)):
             raise ValueError(f"source must be a non-empty path, glob or URI (or a list of them), got {self.source!r}")
 
@@ -722,7 +727,9 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     # Everything checkable without Spark comes first; the session starts only when there is work.
     get_spark = spark if callable(spark) else (lambda: spark)
     if precheck_sources(spec.source) is False:
-        return _nothing_to_ingest(spec)
+        result = _nothing_to_ingest(spec)
+        _record_empty_interval(client, spec)
+        return result
     admin = client.admin
     if not admin.stream_exists(spec.scope, spec.stream):
         if not spec.create_stream:
@@ -738,11 +745,15 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
         store, client.transactions, spec.scope, spec.stream, stale_after_s=spec.stale_after_s, lease_ms=lease_ms,
         task_instance=spec.task_instance, try_number=spec.try_number, unknown_commits=spec.unknown_commits,
         remember_files_for_s=spec.remember_files_for_s, lease_keeper=client.lease_keeper, crash_hook=crash_point,
+        tail_positions=lambda: _tail_positions(client, spec),
     )
     spark = get_spark()
     listed = list_sources(spark, spec.source)
     if not listed:
-        return _nothing_to_ingest(spec)
+        result = _nothing_to_ingest(spec)
+        if spec.interval_key is not None and spec.mode == "exactly_once":
+            coord.record_empty_interval(spec.interval_key)
+        return result
     files = [f.key for f in listed]
     identities = {f.key: file_identity(f.size, f.mtime_ms) for f in listed}
     unsure = needs_fingerprint(store.fetch(), identities)
@@ -767,7 +778,8 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
                            sum(r["bytes"] for r in rows))
 
     outcome = coord.run(identities, write, allow_changed_files=spec.allow_changed_files,
-                        wait_for_commit=spec.wait_for_commit, transactional=spec.mode == "exactly_once")
+                        wait_for_commit=spec.wait_for_commit, transactional=spec.mode == "exactly_once",
+                        interval=spec.interval_key)
     result = IngestResult(
         run_id=outcome.run_id, files_skipped=sorted(outcome.plan.skipped), recovered_runs=outcome.recovered,
         finished_runs=outcome.finished, state_scope=state_scope, state_stream=state_stream,
@@ -793,6 +805,29 @@ def _nothing_to_ingest(spec: IngestSpec) -> IngestResult:
         log.info("source %r matches no file: nothing to ingest", spec.source)
         return IngestResult(run_id=None)
     raise SourceError(f"source {spec.source!r} matches no file (pass on_empty='succeed' to accept that)")
+
+
+def _tail_positions(client: Any, spec: IngestSpec) -> dict[str, int]:
+    """The target stream's tail as the interval index keeps it (segment id text -> offset)."""
+    from airflow_provider_pravega.client.streamcut import StreamCut
+
+    return {str(k): v for k, v in StreamCut.tail(client, spec.scope, spec.stream).positions.items()}
+
+
+def _record_empty_interval(client: Any, spec: IngestSpec) -> None:
+    """An interval whose source holds no file: recorded as an empty range in the interval index
+    (so its export is empty, not an error), when the stream and the ingest's state exist."""
+    if spec.interval_key is None or spec.mode != "exactly_once" or not client.admin.stream_exists(spec.scope, spec.stream):
+        return
+    store = open_ingest_state(client, spec.scope, spec.stream, spec.effective_ingest_id,
+                              stale_after_s=spec.stale_after_s)
+    try:
+        coord = IngestCoordinator(store, client.transactions, spec.scope, spec.stream, stale_after_s=spec.stale_after_s,
+                                  lease_ms=client.transactions.default_lease_ms,
+                                  tail_positions=lambda: _tail_positions(client, spec))
+        coord.record_empty_interval(spec.interval_key)
+    finally:
+        store.close()
 
 
 def config_of(client: Any) -> PravegaConnectionConfig:
@@ -840,6 +875,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="how to resolve a crashed run whose transactions the controller forgot (see the README)")
     ap.add_argument("--remember-files-for", type=float, default=None,
                     help="seconds after which committed files are forgotten (default: never)")
+    ap.add_argument("--interval", help="record the run's committed range under this interval key (see the export's "
+                                       "--interval-of), e.g. 2026-11-20T00:00:00+00:00/2026-11-21T00:00:00+00:00")
     ap.add_argument("--task-instance", help=argparse.SUPPRESS)  # what the operator passes: fast takeover
     ap.add_argument("--try-number", type=int, help=argparse.SUPPRESS)
     add_spark_arguments(ap)
@@ -853,6 +890,7 @@ def main(argv: list[str] | None = None) -> int:
         mode=args.mode, create_stream=args.create_stream, stream_segments=args.segments,
         num_writers=args.num_writers, stale_after_s=args.stale_after, unknown_commits=args.unknown_commits,
         task_instance=args.task_instance, try_number=args.try_number, remember_files_for_s=args.remember_files_for,
+        interval_key=args.interval,
     )
     try:
         settings = spark_settings(args)

@@ -80,41 +80,48 @@ def test_ingest_dag_runs_two_days_and_a_backfill_without_duplicates(tmp_path, mo
     assert Counter(e.decode() for e in events) == Counter(source)
 
 
-def test_export_dag_tiles_the_stream_and_reruns_identically(tmp_path, monkeypatch, spark, run_dag,
-                                                            pravega_default_conn):
-    """Three daily exports with writes in between: together exactly what was written; re-running a
-    day rewrites the same rows."""
+def test_ingest_and_export_dags_catch_up_out_of_order_each_day_exactly(tmp_path, monkeypatch, spark, run_dag,
+                                                                       pravega_default_conn):
+    """The example pair over five days, ingested out of order (3, 1, 5, 2, 4) as a catchup or late
+    days may run: each day's export folder holds exactly that day's records (the export waits for
+    the ingest of its day and takes that day's cuts from the ingest's interval index); re-running a
+    day's export rewrites the same rows."""
     from airflow_provider_pravega.client import PravegaClient
 
-    monkeypatch.setenv("PRAVEGA_EXAMPLES_DATA", str(tmp_path / "data"))
-    dag = load_dag(DAGS / "pravega_stream_cut_export.py", "pravega_stream_cut_export")
-    with PravegaClient(pravega_default_conn) as client:
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "generate_sample_data.py"), "--out",
+                    str(data / "incoming"), "--days", "5", "--files-per-day", "1", "--events-per-file", "30"],
+                   check=True, capture_output=True)
+    monkeypatch.setenv("PRAVEGA_EXAMPLES_DATA", str(data))
+    ingest = load_dag(DAGS / "pravega_exactly_once_ingest.py", "pravega_exactly_once_ingest")
+    export = load_dag(DAGS / "pravega_stream_cut_export.py", "pravega_stream_cut_export")
+    with PravegaClient(pravega_default_conn) as client:  # a fresh stream and ingest state for this test
         client.admin.create_scope("iot")
         if client.admin.stream_exists("iot", "readings"):
             client.admin.delete_stream("iot", "readings", seal=True)
-        client.admin.create_stream("iot", "readings", 2)
-    writer = stream_writer(pravega_default_conn, "iot", "readings", 100)
-    written = []
-    days = ["2026-11-01", "2026-11-02", "2026-11-03"]
-    for d, day in enumerate(days):
-        for n in range(40):
-            rec = json.dumps({"reading_id": f"{day}-{n}", "sensor_id": f"s{n % 4}", "n": n})
-            writer.write_event(rec, f"s{n % 4}")
-            written.append(rec)
-        writer.flush()
-        run = run_dag(dag, logical_date=datetime.fromisoformat(day).replace(tzinfo=timezone.utc))
-        assert {str(ti.state) for ti in run.get_task_instances()} == {"success"}
+    days = [f"2026-11-0{d}" for d in (1, 2, 3, 4, 5)]
 
-    def rows(day: str) -> list[str]:
-        frame = spark.read.parquet(str(tmp_path / "data" / "export" / "readings" / day))
-        return sorted(json.dumps({"reading_id": r["reading_id"]}) for r in frame.collect())
+    def run(dag, day: str) -> None:
+        dag_run = run_dag(dag, logical_date=datetime.fromisoformat(day).replace(tzinfo=timezone.utc))
+        states = {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
+        assert set(states.values()) == {"success"}, (dag.dag_id, day, states)
 
-    exported = [row for day in days for row in rows(day)]
-    assert sorted(exported) == sorted(json.dumps({"reading_id": json.loads(w)["reading_id"]}) for w in written)
-    before = rows(days[1])
-    run = run_dag(dag, logical_date=datetime.fromisoformat(days[1]).replace(tzinfo=timezone.utc))
-    assert {str(ti.state) for ti in run.get_task_instances()} == {"success"}
-    assert rows(days[1]) == before and len(before) == 40
+    def ids(lines) -> list[str]:
+        return sorted(json.loads(line)["reading_id"] for line in lines)
+
+    def exported(day: str) -> list[str]:
+        return sorted(r["reading_id"] for r in spark.read.parquet(str(data / "export" / "readings" / day)).collect())
+
+    for day in ("2026-11-03", "2026-11-01", "2026-11-05", "2026-11-02", "2026-11-04"):
+        run(ingest, day)
+    for day in days:
+        run(export, day)
+    for day in days:
+        source = [line for p in sorted((data / "incoming" / day).glob("*.jsonl")) for line in p.read_text().splitlines()]
+        assert exported(day) == ids(source) and len(source) == 30, day
+    before = exported(days[1])
+    run(export, days[1])
+    assert exported(days[1]) == before
 
 
 def test_event_driven_dag_exports_the_new_range(tmp_path, monkeypatch, spark, run_dag, pravega_default_conn):
