@@ -62,6 +62,7 @@ MODES = ("exactly_once", "at_least_once")
 # Fault injection for the crash-matrix tests only: SIGKILL the driver at a named step, or pause it.
 CRASH_ENV = "PRAVEGA_INGEST_CRASH_AT"
 DELAY_ENV = "PRAVEGA_INGEST_DELAY_AT"  # "step:seconds"
+DELAY_RELEASE_ENV = "PRAVEGA_INGEST_DELAY_RELEASE"  # a file whose appearance ends that pause early
 
 
 class BadRecordError(IngestError):
@@ -176,7 +177,10 @@ def crash_point(step: str) -> None:
     delay_step, _, seconds = os.environ.get(DELAY_ENV, "").partition(":")
     if delay_step == step:
         log.warning("fault injection: pausing %s s at %s", seconds, step)
-        time.sleep(float(seconds))
+        release = os.environ.get(DELAY_RELEASE_ENV)
+        deadline = time.monotonic() + float(seconds)
+        while time.monotonic() < deadline and not (release and os.path.exists(release)):
+            time.sleep(0.2)
 
 
 # ---------------------------------------------------------------------------------------------

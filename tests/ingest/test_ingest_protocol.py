@@ -30,7 +30,7 @@ from airflow_provider_pravega.client.ingest import (
     open_state_store,
 )
 from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
-from airflow_provider_pravega.spark.ingest_job import CRASH_ENV, DELAY_ENV, IngestSpec, run_ingest, state_location
+from airflow_provider_pravega.spark.ingest_job import CRASH_ENV, DELAY_ENV, DELAY_RELEASE_ENV, IngestSpec, run_ingest, state_location
 
 
 @pytest.fixture(scope="module")
@@ -265,8 +265,11 @@ def test_a_later_try_takes_over_at_once_and_fences_the_earlier_one(tmp_path, cli
     scope = unique_name("takeover")
     lines = write_day(tmp_path / "in", 1)
     ti = ["--task-instance", "dag/ingest/run1/-1", "--stale-after", "60"]
+    release = tmp_path / "release-try-1"
     first = subprocess.Popen(ingest_cmd(forgetful.controller_uri, scope, tmp_path / "in", *ti, "--try-number", "1"),
-                             env={**os.environ, DELAY_ENV: "after_tasks:30"}, stdout=subprocess.PIPE,
+                             # Paused until try 2 is done (however loaded the machine), at most 10 minutes.
+                             env={**os.environ, DELAY_ENV: "after_tasks:600", DELAY_RELEASE_ENV: str(release)},
+                             stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
         spec = IngestSpec(scope=scope, stream="s", source="x", ingest_id="cli")
@@ -281,6 +284,7 @@ def test_a_later_try_takes_over_at_once_and_fences_the_earlier_one(tmp_path, cli
         second = run(ingest_cmd(forgetful.controller_uri, scope, tmp_path / "in", *ti, "--try-number", "2"))
         result = summary(second)
         assert result["recovered_runs"] == [run_id] and "waiting for live run" not in second.stderr
+        release.touch()
         out, err = first.communicate(timeout=120)
     finally:
         if first.poll() is None:
