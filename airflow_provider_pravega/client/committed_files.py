@@ -100,7 +100,7 @@ class CommittedFiles:
         each removal is conditional on the version scanned (a file re-recorded meanwhile stays)."""
         removed = scanned = 0
         while scanned < budget:
-            rows, next_token = self.table.entries_page(token, min(1000, budget - scanned))
+            rows, next_token = self.table.entries_page(token, budget - scanned)  # the server may send fewer
             if not rows:
                 return removed, b""
             scanned += len(rows)
