@@ -24,7 +24,8 @@ every step; the caller (the Spark job) supplies only the files and the write sta
    commit request is sent).
 6. **Request** every commit; once the controller acknowledged all of them, phase REQUESTED.
 7. **Done** when every transaction is COMMITTED (the driver with ``wait_for_commit``, the commit
-   sensor, or the next run): the run's files become committed.
+   sensor, or the next run): the run's files become committed — entries of the committed-file
+   table keyed by path (client/committed_files.py), so the state keeps only the run protocol.
 
 A crash anywhere, then a rerun, yields every record exactly once — with one documented exception
 that is never silent: a driver killed between its commit point and the REQUESTED record, whose
