@@ -65,7 +65,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "export": {"events": 100_000, "repeat": 3, "extra": []},
         "txn_writer": {"events": 100_000, "repeat": 3, "extra": []},
         "event_writer": {"events": 100_000, "repeat": 3, "extra": []},
-        "ingest_state": {"events": 100_000, "repeat": 3, "extra": []},
+        "ingest_state": {"events": 100_000, "repeat": 5, "extra": []},  # samples are cheap, load is not
         "lake": {"events": 100_000, "repeat": 1, "extra": ["--small-mb", "20", "--large-mb", "200"]},
     },
     "full": {
@@ -74,7 +74,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "export": {"events": 1_000_000, "repeat": 3, "extra": []},
         "txn_writer": {"events": 500_000, "repeat": 3, "extra": []},
         "event_writer": {"events": 500_000, "repeat": 3, "extra": []},
-        "ingest_state": {"events": 1_000_000, "repeat": 3, "extra": []},
+        "ingest_state": {"events": 1_000_000, "repeat": 7, "extra": []},  # ~2 s per sample; filling dominates
         "lake": {"events": 300_000, "repeat": 2, "extra": ["--small-mb", "100", "--large-mb", "2000"]},
     },
 }

@@ -24,7 +24,8 @@ every step; the caller (the Spark job) supplies only the files and the write sta
    commit request is sent).
 6. **Request** every commit; once the controller acknowledged all of them, phase REQUESTED.
 7. **Done** when every transaction is COMMITTED (the driver with ``wait_for_commit``, the commit
-   sensor, or the next run): the run's files become committed.
+   sensor, or the next run): the run's files become committed — entries of the committed-file
+   table keyed by path (client/committed_files.py), so the state keeps only the run protocol.
 
 **Interval index** (a run given an ``interval``, e.g. its Airflow data interval): the run waits at
 its commit point until no other run of the ingest is between its commit point and its done record,
@@ -46,6 +47,7 @@ with :class:`UnresolvedCommitError` naming the run, its files and ``unknown_comm
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import math
@@ -176,9 +178,19 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
             state["ingest_id"] = op.get("ingest_id")
         return state
     if kind == "prune":  # forget committed files recorded before ``before`` (remember_files_for)
-        before = op["before"]
-        state["committed"] = {p: c for p, c in state["committed"].items() if (c.get("at") or 0) >= before}
-        state["forgotten_before_ms"] = max(before, state.get("forgotten_before_ms") or 0)
+        before = op.get("before")
+        if before is not None:
+            state["committed"] = {p: c for p, c in state["committed"].items() if (c.get("at") or 0) >= before}
+            state["forgotten_before_ms"] = max(before, state.get("forgotten_before_ms") or 0)
+        if "token" in op:  # where the committed-file table's bounded sweep continues
+            state["prune_token"] = op["token"]
+        return state
+    if kind == "keyed":  # the committed map now lives in the committed-file table
+        state["committed"] = {}
+        state["keyed"] = True
+        return state
+    if kind == "indexed":  # a done run's files are in the committed-file table
+        state.get("unindexed", {}).pop(op["run"], None)
         return state
     if kind == "empty_interval":  # a run of this interval had nothing (new) to ingest
         if op["interval"] not in state.get("intervals", {}):
@@ -217,7 +229,9 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
             run["phase"] = REQUESTED
             run["requested_ms"] = op.get("ts")
     elif kind == "done":
-        for path, ident in run["files"].items():
+        if state.get("keyed"):  # its files go to the committed-file table next (see index_done_runs)
+            state.setdefault("unindexed", {})[op["run"]] = {"files": run["files"], "at": op.get("ts")}
+        for path, ident in ({} if state.get("keyed") else run["files"]).items():
             at = {"at": op["ts"]} if op.get("ts") is not None else {}  # when (remember_files_for)
             state["committed"][path] = {**ident, "run": op["run"], **at}
         if run.get("interval") is not None and run.get("before") is not None:
@@ -300,9 +314,10 @@ def same_file(before: Mapping[str, Any], now: Mapping[str, Any]) -> bool | None:
     return False
 
 
-def needs_fingerprint(state: Mapping[str, Any], identities: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def needs_fingerprint(state: Mapping[str, Any], identities: Mapping[str, Mapping[str, Any]],
+                      store: StateStore | None = None) -> list[str]:
     """Files whose planning needs a content fingerprint (see same_file)."""
-    committed = state["committed"]
+    committed = known_files(store, state, identities) if store is not None else state["committed"]
     return sorted(p for p, ident in identities.items()
                   if p in committed and same_file(committed[p], ident) is None)
 
@@ -344,6 +359,64 @@ def plan_files(
         else:
             raise ChangedFileError(path, before, ident)
     return FilePlan(to_ingest, skipped)
+
+
+# ---------------------------------------------------------------------------------------------
+# Committed files: a table keyed by file (client/committed_files.py), not the synchronizer
+# ---------------------------------------------------------------------------------------------
+
+#: Committed-file table entries a finished run scans for pruning (at least twice its own files).
+PRUNE_BUDGET = 10_000
+
+
+def known_files(store: Any, state: Mapping[str, Any], paths: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """What the ingest remembers about ``paths``: their committed-file table entries (looked up
+    by key: the cost follows ``paths``, not the history), overlaid with the state's own records
+    (an old state's ``committed`` map not moved yet; runs recorded done, not yet in the table)."""
+    paths = list(paths)
+    known: dict[str, dict[str, Any]] = {}
+    files = getattr(store, "files", None)
+    if files is not None and state.get("keyed"):
+        known.update(files.lookup(paths))
+    committed = state["committed"]
+    known.update({p: committed[p] for p in paths if p in committed})
+    for run_id, entry in sorted(state.get("unindexed", {}).items(), key=lambda kv: kv[1].get("at") or 0):
+        at = {"at": entry["at"]} if entry.get("at") is not None else {}
+        known.update({p: {**entry["files"][p], "run": run_id, **at} for p in paths if p in entry["files"]})
+    return known
+
+
+def index_done_runs(store: Any, state: Mapping[str, Any]) -> dict[str, Any]:
+    """Write the files of runs recorded done into the committed-file table, then drop them from
+    the state. Anyone may do it, any number of times (the table writes are idempotent and never
+    replace a later run's entry); a crash in between leaves them in the state, where planning
+    still sees them, for the next run to index."""
+    files = getattr(store, "files", None)
+    if files is None:
+        return dict(state)
+    for run_id, entry in sorted(state.get("unindexed", {}).items(), key=lambda kv: kv[1].get("at") or 0):
+        files.record(entry["files"], run_id, entry.get("at"))
+        state = store.update(lambda s, r=run_id: {"op": "indexed", "run": r} if r in s.get("unindexed", {}) else None)
+    return dict(state)
+
+
+def move_committed_to_table(store: Any) -> dict[str, Any]:
+    """Migration: a state of the old layout (every committed file in the synchronizer) moves its
+    ``committed`` map into the committed-file table on first use, then records ``keyed``."""
+    files = getattr(store, "files", None)
+    state = store.fetch()
+    if files is None or state.get("keyed"):
+        return state
+
+    def fn(state: dict[str, Any]) -> dict:
+        files.put_many(state["committed"].items())  # full records: identity, run, at
+        return {"op": "keyed"}
+
+    moved = len(state["committed"])
+    state = store.update(fn)
+    if moved:
+        log.info("moved %d committed file(s) of the ingest state into its committed-file table", moved)
+    return state
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,7 +600,7 @@ class IngestCoordinator:
     def recover(self) -> tuple[list[str], list[str]]:
         """Record done every run whose commits were acknowledged, and finish or undo every run
         whose driver is gone. Returns (recovered killed runs, finished acknowledged runs)."""
-        state = self.store.fetch()
+        state = index_done_runs(self.store, move_committed_to_table(self.store))
         finished = [rid for rid, run in state["runs"].items() if run["phase"] == REQUESTED]
         for run_id in finished:
             self.resolve_requested(run_id, state["runs"][run_id])
@@ -600,7 +673,9 @@ class IngestCoordinator:
             def start(state: dict[str, Any]) -> dict | None:
                 holder.clear()
                 plan_box.clear()
-                plan = plan_files(state, identities, allow_changed_files=allow_changed_files)
+                # Looked up after the state was read: a run recorded done since is in the table.
+                view = {**state, "committed": known_files(self.store, state, identities)}
+                plan = plan_files(view, identities, allow_changed_files=allow_changed_files)
                 plan_box.append(plan)
                 busy = {p: rid for rid, run in state["runs"].items() for p in run["files"]}
                 clash = sorted({busy[p] for p in plan.to_ingest if p in busy})
@@ -755,9 +830,20 @@ class IngestCoordinator:
             return op
 
         state = self.store.update(fn)
+        done_files = len(state.get("unindexed", {}).get(run_id, {}).get("files", ()))
+        state = index_done_runs(self.store, state)
         if self.remember_files_for_ms is not None:
             horizon = _now_ms() - self.remember_files_for_ms
-            if any((c.get("at") or 0) < horizon for c in state["committed"].values()):
+            files = getattr(self.store, "files", None)
+            if files is not None and state.get("keyed"):
+                # A bounded sweep of the table per run (resumed where the last one stopped): the
+                # forgotten horizon moves only when something older was removed.
+                token = base64.b64decode(state.get("prune_token") or "")
+                removed, token = files.prune(token, horizon, max(PRUNE_BUDGET, 2 * done_files))
+                op = {"op": "prune", "before": horizon if removed else None,
+                      "token": base64.b64encode(token).decode()}
+                state = self.store.update(lambda _s: op)
+            elif any((c.get("at") or 0) < horizon for c in state["committed"].values()):
                 state = self.store.update(lambda _s: {"op": "prune", "before": horizon})
         compact = getattr(self.store, "compact", None)
         if compact is not None and state.get("completed_runs", 0) % COMPACT_EVERY_RUNS == 0:
@@ -913,7 +999,7 @@ def record_run_done(store: StateStore, run_id: str, end: Mapping[str, int] | Non
             op["end"] = {str(k): int(v) for k, v in end.items()}
         return op
 
-    store.update(fn)
+    index_done_runs(store, store.update(fn))
     return bool(done)
 
 
@@ -949,10 +1035,14 @@ def check_write_access(client: Any, scope: str, stream: str) -> None:
 
 
 def open_state_store(client: Any, scope: str, stream: str, *, create: bool = True) -> Any:
-    """The ingest's state synchronizer on ``scope/stream`` (created with one segment if missing)."""
+    """The ingest's state synchronizer on ``scope/stream`` (created with one segment if missing),
+    with its committed-file table as ``.files`` (created on first use)."""
+    from airflow_provider_pravega.client.committed_files import CommittedFiles
     from airflow_provider_pravega.client.synchronizer import StateSynchronizer
 
-    return StateSynchronizer(client, scope, stream, initial_state(), apply_update, create=create)
+    store = StateSynchronizer(client, scope, stream, initial_state(), apply_update, create=create)
+    store.files = CommittedFiles(client, scope, stream)  # type: ignore[attr-defined]
+    return store
 
 
 def open_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, stale_after_s: float = 60.0) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import heapq
 import logging
 import ssl
 import threading
@@ -506,10 +507,12 @@ class _Connection(asyncio.Protocol):
 
     def _sorted_table(self, name: str, token: bytes, count: int) -> tuple[list[tuple[bytes, int, bytes]], bytes]:
         """Key order iteration for ReadTableKeys/ReadTableEntries; the token is the last key sent."""
-        rows = sorted(self.storage.table_entries(name))
+        rows = self.storage.table_entries(name)
         if token:
             rows = [r for r in rows if r[0] > token]
-        page = rows[: max(1, count)]
+        # The next page only (keys are unique, so tuples compare by key): O(n log page), not a sort
+        # of the whole table per page (an ingest's pruning sweep pages through a large table).
+        page = heapq.nsmallest(max(1, count), rows)
         return page, (page[-1][0] if page else token)
 
     def on_read_table_keys(self, cmd: wire.ReadTableKeys) -> None:

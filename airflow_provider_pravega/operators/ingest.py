@@ -42,7 +42,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         ``min(10 s, lease/3, stale_after_s/4)``, at most every 0.5 s, so at least 2 s). A run of an
         earlier try of the same task instance is taken over at once.
     :param remember_files_for: Forget committed files this long after their run (a ``timedelta``
-        or seconds; default: never). Bounds the state. A file the state forgot must not be listed
+        or seconds; default: never). Bounds the committed-file table. A forgotten file must not be listed
         again: one last modified before the forgotten horizon is refused (ForgottenFileError).
     :param unknown_commits: Only to resolve :class:`UnresolvedCommitError` (a crashed run whose
         transactions the controller forgot): ``"committed"`` or ``"not_committed"``.

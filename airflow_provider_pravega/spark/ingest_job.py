@@ -760,7 +760,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
         return result
     files = [f.key for f in listed]
     identities = {f.key: file_identity(f.size, f.mtime_ms) for f in listed}
-    unsure = needs_fingerprint(store.fetch(), identities)
+    unsure = needs_fingerprint(store.fetch(), identities, store)
     if unsure:  # recorded with a content fingerprint only (older states): compare contents
         log.info("fingerprinting %d file(s) in Spark tasks", len(unsure))
         for key, fp in fingerprint_files(spark, unsure).items():

@@ -121,8 +121,10 @@ def test_commit_later_days_after_the_controller_forgot(tmp_path, client, spark, 
                                       ingest_run=repr(xcom))  # as a template renders it
     done = sensor.poke({})
     assert isinstance(done, PokeReturnValue) and done.is_done
-    state = state_of(client, spec("d2"))
-    assert state["runs"] == {} and len(state["committed"]) == 4
+    with open_state_store(client, *state_location(spec("d2")), create=False) as store:
+        state = store.fetch()
+        remembered = list(store.files.table.entries())  # the committed-file table, not the state
+    assert state["runs"] == {} and state["committed"] == {} and not state.get("unindexed") and len(remembered) == 4
     assert events(client, scope, "s") == Counter(lines1 + lines2)
     again = run_ingest(client, spark, spec("d2"))
     assert again.run_id is None and again.finished_runs == [] and again.recovered_runs == []
@@ -322,7 +324,8 @@ def test_remember_files_for_bounds_the_state(client, unique_name):
         time.sleep(0.6)
         coord.run(new, write, transactional=False)  # its done prunes /d/old
         state = store.fetch()
-        assert list(state["committed"]) == ["/d/new"] and state["forgotten_before_ms"] > old["/d/old"]["mtime"]
+        assert set(store.files.lookup(["/d/old", "/d/new"])) == {"/d/new"}  # pruned from the table
+        assert state["forgotten_before_ms"] > old["/d/old"]["mtime"]
         with pytest.raises(ForgottenFileError, match="/d/old"):
             coord.run({**old, **new}, write, transactional=False)
         assert written == [["/d/old"], ["/d/new"]]
