@@ -275,6 +275,8 @@ def airflow_env(work: Path, state: dict[str, Any], base: dict[str, str]) -> dict
         "AIRFLOW__API_AUTH__JWT_SECRET": state["jwt_secret"],
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN}:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "simple_auth_manager_passwords.json"),
+        # The connections page's Test button (Airflow disables it by default; this is a private stack).
+        "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(state["worker_log_port"]),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(state["trigger_log_port"]),
         "AIRFLOW_CONN_PRAVEGA_DEFAULT": json.dumps({"conn_type": "pravega", "host": "127.0.0.1",
