@@ -14,11 +14,11 @@ In one stack, in this order:
   with it) and restarted; during the second day's ingest, only the task's own process (the pid
   Airflow records for the running try) is SIGKILLed while its transactions are open (the ingest
   pauses there: ``PRAVEGA_INGEST_DELAY_AT``): the retry recovers the killed run and succeeds;
-* the daily export DAG catches up: each day's folder holds its records (see ``_check_exports``);
 * backfills through ``airflow backfill create`` (the CLI, with the stack's environment):
-  ``--reprocess-behavior failed`` reruns only the day whose run failed, ``none`` creates nothing
-  for days already done, ``completed`` reruns done days: the ingest adds nothing, the export
-  rewrites each day byte for byte;
+  ``--reprocess-behavior failed`` reruns only the day whose ingest run failed (marked so through
+  the REST API), while the daily export DAG catches up (each day's folder holds its records, see
+  ``_check_exports``); ``completed`` reruns done days: the ingest adds nothing, the export rewrites
+  each day byte for byte (see ``_hashes``); ``none`` then runs nothing again;
 * the stream holds every source record exactly once, and the event-driven DAG's exports too;
 * task logs are readable: no py4j ``RecursionError`` or connection chatter, Spark's INFO/WARN lines
   not at error level, also in the killed attempt's log;
@@ -286,12 +286,13 @@ def _exported_records(folder: Path) -> list[str]:
 def _hashes(folder: Path) -> dict[str, str]:
     """Each file's SHA-256; of a Parquet file, its bytes before the footer (every data page) and its
     footer's data (schema, row groups, statistics; parquet-java may list a column's encodings in
-    another order in another Spark application, nothing else of the file may differ)."""
+    another order in another Spark application, nothing else of the file may differ). Hadoop's
+    hidden ``.*.crc`` checksums of the files are left out."""
     import pyarrow.parquet as pq
 
     out = {}
     for path in sorted(folder.rglob("*")):
-        if not path.is_file():
+        if not path.is_file() or path.name.startswith("."):
             continue
         data = path.read_bytes()
         if data[:4] == data[-4:] == b"PAR1":
@@ -438,14 +439,15 @@ def test_stack_kills_backfills_exports_ui_exactly_once(stack_work: tuple[Path, l
     assert Counter(_stream_events(stack)) == Counter(source)  # every record once: both kills included
     phase("catchup runs succeeded; every record once in the stream")
 
-    # ---- the daily export DAG catches up over the ingested days
+    # ---- the daily export DAG catches up over the ingested days, while a backfill reruns the day
+    # whose ingest run failed
     export_days = sorted({r["logical_date"][:10] for r in stack.runs(DAG) if r["logical_date"]})
     stack._call("PATCH", f"/api/v2/dags/{EXPORT_DAG}", {"is_paused": False})
+    _backfill_failed(stack, days)
     stack.wait(f"the export runs of {export_days} to succeed", lambda: _all_succeeded(stack, export_days, EXPORT_DAG))
     _check_exports(stack, days, export_days, source)
     phase("export runs succeeded; their folders hold the ingested records")
-
-    _backfills(stack, days)
+    _backfill_completed_and_none(stack, days)
 
     assert Counter(_stream_events(stack)) == Counter(source)  # backfills added nothing
     phase("every source record exactly once in the stream after the backfills")
@@ -532,58 +534,58 @@ def _backfill_ids(stack: Stack, dag: str) -> set[int]:
     return {b["id"] for b in stack.get(f"/api/v2/backfills?dag_id={dag}")["backfills"]}
 
 
-def _backfills(stack: Stack, days: list[str]) -> None:
-    """``airflow backfill create`` with each ``--reprocess-behavior``, as a user runs it."""
+def _backfill_failed(stack: Stack, days: list[str]) -> None:
+    """``--reprocess-behavior failed``: only the day whose run failed runs again, and ends well
+    (its ingest adds nothing: the files are in)."""
     first, last = days[0], days[-1]
     before = _day_runs(stack, days)
-    exports_before = {d: _hashes(stack.data / "export" / "readings" / d) for d in days}
-    assert all(exports_before.values()), exports_before
-    known = {DAG: _backfill_ids(stack, DAG), EXPORT_DAG: _backfill_ids(stack, EXPORT_DAG)}
-
-    # `failed`: only the day whose run failed runs again (and ends well: the ingest adds nothing).
-    failed_run = before[last]["dag_run_id"]
-    stack._call("PATCH", f"/api/v2/dags/{DAG}/dagRuns/{_quote(failed_run)}", {"state": "failed"})
+    known = _backfill_ids(stack, DAG)
+    stack._call("PATCH", f"/api/v2/dags/{DAG}/dagRuns/{_quote(before[last]['dag_run_id'])}", {"state": "failed"})
     assert _day_runs(stack, days)[last]["state"] == "failed"
-    # … while `completed` reruns the export days (both backfills at once: two CLI processes).
-    backfills = [subprocess.Popen(stack.airflow_command(*_backfill_args(dag, first, last, behavior)),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=stack.work)
-                 for dag, behavior in ((DAG, "failed"), (EXPORT_DAG, "completed"))]
-    for proc in backfills:
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, out[-3000:]
-    stack.wait("the `failed` ingest backfill and the `completed` export backfill to complete",
-               lambda: _backfill_done(stack, DAG, known[DAG])() and _backfill_done(stack, EXPORT_DAG,
-                                                                                    known[EXPORT_DAG])())
-    phase("backfills --reprocess-behavior failed (ingest) and completed (export) completed")
+    failed = _backfill(stack, DAG, first, last, "failed")
+    assert failed.returncode == 0, failed.stdout + failed.stderr
+    stack.wait("the `failed` ingest backfill to complete", _backfill_done(stack, DAG, known))
     after = _day_runs(stack, days)
     assert all(r["state"] == "success" for r in after.values()), after
     assert after[first]["end_date"] == before[first]["end_date"], (before, after)  # untouched: it had succeeded
     assert (after[last]["end_date"] or "") > (before[last]["end_date"] or ""), (before, after)  # ran again
-    exports_after = _day_runs(stack, days, EXPORT_DAG)
+    phase("backfill --reprocess-behavior failed: only the failed day ran again, successfully")
+
+
+def _backfill_completed_and_none(stack: Stack, days: list[str]) -> None:
+    """``completed`` reruns done days: the export rewrites them byte for byte, the ingest adds
+    nothing (one day keeps the test lean); then ``none`` runs nothing again."""
+    first, last = days[0], days[-1]
+    exports_before = {d: _hashes(stack.data / "export" / "readings" / d) for d in days}
+    assert all(exports_before.values()), exports_before
+    ingest_before, export_before = _day_runs(stack, days), _day_runs(stack, days, EXPORT_DAG)
+    known = {DAG: _backfill_ids(stack, DAG), EXPORT_DAG: _backfill_ids(stack, EXPORT_DAG)}
+    backfills = [subprocess.Popen(stack.airflow_command(*_backfill_args(dag, first, end, "completed")),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=stack.work)
+                 for dag, end in ((EXPORT_DAG, last), (DAG, first))]  # two CLI processes at once
+    for proc in backfills:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:]
+    stack.wait("the `completed` backfills of the export and the ingest to complete",
+               lambda: all(_backfill_done(stack, dag, ids)() for dag, ids in known.items()))
+    ingest_after, export_after = _day_runs(stack, days), _day_runs(stack, days, EXPORT_DAG)
+    assert ingest_after[first]["state"] == "success" and (ingest_after[first]["end_date"] or "") > (
+        ingest_before[first]["end_date"] or ""), (ingest_before, ingest_after)
     for d in days:
-        assert exports_after[d]["state"] == "success"
+        assert export_after[d]["state"] == "success" and (export_after[d]["end_date"] or "") > (
+            export_before[d]["end_date"] or ""), (export_before, export_after)
         # Rewritten byte for byte: the same files with the same contents (see _hashes).
         assert _hashes(stack.data / "export" / "readings" / d) == exports_before[d], d
+    phase("backfills --reprocess-behavior completed: export days byte-identical, ingest added nothing")
 
     # `none`: every day is done, so the backfill runs nothing again and creates no run.
-    known = {DAG: _backfill_ids(stack, DAG)}
+    known_ingest = _backfill_ids(stack, DAG)
     runs_before = {r["dag_run_id"]: (r["state"], r["end_date"]) for r in stack.runs(DAG)}
     none = _backfill(stack, DAG, first, last, "none")
     assert none.returncode == 0, none.stdout + none.stderr
-    stack.wait("the `none` ingest backfill to complete", _backfill_done(stack, DAG, known[DAG]))
+    stack.wait("the `none` ingest backfill to complete", _backfill_done(stack, DAG, known_ingest))
     assert {r["dag_run_id"]: (r["state"], r["end_date"]) for r in stack.runs(DAG)} == runs_before
     phase("backfill --reprocess-behavior none: no run created or rerun")
-    known = {DAG: _backfill_ids(stack, DAG)}
-
-    # `completed`: a done ingest day runs again and adds nothing (one day keeps the test lean).
-    done_before = _day_runs(stack, days)
-    completed = _backfill(stack, DAG, first, first, "completed")
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    stack.wait("the `completed` ingest backfill to complete", _backfill_done(stack, DAG, known[DAG]))
-    rerun = _day_runs(stack, days)
-    assert rerun[first]["state"] == "success" and (rerun[first]["end_date"] or "") > (
-        done_before[first]["end_date"] or ""), (done_before, rerun)
-    phase("backfill --reprocess-behavior completed (ingest) completed")
 
 
 def _check_task_logs(stack: Stack, killed_run: str) -> None:
