@@ -462,7 +462,8 @@ def test_stack_kills_backfills_exports_ui_exactly_once(stack_work: tuple[Path, l
                lambda: sorted(event_exports()) == sorted(source) or (Counter(event_exports()) - Counter(source)
                                                                      and pytest.fail("duplicates/unknown records")))
     event_runs = stack.runs(EVENT_DAG)
-    assert event_runs and all(r["state"] == "success" for r in event_runs if r["state"] != "running"), event_runs
+    assert any(r["state"] == "success" for r in event_runs), event_runs
+    assert not [r for r in event_runs if r["state"] == "failed"], event_runs
     phase(f"event-driven DAG: {len(event_runs)} run(s), every record exported once")
 
     _check_task_logs(stack, killed_run)
