@@ -105,6 +105,7 @@ def _ui_helpers() -> Any:
     """tests/ui/conftest.py as a module (its Chromium flags, page and login helpers)."""
     spec = importlib.util.spec_from_file_location("pravega_ui_helpers", REPO / "tests" / "ui" / "conftest.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]  # its dataclasses look their module up
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 
