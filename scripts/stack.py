@@ -46,6 +46,7 @@ if str(REPO) not in sys.path:
 from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess  # noqa: E402
 from airflow_provider_pravega.testing import spark_standalone  # noqa: E402
 from airflow_provider_pravega.testing.net import free_port  # noqa: E402
+from airflow_provider_pravega.testing.wait import WaitTimeout, wait_until  # noqa: E402
 
 STATE = "stack.json"
 STACK_ID_VAR = "PRAVEGA_STACK_ID"  # every process of a stack inherits it: `down` finds stragglers by it
@@ -103,18 +104,16 @@ def stop_group(pgid: int, sig: int = signal.SIGTERM, timeout_s: float = 30.0) ->
         os.killpg(pgid, sig)
     except ProcessLookupError:
         return False
-    deadline = time.monotonic() + timeout_s
-    while group_alive(pgid):
-        if time.monotonic() > deadline:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            while group_alive(pgid):
-                time.sleep(0.1)
-            return True
-        time.sleep(0.2)
-    return False
+    try:
+        wait_until(f"process group {pgid} to exit", lambda: not group_alive(pgid), timeout_s, poll_s=0.2)
+        return False
+    except WaitTimeout:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        wait_until(f"process group {pgid} to die of SIGKILL", lambda: not group_alive(pgid), 60, poll_s=0.1)
+        return True
 
 
 def spawn(name: str, cmd: list[str], env: dict[str, str], logs: Path, *, user: str | None = None,
@@ -205,15 +204,16 @@ def start_postgres(work: Path, logs: Path, env: dict[str, str], bindir: Path) ->
                               "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"],
                  {**env, "LC_ALL": "C.UTF-8"}, logs, user=user, cwd=Path("/"))
     comp.update(port=port, data_dir=str(data), user=user, cluster_dir=str(root))
-    deadline = time.monotonic() + 60
-    while True:
-        r = subprocess.run([str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port), "-U", "airflow"],
-                           capture_output=True)
-        if r.returncode == 0:
-            break
-        if not group_alive(comp["pgid"]) or time.monotonic() > deadline:
-            raise StackError(f"PostgreSQL did not start; its log:\n{log_tail(comp['log'])}")
-        time.sleep(0.3)
+    def pg_ready() -> bool:
+        if not group_alive(comp["pgid"]):
+            raise StackError(f"PostgreSQL exited while starting; its log:\n{log_tail(comp['log'])}")
+        return subprocess.run([str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port), "-U", "airflow"],
+                              capture_output=True).returncode == 0
+
+    try:
+        wait_until("PostgreSQL to accept connections", pg_ready, 60, poll_s=0.3)
+    except WaitTimeout as exc:
+        raise StackError(f"{exc}; its log:\n{log_tail(comp['log'])}") from None
     r = subprocess.run([str(bindir / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "airflow", "-d", "postgres",
                         "-tAc", "SELECT 1 FROM pg_database WHERE datname = 'airflow'"], capture_output=True, text=True)
     if r.stdout.strip() != "1":
@@ -275,6 +275,8 @@ def airflow_env(work: Path, state: dict[str, Any], base: dict[str, str]) -> dict
         "AIRFLOW__API_AUTH__JWT_SECRET": state["jwt_secret"],
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN}:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "simple_auth_manager_passwords.json"),
+        # The connections page's Test button (Airflow disables it by default; this is a private stack).
+        "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(state["worker_log_port"]),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(state["trigger_log_port"]),
         "AIRFLOW_CONN_PRAVEGA_DEFAULT": json.dumps({"conn_type": "pravega", "host": "127.0.0.1",
@@ -398,18 +400,20 @@ def up(args: argparse.Namespace) -> int:
             comps[name] = spawn(name, [sys.executable, "-m", "airflow", *commands[name]], env, logs, cwd=work)
         write_state(work, state)
         say(f"waiting for {state['api_url']}/api/v2/monitor/health to report every component healthy")
-        deadline = time.monotonic() + args.timeout
-        while True:
-            missing = unhealthy(health(state["api_url"]))
-            if not missing:
-                break
+        missing: list[str] = []
+
+        def healthy() -> bool:
+            missing[:] = unhealthy(health(state["api_url"]))
             dead = [n for n, c in comps.items() if not group_alive(c["pgid"])]
-            if dead:
+            if missing and dead:
                 raise StackError(f"{', '.join(dead)} exited while starting; last lines of {comps[dead[0]]['log']}:\n"
                                  f"{log_tail(comps[dead[0]]['log'])}")
-            if time.monotonic() > deadline:
-                raise StackError(f"not healthy within {args.timeout:.0f} s: {', '.join(missing)} (logs in {logs})")
-            time.sleep(1)
+            return not missing
+
+        try:
+            wait_until("every component to report healthy", healthy, args.timeout)
+        except WaitTimeout:
+            raise StackError(f"not healthy within {args.timeout:.0f} s: {', '.join(missing)} (logs in {logs})") from None
     except BaseException:
         say("start failed: stopping what was started")
         stop_all(work, state)

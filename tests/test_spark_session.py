@@ -50,3 +50,24 @@ def test_an_active_session_is_reused_only_when_it_matches(spark: Any, monkeypatc
     _connection(monkeypatch, "spark_three", conn_type="spark", host="local[3]")
     with pytest.raises(SparkSessionError, match=r"master: local\[\S+\] != local\[3,4\]"):
         get_spark_session("spark_three", "other")
+
+
+def test_jvm_stderr_lines_keep_their_log4j_level() -> None:
+    """The driver JVM's stderr is relayed at each line's own level, not as errors (a task's
+    supervisor records raw stderr at ERROR)."""
+    import logging
+
+    from airflow_provider_pravega.spark.session import jvm_log_level
+
+    info, warn, error = logging.INFO, logging.WARNING, logging.ERROR
+    assert jvm_log_level("26/11/25 22:35:06 INFO SparkContext: Running Spark version 4.0.1", error) == info
+    assert jvm_log_level("26/11/25 22:35:06 WARN Utils: Set SPARK_LOCAL_IP", info) == warn
+    assert jvm_log_level("26/11/25 22:35:06 ERROR Executor: Exception in task 0.0", info) == error
+    # A stack trace continues the level of the line that started it.
+    assert jvm_log_level("java.io.FileNotFoundException: File file:/x/*.jsonl does not exist", warn) == warn
+    assert jvm_log_level("\tat org.apache.hadoop.fs.RawLocalFileSystem.getFileStatus(RawLocalFileSystem.java:970)",
+                         error) == error
+    assert jvm_log_level("Caused by: java.net.ConnectException: refused", error) == error
+    # Spark's plain banners are information; the JVM's own "WARNING:" lines are warnings.
+    assert jvm_log_level('Setting default log level to "WARN".', error) == info
+    assert jvm_log_level("WARNING: Using incubator modules: jdk.incubator.vector", info) == warn

@@ -122,6 +122,8 @@ class PravegaTransactionSensor(PravegaSensorBase):
                     raise AirflowFailException(f"{self.task_id}: ingest_run is not the ingest's XCom: {text[:200]!r}")
         if not value:
             return None
+        if isinstance(value, dict) and "run_id" in value and not value["run_id"]:
+            return None  # the ingest had nothing to do (no state location either: nothing was recorded)
         if not isinstance(value, dict) or not all(value.get(k) for k in ("state_scope", "state_stream")):
             raise AirflowFailException(f"{self.task_id}: ingest_run must be the ingest operator's XCom (a dict with "
                                        f"run_id, state_scope and state_stream), got {str(value)[:200]!r}")

@@ -16,19 +16,37 @@ A session already active in the process (``dag.test()``, a notebook, the tests) 
 it is what the task asks for: another master or a different value of a setting the task names is
 an error naming the settings, never a silent mismatch (Spark cannot change most settings of a
 running session). Under a scheduler every task runs in its own process, so this never happens there.
+
+Logs: the driver's JVM (started here, in the task's process) writes log4j lines to its stderr, which
+Airflow's task supervisor would record at ERROR level, INFO and WARN alike. The JVM is therefore
+started with its stderr on a pipe that a thread relays to the ``airflow_provider_pravega.spark.jvm``
+logger at each line's own level (:func:`jvm_log_level`); py4j's per-connection INFO chatter
+("Closing down clientserver connection", hundreds per task, and a ``RecursionError`` when it logs
+from a finalizer while the process shuts down) is kept at WARNING.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 LOCAL_TASK_RETRIES = 4
+JVM_LOGGER = "airflow_provider_pravega.spark.jvm"
+# log4j's default console layout: "yy/MM/dd HH:mm:ss LEVEL logger: message".
+_LOG4J_LINE = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR|FATAL) ")
+_LOG4J_LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+                 "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+# Spark logs this WARN with a full stack trace for every glob source path (it looks for a
+# _spark_metadata directory under the pattern): noise for a task that reads "dir/*.jsonl".
+_QUIET_JVM_LOGGERS = ("org.apache.spark.sql.execution.streaming.sinks.FileStreamSink",
+                      "org.apache.spark.sql.execution.streaming.FileStreamSink")
 DEFAULT_CONN_ID = "spark_default"
 
 
@@ -109,6 +127,62 @@ def _mismatches(active: Any, target: SparkTarget, wanted: dict[str, str]) -> lis
     return found
 
 
+def jvm_log_level(line: str, previous: int) -> int:
+    """The level of one line of the JVM's stderr: log4j's own for a log line, the previous line's
+    for a continuation (a stack trace's ``\tat …``, ``Caused by``), INFO for anything else (Spark's
+    plain banners such as 'Setting default log level to "WARN".')."""
+    match = _LOG4J_LINE.match(line)
+    if match:
+        return _LOG4J_LEVELS[match.group(1)]
+    if line[:1] in (" ", "\t") or line.startswith(("Caused by", "...")) or re.match(r"^[\w.$]+(Exception|Error)\b",
+                                                                                  line):
+        return previous
+    return logging.WARNING if line.startswith("WARNING:") else logging.INFO
+
+
+def _relay_jvm_stderr(fd: int) -> None:
+    jvm_log = logging.getLogger(JVM_LOGGER)
+    level = logging.INFO
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            line = line.rstrip("\r\n")
+            if line.strip():
+                level = jvm_log_level(line, level)
+                jvm_log.log(level, "%s", line)
+
+
+def _start_jvm(builder: Any) -> Any:
+    """``builder.getOrCreate()``; when that starts this process's JVM, its stderr goes to a pipe
+    relayed by :func:`_relay_jvm_stderr` (the JVM inherits fd 2 when it is spawned, so fd 2 points
+    at the pipe only for that moment)."""
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return builder.getOrCreate()  # the JVM runs already (or spark-submit started it)
+    read_fd, write_fd = os.pipe()
+    threading.Thread(target=_relay_jvm_stderr, args=(read_fd,), name="spark-jvm-stderr", daemon=True).start()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(write_fd, 2)
+    try:
+        return builder.getOrCreate()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(write_fd)
+
+
+def _quiet_logs(session: Any) -> None:
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        jvm = session.sparkContext._jvm
+        level = jvm.org.apache.logging.log4j.Level.ERROR
+        for name in _QUIET_JVM_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+    except Exception as exc:  # log4j 1 or a changed API: the noise stays, the job does not care
+        log.debug("could not quieten Spark's loggers: %s", exc)
+
+
 def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str = "pravega", **conf: Any):
     """A SparkSession for the provider's jobs: the Spark Connect server or master the connection
     names, with ``conf``; an active session of this process only when it matches."""
@@ -138,6 +212,8 @@ def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str
         "spark.ui.enabled": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.shuffle.partitions": str(max(2, os.cpu_count() or 2)),
+        # The console progress bar redraws with carriage returns: in a task log, a line per redraw.
+        "spark.ui.showConsoleProgress": "false",
         **wanted,
     }
     if master.startswith("local"):
@@ -148,6 +224,8 @@ def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str
         settings.setdefault("spark.driver.bindAddress", "127.0.0.1")
     for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    session = _start_jvm(builder)
     session.sparkContext.setLogLevel("WARN")
+    _quiet_logs(session)
     return session

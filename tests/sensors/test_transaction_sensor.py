@@ -217,3 +217,19 @@ def test_sensor_with_no_transactions_has_nothing_to_wait_for(pravega_conn: None)
         done = sensor.poke({})
         assert isinstance(done, PokeReturnValue) and done.is_done and done.xcom_value == []
         assert sensor.execute({}) == []
+
+
+def test_ingest_run_of_an_ingest_with_nothing_to_do_is_no_run() -> None:
+    """A day without input: the ingest's XCom has no run id and no state location; the sensor has
+    nothing to record (it used to fail the run, e.g. the example DAG's catchup of today)."""
+    from airflow_provider_pravega.sensors import PravegaTransactionSensor
+
+    nothing = {"bytes": 0, "events": 0, "run_id": None, "state_scope": None, "state_stream": None,
+               "transactions": [], "files_ingested": [], "files_skipped": []}
+    for rendered in (nothing, repr(nothing), json.dumps(nothing)):
+        sensor = PravegaTransactionSensor(task_id="nothing", scope="s", stream="t", transaction_ids=[],
+                                          ingest_run=rendered)
+        assert sensor._ingest() is None
+    with pytest.raises(Exception, match="must be the ingest operator's XCom"):
+        PravegaTransactionSensor(task_id="bad", scope="s", stream="t", transaction_ids=[],
+                                 ingest_run={"run_id": "run-1"})._ingest()

@@ -7,6 +7,7 @@ get it. Everything binds to 127.0.0.1, every wait is bounded, and the server is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -175,23 +176,32 @@ def chromium_executable() -> str:
 
     Tests request this before the api-server so that a machine without a browser skips at once.
     """
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        pytest.skip(f"no Chromium at {CHROMIUM}: run scripts/bootstrap.sh as root, or "
-                    "'apt-get install -y chromium' (or set PRAVEGA_UI_CHROMIUM to a Chromium binary)")
-    pytest.importorskip("playwright.sync_api", reason="the 'playwright' package is missing: "
-                                                      "pip install -e '.[test]' (scripts/bootstrap.sh does it)")
+    reason = chromium_missing()
+    if reason:
+        pytest.skip(reason)
     return CHROMIUM
 
 
-@pytest.fixture
-def browser_page(chromium_executable: str, tmp_path: Path) -> Iterator[Any]:
-    """A Playwright page in headless Chromium with a fresh, empty profile directory."""
+def chromium_missing() -> str | None:
+    """Why the UI tests cannot drive a browser here (None: they can). Also used by the topology test."""
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        return (f"no Chromium at {CHROMIUM}: run scripts/bootstrap.sh as root, or "
+                "'apt-get install -y chromium' (or set PRAVEGA_UI_CHROMIUM to a Chromium binary)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the 'playwright' package is missing: pip install -e '.[test]' (scripts/bootstrap.sh does it)"
+    return None
+
+
+@contextlib.contextmanager
+def chromium_page(executable: str, profile: Path) -> Iterator[Any]:
+    """A Playwright page in headless Chromium with ``profile`` as its (fresh) profile directory."""
     from playwright import sync_api
 
-    profile = tmp_path / "chromium-profile"
     with sync_api.sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(profile), executable_path=chromium_executable, headless=True, args=CHROMIUM_ARGS,
+            str(profile), executable_path=executable, headless=True, args=CHROMIUM_ARGS,
             viewport={"width": 1280, "height": 1400}, timeout=60_000,
         )
         try:
@@ -202,3 +212,22 @@ def browser_page(chromium_executable: str, tmp_path: Path) -> Iterator[Any]:
         finally:
             context.close()
     shutil.rmtree(profile, ignore_errors=True)
+
+
+def ui_login(page: Any, url: str, username: str, password: str) -> None:
+    """Open ``url``, log in on the simple auth manager's form it redirects to, and land on ``url``."""
+    import re
+    from urllib.parse import urlsplit
+
+    page.goto(url)
+    page.locator("input[name=username]").fill(username)
+    page.locator("input[name=password]").fill(password)
+    page.locator("button[type=submit]").click()
+    page.wait_for_url(re.compile(re.escape(urlsplit(url).path) + "$"))
+
+
+@pytest.fixture
+def browser_page(chromium_executable: str, tmp_path: Path) -> Iterator[Any]:
+    """A Playwright page in headless Chromium with a fresh, empty profile directory."""
+    with chromium_page(chromium_executable, tmp_path / "chromium-profile") as page:
+        yield page
