@@ -140,27 +140,50 @@ def jvm_log_level(line: str, previous: int) -> int:
     return logging.WARNING if line.startswith("WARNING:") else logging.INFO
 
 
-def _relay_jvm_stderr(fd: int) -> None:
-    jvm_log = logging.getLogger(JVM_LOGGER)
-    level = logging.INFO
-    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as lines:
-        for line in lines:
-            line = line.rstrip("\r\n")
-            if line.strip():
+class _JvmStderrRelay:
+    """Relays the JVM's stderr pipe to the JVM logger, line by line at each line's level. While fd 2
+    itself points at the pipe (the moment the JVM is spawned) lines are held, not logged: a
+    handler writing to stderr would otherwise feed its own output back into the pipe (and, once
+    the pipe is full, block the JVM's start for good)."""
+
+    def __init__(self, fd: int) -> None:
+        self._lock = threading.Lock()
+        self._held: list[tuple[int, str]] | None = []
+        threading.Thread(target=self._run, args=(fd,), name="spark-jvm-stderr", daemon=True).start()
+
+    def _run(self, fd: int) -> None:
+        jvm_log = logging.getLogger(JVM_LOGGER)
+        level = logging.INFO
+        with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                line = line.rstrip("\r\n")
+                if not line.strip():
+                    continue
                 level = jvm_log_level(line, level)
+                with self._lock:
+                    if self._held is not None:
+                        self._held.append((level, line))
+                        continue
                 jvm_log.log(level, "%s", line)
+
+    def release(self) -> None:
+        """fd 2 is stderr again: log what was held, and every later line as it comes."""
+        with self._lock:
+            held, self._held = self._held or [], None
+        for level, line in held:
+            logging.getLogger(JVM_LOGGER).log(level, "%s", line)
 
 
 def _start_jvm(builder: Any) -> Any:
     """``builder.getOrCreate()``; when that starts this process's JVM, its stderr goes to a pipe
-    relayed by :func:`_relay_jvm_stderr` (the JVM inherits fd 2 when it is spawned, so fd 2 points
+    relayed by :class:`_JvmStderrRelay` (the JVM inherits fd 2 when it is spawned, so fd 2 points
     at the pipe only for that moment)."""
     from pyspark import SparkContext
 
     if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
         return builder.getOrCreate()  # the JVM runs already (or spark-submit started it)
     read_fd, write_fd = os.pipe()
-    threading.Thread(target=_relay_jvm_stderr, args=(read_fd,), name="spark-jvm-stderr", daemon=True).start()
+    relay = _JvmStderrRelay(read_fd)
     sys.stderr.flush()
     saved = os.dup(2)
     os.dup2(write_fd, 2)
@@ -170,6 +193,7 @@ def _start_jvm(builder: Any) -> Any:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(write_fd)
+        relay.release()
 
 
 def _quiet_logs(session: Any) -> None:
