@@ -31,6 +31,20 @@ def load_dag(path: Path, dag_id: str):
     )
 
 
+def drop_example_stream(controller_uri: str) -> None:
+    """A fresh start for the examples: drop iot/readings and the example ingest's state (its
+    committed files and interval index describe the dropped stream's positions; an export taking
+    its cuts from them would be refused, as these ranges do not exist in a new stream)."""
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.client.ingest import state_location
+
+    with PravegaClient(controller_uri) as client:
+        client.admin.create_scope("iot")
+        for scope, stream in (("iot", "readings"), state_location("iot", "readings", "pravega_exactly_once_ingest.ingest")):
+            if client.admin.stream_exists(scope, stream):
+                client.admin.delete_stream(scope, stream, seal=True)
+
+
 def test_every_example_dag_imports_without_errors():
     from airflow.dag_processing.dagbag import DagBag
 
@@ -56,17 +70,13 @@ def test_sample_data_generator_is_deterministic(tmp_path):
 
 def test_ingest_dag_runs_two_days_and_a_backfill_without_duplicates(tmp_path, monkeypatch, spark, run_dag,
                                                                    pravega_default_conn, read_stream):
-    from airflow_provider_pravega.client import PravegaClient
-
     data = tmp_path / "data"
     subprocess.run([sys.executable, str(REPO / "scripts" / "generate_sample_data.py"), "--out",
                     str(data / "incoming"), "--days", "2", "--files-per-day", "2", "--events-per-file", "300"],
                    check=True, capture_output=True)
     monkeypatch.setenv("PRAVEGA_EXAMPLES_DATA", str(data))
     dag = load_dag(DAGS / "pravega_exactly_once_ingest.py", "pravega_exactly_once_ingest")
-    with PravegaClient(pravega_default_conn) as client:  # a fresh stream for this run of the suite
-        if client.admin.stream_exists("iot", "readings"):
-            client.admin.delete_stream("iot", "readings", seal=True)
+    drop_example_stream(pravega_default_conn)
     for day in ("2026-11-01", "2026-11-02", "2026-11-01"):  # the second 11-01 is a backfill
         run = run_dag(dag, logical_date=datetime.fromisoformat(day).replace(tzinfo=timezone.utc))
         states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
@@ -86,8 +96,6 @@ def test_ingest_and_export_dags_catch_up_out_of_order_each_day_exactly(tmp_path,
     days may run: each day's export folder holds exactly that day's records (the export waits for
     the ingest of its day and takes that day's cuts from the ingest's interval index); re-running a
     day's export rewrites the same rows."""
-    from airflow_provider_pravega.client import PravegaClient
-
     data = tmp_path / "data"
     subprocess.run([sys.executable, str(REPO / "scripts" / "generate_sample_data.py"), "--out",
                     str(data / "incoming"), "--days", "5", "--files-per-day", "1", "--events-per-file", "30"],
@@ -95,10 +103,7 @@ def test_ingest_and_export_dags_catch_up_out_of_order_each_day_exactly(tmp_path,
     monkeypatch.setenv("PRAVEGA_EXAMPLES_DATA", str(data))
     ingest = load_dag(DAGS / "pravega_exactly_once_ingest.py", "pravega_exactly_once_ingest")
     export = load_dag(DAGS / "pravega_stream_cut_export.py", "pravega_stream_cut_export")
-    with PravegaClient(pravega_default_conn) as client:  # a fresh stream and ingest state for this test
-        client.admin.create_scope("iot")
-        if client.admin.stream_exists("iot", "readings"):
-            client.admin.delete_stream("iot", "readings", seal=True)
+    drop_example_stream(pravega_default_conn)
     days = [f"2026-11-0{d}" for d in (1, 2, 3, 4, 5)]
 
     def run(dag, day: str) -> None:
