@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from airflow_provider_pravega.client.tables import NOT_EXISTS, TableConflictError, TableSegment
+from airflow_provider_pravega.client.tables import NOT_EXISTS, UNCONDITIONAL, TableConflictError, TableSegment
 
 __all__ = ["CommittedFiles", "files_table_name"]
+
+log = logging.getLogger(__name__)
 
 #: Paths longer than this (UTF-8 bytes) are keyed by their SHA-256 (table keys are limited).
 MAX_PLAIN_KEY = 1024
@@ -92,6 +95,19 @@ class CommittedFiles:
                 batch = []
         if batch:
             self.table.put(batch)
+
+    def clear(self, progress_every: int = 100_000) -> int:
+        """Remove every entry (resetting an ingest); returns how many. The table itself stays:
+        Pravega 0.13 does not let a deleted table segment's name be created again."""
+        removed = 0
+        while True:
+            rows, _ = self.table.entries_page(b"")
+            if not rows:
+                return removed
+            self.table.remove([(k, UNCONDITIONAL) for k, _ver, _v in rows])
+            removed += len(rows)
+            if removed // progress_every != (removed - len(rows)) // progress_every:
+                log.info("cleared %d committed-file entries of %s so far", removed, self.table.segment)
 
     def prune(self, token: bytes, before_ms: int, budget: int) -> tuple[int, bytes]:
         """Remove entries recorded done before ``before_ms``, scanning at most about ``budget``

@@ -1015,6 +1015,32 @@ def state_location(scope: str, stream: str, ingest_id: str) -> tuple[str, str]:
     return scope, f"ingest-state-{digest}"
 
 
+def reset_ingest_state(client: Any, scope: str, stream: str, ingest_id: str) -> bool:
+    """Forget everything ingest ``ingest_id`` recorded for ``scope/stream`` (runs, committed files,
+    interval index): for a target stream that was deleted and re-created, whose old positions and
+    files the state would otherwise keep describing. Refused while a run still heartbeats (a live
+    run would lose its bookkeeping). Idempotent; returns False when there was nothing to forget."""
+    from airflow_provider_pravega.client.committed_files import CommittedFiles
+
+    state_scope, state_stream = state_location(scope, stream, ingest_id)
+    files = CommittedFiles(client, state_scope, state_stream)
+    if not client.admin.stream_exists(state_scope, state_stream):
+        return files.clear() > 0  # an earlier reset stopped between its two steps
+    with open_state_store(client, state_scope, state_stream, create=False) as store:
+        runs = store.fetch().get("runs") or {}
+    now = _now_ms()
+    live = sorted(rid for rid, run in runs.items() if run.get("phase") != REQUESTED
+                  and run["heartbeat_ms"] >= now - max(int(run.get("stale_ms") or 0), 60_000))
+    if live:
+        raise IngestError(f"ingest {ingest_id!r} into {scope}/{stream} has live run(s) {', '.join(live)}: "
+                          "wait for them to end before resetting its state")
+    client.admin.delete_stream(state_scope, state_stream, seal=True)
+    cleared = files.clear()  # after the state is gone: no run can record files meanwhile
+    log.info("ingest %s: reset its state for %s/%s (%s/%s, %d committed-file entries cleared)", ingest_id, scope,
+             stream, state_scope, state_stream, cleared)
+    return True
+
+
 def legacy_state_location(scope: str, ingest_id: str) -> tuple[str, str]:
     """Where versions before 0.2 kept an ingest's state (keyed by the ingest id only)."""
     return scope, f"ingest-state-{hashlib.sha1(ingest_id.encode()).hexdigest()[:20]}"

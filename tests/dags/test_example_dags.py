@@ -32,17 +32,17 @@ def load_dag(path: Path, dag_id: str):
 
 
 def drop_example_stream(controller_uri: str) -> None:
-    """A fresh start for the examples: drop iot/readings and the example ingest's state (its
-    committed files and interval index describe the dropped stream's positions; an export taking
-    its cuts from them would be refused, as these ranges do not exist in a new stream)."""
+    """A fresh start for the examples: drop iot/readings and reset the example ingest's state (its
+    committed files and interval index describe the dropped stream; an export taking its cuts from
+    them would be refused, as those ranges do not exist in a new stream)."""
     from airflow_provider_pravega.client import PravegaClient
-    from airflow_provider_pravega.client.ingest import state_location
+    from airflow_provider_pravega.client.ingest import reset_ingest_state
 
     with PravegaClient(controller_uri) as client:
         client.admin.create_scope("iot")
-        for scope, stream in (("iot", "readings"), state_location("iot", "readings", "pravega_exactly_once_ingest.ingest")):
-            if client.admin.stream_exists(scope, stream):
-                client.admin.delete_stream(scope, stream, seal=True)
+        if client.admin.stream_exists("iot", "readings"):
+            client.admin.delete_stream("iot", "readings", seal=True)
+        reset_ingest_state(client, "iot", "readings", "pravega_exactly_once_ingest.ingest")
 
 
 def test_every_example_dag_imports_without_errors():

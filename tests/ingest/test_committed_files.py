@@ -2,7 +2,8 @@
 the embedded server and Pravega standalone: lookups by key, conditional recording that never
 replaces a later run's entry, a bounded pruning sweep, a state that stays small however many
 files were committed (and compacts), the move of an old state's committed map into the table,
-and a run recorded done whose files are not in the table yet (a crash in between)."""
+a run recorded done whose files are not in the table yet (a crash in between), and resetting a
+state (for a re-created target stream)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ from airflow_provider_pravega.client.ingest import (
     ChangedFileError,
     IngestCoordinator,
     WriteResult,
+    IngestError,
     known_files,
     open_ingest_state,
+    reset_ingest_state,
+    state_location,
 )
 
 
@@ -126,3 +130,26 @@ def test_a_run_recorded_done_but_not_in_the_table_yet_counts_as_committed(client
         out = coord.run(a, writes, transactional=False)
         assert out.run_id is None and sorted(out.plan.skipped) == sorted(a) and writes.runs == []
         assert set(store.files.lookup(a)) == set(a) and not store.fetch().get("unindexed")
+
+
+def test_reset_forgets_runs_and_files_but_never_under_a_live_run(client, target):
+    """After the target stream was re-created, resetting its ingest's state makes the same files
+    ingestible again (the committed-files table goes too, not only the synchronizer); a run still
+    heartbeating refuses the reset, a run whose driver died long ago does not."""
+    a = files("/in", 3)
+    writes = Writes()
+    with open_ingest_state(client, *target, "reset") as store:
+        IngestCoordinator(store, client.transactions, *target).run(a, writes, transactional=False)
+        store.update(lambda s: {"op": "start", "run": "live", "files": {}, "owner": "o", "ts": int(time.time() * 1000)})
+    with pytest.raises(IngestError, match="live run"):
+        reset_ingest_state(client, *target, "reset")
+    with open_ingest_state(client, *target, "reset") as store:
+        store.update(lambda s: [{"op": "abandon", "run": "live"},
+                                {"op": "start", "run": "dead", "files": {}, "owner": "o", "ts": 1}])
+    assert reset_ingest_state(client, *target, "reset") is True
+    assert not client.admin.stream_exists(target[0], state_location(*target, "reset")[1])
+    assert reset_ingest_state(client, *target, "reset") is False
+    with open_ingest_state(client, *target, "reset") as store:
+        out = IngestCoordinator(store, client.transactions, *target).run(a, writes, transactional=False)
+    assert out.plan.skipped == {} or not out.plan.skipped
+    assert writes.runs == [sorted(a), sorted(a)]
