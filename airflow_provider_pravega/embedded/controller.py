@@ -116,11 +116,14 @@ class ControllerConfig:
     """Tunables of the embedded controller.
 
     ``lease_cap_ms``: when set, the lease of createTransaction/pingTransaction is
-    ``min(requested, lease_cap_ms)`` and no request is refused as too large — how tests get short
-    leases although the official client always asks for 90 s.
+    ``min(requested, lease_cap_ms)`` and no request is refused as too large or too small — how
+    tests get short leases although the official client always asks for 90 s. Without it, leases
+    outside ``min_lease_ms``..``max_lease_ms`` are refused, as Pravega's controller does (its
+    ``minLeaseValue`` is 10 s by default).
     """
 
     max_lease_ms: int = 120_000
+    min_lease_ms: int = 10_000
     lease_cap_ms: int | None = None
     lease_check_interval_s: float = 0.25
     max_execution_time_ms: int = 24 * 3600 * 1000
@@ -142,6 +145,8 @@ class ControllerConfig:
     def __post_init__(self) -> None:
         if self.max_lease_ms <= 0:
             raise ValueError(f"max_lease_ms must be positive, got {self.max_lease_ms}")
+        if not 0 < self.min_lease_ms <= self.max_lease_ms:
+            raise ValueError(f"min_lease_ms must be within 1..max_lease_ms, got {self.min_lease_ms}")
         if self.lease_cap_ms is not None and self.lease_cap_ms <= 0:
             raise ValueError(f"lease_cap_ms must be positive or None, got {self.lease_cap_ms}")
         if not 0.05 <= self.lease_check_interval_s <= 1.0:
@@ -647,6 +652,8 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             raise _Fail(grpc.StatusCode.INVALID_ARGUMENT, f"lease must be a positive number of ms, got {lease}")
         if self._config.lease_cap_ms is not None:
             return min(lease, self._config.lease_cap_ms)
+        if lease < self._config.min_lease_ms:  # Pravega's words and status (an IllegalArgumentException)
+            raise _Fail(grpc.StatusCode.UNKNOWN, "lease should be greater than minimum lease")
         if lease > self._config.max_lease_ms:
             return None
         return lease

@@ -13,7 +13,9 @@ Register it once per session with :func:`register` (classic PySpark or Spark Con
 * **batch write**, exactly once: each task attempt writes its rows into one Pravega transaction
   (:class:`~airflow_provider_pravega.client.transactions.TransactionalWriter`, routed by the
   optional ``routing_key`` column, so one key's rows keep their order within a task), flushes it
-  (every event acknowledged), and hands its transaction id to the driver in its commit message.
+  (every event acknowledged), and hands its transaction id to the driver in its commit message
+  and its lease to the host's lease keeper (:mod:`~airflow_provider_pravega.client.lease_handoff`),
+  which renews it until the job commits or aborts it, however long the job's other tasks take.
   The driver's ``commit`` renews every transaction, then commits them all; ``abort`` (a failed job)
   aborts them. A failed task attempt's transaction is aborted by the attempt itself, or, when its
   process died, is never committed and expires with its lease.
@@ -49,6 +51,7 @@ from airflow_provider_pravega.client.batch import (
 )
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import PravegaError, SegmentStoreError
+from airflow_provider_pravega.client.lease_handoff import DEFAULT_KEEP_S, hand_over
 from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
 
 __all__ = [
@@ -75,6 +78,8 @@ OPTIONS = {
     "trust_store": "CA certificate (PEM file or directory) for TLS",
     "validate_hostname": "true/false (default true)",
     "transaction_lease_ms": "write: lease of each task's transaction (default 90000)",
+    "lease_keep_s": "write: how long after its task ended a transaction's lease is renewed while it waits for "
+                    "the job's commit (default 3600; then it expires, e.g. after a driver crash)",
     "start_stream_cut": "read: head/earliest (default), tail/latest, or a stream-cut text",
     "end_stream_cut": "read: tail/latest (default), head/earliest, or a stream-cut text",
     "decode": "read: binary (default), text (UTF-8, event becomes a string) or json (each event one JSON object, "
@@ -542,6 +547,13 @@ class _TaskWrites:
         if self.mode not in _MODES:
             raise PravegaDataSourceError(f"option mode must be one of {', '.join(_MODES)}, got {self.mode!r}")
         self.event_text, self.has_key = _check_columns(schema)
+        keep = _option(options, "lease_keep_s", str(DEFAULT_KEEP_S))
+        try:
+            self.keep_s = float(keep)  # type: ignore[arg-type]
+        except ValueError:
+            self.keep_s = -1.0
+        if not self.keep_s > 0:
+            raise PravegaDataSourceError(f"option lease_keep_s must be a positive number of seconds, got {keep!r}")
         create = _flag(options, "create_stream")
         with _client(self.config) as client:
             if create:
@@ -561,8 +573,13 @@ class _TaskWrites:
             count = self._write_rows(iterator, writer.write_event)
             writer.flush()
             keeper.check()
-            # Renew once more: the lease runs from here until the driver commits.
+            # From here until the driver commits, this host's lease keeper renews the lease.
             manager.ping(self.scope, self.stream, txn.txn_id)
+            try:
+                hand_over(self.config, self.scope, self.stream, txn.txn_id, self.keep_s)
+            except OSError as exc:  # the job still commits if it ends within the lease
+                log.warning("no lease keeper for transaction %032x (%s): it must be committed within %d ms",
+                            txn.txn_id, exc, self.config.transaction_lease_ms)
         except BaseException:
             try:
                 manager.abort(self.scope, self.stream, txn.txn_id)

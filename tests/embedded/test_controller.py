@@ -594,7 +594,11 @@ def test_transaction_abort_and_unknown(ctl: Running) -> None:
 
 
 def test_lease_limits(make) -> None:
-    r = make(ControllerConfig(max_lease_ms=10_000, max_execution_time_ms=3_000))
+    default = make(ControllerConfig())  # Pravega's limits: 10 s .. 120 s
+    make_stream(default, "sd", "st")
+    err = rpc_error(lambda: create_txn(default, "sd", "st", lease=5_000))
+    assert err.code() == grpc.StatusCode.UNKNOWN and "lease should be greater than minimum lease" in err.details()
+    r = make(ControllerConfig(max_lease_ms=10_000, min_lease_ms=50, max_execution_time_ms=3_000))
     make_stream(r, "sc", "st")
     err = rpc_error(lambda: create_txn(r, "sc", "st", lease=20_000))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "10000" in err.details()

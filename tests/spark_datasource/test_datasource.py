@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -110,6 +111,52 @@ def test_write_is_exactly_once_when_a_task_attempt_dies(registered, client, prav
         key, seq = e.split("|")
         per_key[key].append(seq)
     assert all(seqs == sorted(seqs) for seqs in per_key.values())
+
+
+def test_a_finished_task_transaction_outlives_its_lease_until_the_job_commits(registered, pravega_embedded_factory,
+                                                                              unique_name):
+    """Partition 0 ends at once, partition 1 takes several leases: partition 0's transaction is
+    renewed by the host's lease keeper after its task ended, so the driver's commit finds it open
+    (without the hand-over it expires and the job fails: nothing committed). The keeper leaves once
+    the job committed. A server granting 3-s leases (Pravega's minimum is 10 s; the embedded one
+    shortens leases for tests) keeps the test short."""
+    from airflow_provider_pravega.client.lease_handoff import keeper_pids
+
+    lease_ms = 3000
+    controller = pravega_embedded_factory(txn_lease_cap_ms=lease_ms).controller_uri
+    scope, stream = unique_name("ds-lease"), "s"
+    client = PravegaClient(controller)
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, stream, 2)
+
+    def rows(batches):
+        import time
+
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        p = TaskContext.get().partitionId()
+        if p == 1:
+            time.sleep(3 * lease_ms / 1000)  # partition 0 has long finished
+        yield pa.RecordBatch.from_pydict({"event": [f"{p}-{i}".encode() for i in range(50)]})
+        for _ in batches:
+            pass
+
+    (registered.range(0, 2, 1, 2).mapInArrow(rows, "event binary").write.format("pravega").mode("append")
+     .option("controller", controller).option("scope", scope).option("stream", stream)
+     .option("transaction_lease_ms", str(lease_ms)).save())
+    assert Counter(_stream_events(client, scope, stream)) == Counter(
+        f"{p}-{i}".encode() for p in range(2) for i in range(50))
+    deadline = time.monotonic() + 60
+    while keeper_pids() and time.monotonic() < deadline:  # leaves after two idle rounds (1 s each here)
+        time.sleep(0.5)
+    assert keeper_pids() == []
+
+    with pytest.raises(Exception, match="lease_keep_s must be a positive number"):
+        (registered.range(0, 1).selectExpr("cast(id as string) as event").write.format("pravega").mode("append")
+         .option("controller", controller).option("scope", scope).option("stream", stream)
+         .option("lease_keep_s", "0").save())
+    client.close()
 
 
 def test_a_failed_job_commits_nothing_and_bad_options_fail_first(registered, client, pravega_controller_uri,
