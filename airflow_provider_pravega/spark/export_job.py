@@ -20,7 +20,10 @@ parallel straight from the segment store and writes the rows through its own wri
   object and is not atomic, the files are moved into the final directory one by one under a
   pending marker and ``_PRAVEGA_EXPORT.json`` (which lists the files) is written last: a reader
   that waits for that marker never sees a partial export, and an interrupted publish is finished
-  by the next run.
+  by the next run. The moves use the Hadoop FileSystem Spark writes through: the driver JVM's in a
+  classic session, the Spark Connect server's through the provider's server plugin
+  (:mod:`~airflow_provider_pravega.spark.filesystem`, :mod:`~airflow_provider_pravega.spark.connect_plugin`);
+  through Connect, the events and bytes are counted by an ``Observation`` instead of accumulators.
 
 Repeatable scheduled runs: with an ``interval_key`` (the operator passes the data interval) the
 first export of an interval records (interval -> start cut, end cut); every later run of that

@@ -174,7 +174,7 @@ class ConnectFileSystem:
             table, _ = DataFrame(_extension_plan(json.dumps(payload)), self.spark)._to_table()
         except Exception as exc:
             text = str(exc)
-            if "extension" in text.lower() and ("handler" in text.lower() or "not supported" in text.lower()):
+            if "NO_HANDLER_FOR_EXTENSION" in text or "No handler found for extension" in text:
                 raise ConnectPluginMissingError(
                     "the Spark Connect server does not have the provider's filesystem plugin, which the export "
                     "needs to publish its files: build it with `python -m airflow_provider_pravega.spark."

@@ -20,7 +20,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-__all__ = ["PLUGIN_CLASS", "PLUGIN_CONF", "SOURCE", "build_plugin_jar", "main", "server_arguments"]
+__all__ = ["PLUGIN_CLASS", "PLUGIN_CONF", "SOURCE", "PluginBuildError", "build_plugin_jar", "default_dir", "main",
+           "server_arguments"]
 
 SOURCE = Path(__file__).with_name("PravegaFsRelationPlugin.java")
 PLUGIN_CLASS = "airflow_provider_pravega.spark.PravegaFsRelationPlugin"
@@ -51,16 +52,22 @@ def _tool(name: str) -> str:
     return found
 
 
+def default_dir() -> Path:
+    """``$PRAVEGA_CONNECT_PLUGIN_DIR``, else the project's cache directory (the rule of
+    ``testing/cache.py``, which ``spark/`` may not import)."""
+    if os.environ.get("PRAVEGA_CONNECT_PLUGIN_DIR"):
+        return Path(os.environ["PRAVEGA_CONNECT_PLUGIN_DIR"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "airflow-provider-pravega" / "connect-plugin"
+
+
 def build_plugin_jar(out_dir: str | os.PathLike[str] | None = None) -> Path:
     """The plugin jar in ``out_dir`` (default: the project's cache directory), compiled unless a jar
     of the same source and pyspark version is already there."""
     import pyspark
 
-    if out_dir is None:
-        from airflow_provider_pravega.testing.cache import cache_dir
-
-        out_dir = cache_dir("connect-plugin", "PRAVEGA_CONNECT_PLUGIN_DIR")
-    out = Path(out_dir)
+    out = Path(out_dir) if out_dir is not None else default_dir()
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + pyspark.__version__.encode()).hexdigest()[:12]
     jar = out / f"pravega-connect-plugin-{pyspark.__version__}-{digest}.jar"
@@ -75,12 +82,15 @@ def build_plugin_jar(out_dir: str | os.PathLike[str] | None = None) -> Path:
              "-d", str(classes), str(SOURCE)], capture_output=True, text=True)
         if done.returncode != 0:
             raise PluginBuildError(f"javac failed:\n{(done.stdout + done.stderr)[-3000:]}")
-        partial = Path(work) / jar.name
-        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zf:
-            zf.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\n\r\n")
-            for path in sorted(classes.rglob("*.class")):
-                zf.write(path, path.relative_to(classes).as_posix())
-        shutil.move(partial, jar)  # whole or not at all: a concurrent build finds a complete jar or none
+        partial = out / f".{jar.name}.{os.getpid()}.partial"
+        try:
+            with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zf:
+                zf.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\n\r\n")
+                for path in sorted(classes.rglob("*.class")):
+                    zf.write(path, path.relative_to(classes).as_posix())
+            os.replace(partial, jar)  # whole or not at all: a concurrent build finds a complete jar or none
+        finally:
+            partial.unlink(missing_ok=True)
     return jar
 
 
