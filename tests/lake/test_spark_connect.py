@@ -40,12 +40,17 @@ with DAG(dag_id=p["dag_id"], schedule=None, start_date=datetime(2026, 11, 1, tzi
     ingest >> PravegaStreamCutExportOperator(
         task_id="export", scope=p["scope"], stream="readings", output_path=p["output"], start_cut="head",
         spark_conn_id="spark_connect_test", retries=0)
+    ingest >> PravegaStreamCutExportOperator(  # JSON columns: a schema inferred from sampled events
+        task_id="export_json", scope=p["scope"], stream="readings", output_path=p["output"] + "_json",
+        start_cut="head", event_format="json", spark_conn_id="spark_connect_test",
+        retries=0)
 results = []
 for _ in range(2):
     run = run_dag(dag, logical_date=day)
     results.append({"states": {ti.task_id: str(ti.state) for ti in run.get_task_instances()},
                     "ingest": run.get_task_instance("ingest").xcom_pull(task_ids="ingest"),
                     "export": run.get_task_instance("export").xcom_pull(task_ids="export"),
+                    "export_json": run.get_task_instance("export_json").xcom_pull(task_ids="export_json"),
                     "files": {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
                               for f in sorted(pathlib.Path(p["output"]).iterdir())}})
 
@@ -63,14 +68,22 @@ print("RESULTS " + json.dumps({"runs": results, "missing_plugin": missing}))
 
 
 @pytest.fixture(scope="module")
-def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Spark Connect server (local[2]) on a free loopback port; its ``sc://`` URL."""
+def plugin_jar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The provider's Spark Connect plugin, compiled from its Java source."""
+    from airflow_provider_pravega.spark.connect_plugin import build_plugin_jar
+
+    return build_plugin_jar(tmp_path_factory.mktemp("connect-plugin"))
+
+
+@pytest.fixture(scope="module")
+def spark_connect_server(tmp_path_factory: pytest.TempPathFactory, plugin_jar: Path) -> Iterator[str]:
+    """A Spark Connect server (local[2]) with the provider's plugin on a free loopback port; its
+    ``sc://`` URL."""
     import pyspark
 
-    from airflow_provider_pravega.spark.connect_plugin import build_plugin_jar, server_arguments
+    from airflow_provider_pravega.spark.connect_plugin import server_arguments
 
     home = Path(pyspark.__file__).parent
-    plugin = build_plugin_jar(tmp_path_factory.mktemp("connect-plugin"))
     port = free_port()
     log = tmp_path_factory.mktemp("spark-connect") / "server.log"
     env = dict(os.environ, SPARK_HOME=str(home), PYSPARK_PYTHON=sys.executable)
@@ -78,7 +91,7 @@ def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
         [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
          "--master", "local[2,4]", "--conf", f"spark.connect.grpc.binding.port={port}",
          "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false", *server_arguments(plugin)],
+         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false", *server_arguments(plugin_jar)],
         env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True,
     )
     try:
@@ -133,7 +146,8 @@ def test_ingest_and_export_run_through_a_spark_connect_connection(
     assert done.returncode == 0 and marker, output
     answer = json.loads(marker[0][len("RESULTS "):])
     results = answer["runs"]
-    assert [r["states"] for r in results] == [{"ingest": "success", "export": "success"}] * 2, output
+    assert [r["states"] for r in results] == [{"ingest": "success", "export": "success",
+                                                "export_json": "success"}] * 2, output
     assert [len(r["ingest"]["files_ingested"]) for r in results] == [2, 0]
     first, rerun = results
     assert first["export"]["events"] == rerun["export"]["events"] == len(lines)
@@ -142,6 +156,9 @@ def test_ingest_and_export_run_through_a_spark_connect_connection(
     assert "_PRAVEGA_EXPORT.json" in first["files"] and any(n.startswith("part-00000") for n in first["files"])
     exported = pq.read_table(tmp_path / "out").column("event").to_pylist()
     assert Counter(exported) == Counter(lines)  # every record once in the export
+    assert first["export_json"]["events"] == len(lines) and first["export_json"]["bytes"] == first["export"]["bytes"]
+    columns = pq.read_table(tmp_path / "out_json").select(["sensor_id", "n"]).to_pylist()
+    assert sorted(row["n"] for row in columns) == list(range(900)) and columns[0]["sensor_id"].startswith("s")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing temporary beside it
     assert "filesystem plugin" in answer["missing_plugin"]
     assert "python -m airflow_provider_pravega.spark.connect_plugin" in answer["missing_plugin"]
@@ -151,3 +168,13 @@ def test_ingest_and_export_run_through_a_spark_connect_connection(
         events = [event.payload.decode() for rng in plan_segment_ranges(client, head, tail)
                   for event in read_segment_range(client, rng)]
     assert Counter(events) == Counter(lines)  # every record once
+
+
+def test_plugin_command_prints_what_the_server_needs(plugin_jar: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_provider_pravega.spark.connect_plugin import main
+
+    assert main(["--out", str(plugin_jar.parent)]) == 0  # the jar is there: not compiled again
+    printed = capsys.readouterr().out
+    assert f"--jars {plugin_jar} --conf spark.connect.extensions.relation.classes=" \
+           "airflow_provider_pravega.spark.PravegaFsRelationPlugin" in printed
+    assert sorted(p.name for p in plugin_jar.parent.iterdir()) == [plugin_jar.name]  # nothing partial left
