@@ -980,8 +980,7 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
         )
         if pieces is not None:
             result.ingest_runs = ingest_runs
-        connect = is_connect(spark)
-        if connect:  # no SparkContext: counted by an observation of the rows, no progress thread
+        if is_connect(spark):  # no SparkContext: counted by an observation of the rows, no progress thread
             from pyspark.sql.connect.observation import Observation
 
             counters, observation, progress = None, Observation("pravega_export_counts"), None
@@ -1021,8 +1020,8 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
             result.phases["write"] = round(time.monotonic() - written_at, 3)
             published_at = time.monotonic()
             if observation is not None:
-                counted = observation.get
-                result.events, result.bytes = int(counted["events"]), int(counted["bytes"])
+                counted = observation.get  # missing metrics: 0, and the check below counts the output
+                result.events, result.bytes = int(counted.get("events") or 0), int(counted.get("bytes") or 0)
             else:
                 result.events, result.bytes = int(counters[0].value), int(counters[1].value)
             if result.bytes + wire.EVENT_HEADER_LEN * result.events != planned_bytes:
