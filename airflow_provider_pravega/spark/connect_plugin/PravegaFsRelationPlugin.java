@@ -7,7 +7,8 @@
  * Request: a google.protobuf.Any holding a google.protobuf.StringValue whose value is a JSON object
  * {"pravega_fs": 1, "op": ..., "path"/"src"/"dst"/"recursive"/"text": ..., "nonce": ...}. Anything else
  * is not ours (Optional.empty()). Answer: {"value": ...} or {"error": "<first line of the exception>"}.
- * The nonce makes every request a new plan, so the server's plan cache never answers a call twice.
+ * The call runs while the server plans the relation (once per ExecutePlan); the client sends no plan
+ * id and a nonce, so the server's plan cache never answers a call from an earlier one.
  *
  * Built by airflow_provider_pravega.spark.connect_plugin.build_plugin_jar (javac against pyspark's jars).
  */
