@@ -54,11 +54,25 @@ for _ in range(2):
                     "files": {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
                               for f in sorted(pathlib.Path(p["output"]).iterdir())}})
 
-# A request the plugin does not take is what a server without the plugin answers to every request.
 from pyspark.sql import SparkSession
+from airflow_provider_pravega.spark.export_job import MARKER, OutputLocation
 from airflow_provider_pravega.spark.filesystem import ConnectFileSystem, ConnectPluginMissingError
+spark = SparkSession.builder.remote(p["remote"]).getOrCreate()
+
+# The object-store publish (files moved one by one, the marker last) through the plugin: twice, the
+# second with one file less.
+for parts in ({"part-00000.parquet": "a", "part-00001.parquet": "b"}, {"part-00000.parquet": "a2"}):
+    location = OutputLocation(spark, p["output"] + "_in_place")
+    location.object_store = True
+    location.check_writable()
+    found = location.existing()
+    for name, text in {**parts, MARKER: json.dumps({"export_id": "e", "interval": None})}.items():
+        location.write_text(location.child(location.temp, name), text)
+    location.publish(replace=found is not None)
+
+# A request the plugin does not take is what a server without the plugin answers to every request.
 try:
-    ConnectFileSystem(SparkSession.builder.remote(p["remote"]).getOrCreate()).request({"not_pravega_fs": 1})
+    ConnectFileSystem(spark).request({"not_pravega_fs": 1})
     missing = "no error"
 except ConnectPluginMissingError as exc:
     missing = str(exc)
@@ -160,6 +174,10 @@ def test_ingest_and_export_run_through_a_spark_connect_connection(
     columns = pq.read_table(tmp_path / "out_json").select(["sensor_id", "n"]).to_pylist()
     assert sorted(row["n"] for row in columns) == list(range(900)) and columns[0]["sensor_id"].startswith("s")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing temporary beside it
+    in_place = tmp_path / "out_in_place"
+    assert sorted(p.name for p in in_place.iterdir() if not p.name.startswith(".")) == [
+        "_PRAVEGA_EXPORT.json", "part-00000.parquet"]
+    assert (in_place / "part-00000.parquet").read_text() == "a2"
     assert "filesystem plugin" in answer["missing_plugin"]
     assert "python -m airflow_provider_pravega.spark.connect_plugin" in answer["missing_plugin"]
 
