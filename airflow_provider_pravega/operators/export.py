@@ -53,8 +53,10 @@ class PravegaStreamCutExportOperator(BaseOperator):
         smaller ones.
     :param pravega_conn_id: The ``pravega`` connection.
     :param spark_conn_id: The Spark provider's ``spark`` connection (its host is the master URL) or
-        ``spark_connect`` connection (``sc://…``); local mode when ``spark_default`` does not exist,
-        an error for any other missing id. See README "Data lakes and clusters".
+        ``spark_connect`` connection (``sc://…``; the Connect server needs the provider's plugin, see
+        ``python -m airflow_provider_pravega.spark.connect_plugin``); local mode when
+        ``spark_default`` does not exist, an error for any other missing id. See README "Data lakes
+        and clusters".
     :param spark_conf: Extra Spark settings.
 
     Returns (XCom) the start and end cut (stream-cut texts), event and byte counts, the files

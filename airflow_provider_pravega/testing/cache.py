@@ -10,7 +10,8 @@ def cache_dir(name: str, env: str | None = None) -> Path:
     """``$<env>`` if set, else ``$XDG_CACHE_HOME`` (or ``~/.cache``) ``/airflow-provider-pravega/<name>``.
 
     scripts/pravega_standalone.py follows the same rule with its own few lines: it is standard
-    library only, so it runs before the project is installed."""
+    library only, so it runs before the project is installed; so does spark/connect_plugin (the
+    ``spark/`` layer does not import ``testing/``)."""
     if env and os.environ.get(env):
         return Path(os.environ[env]).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")

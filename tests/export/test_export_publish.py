@@ -55,7 +55,7 @@ def _staged(spark: Any, final: Path, parts: dict[str, str]) -> OutputLocation:
     the marker listing them, as ``run_export`` leaves it before publishing."""
     location = OutputLocation(spark, str(final))
     location.object_store = True
-    temp = Path(location.temp.toUri().getPath())
+    temp = Path(location.temp)
     temp.mkdir(parents=True)
     for name, text in parts.items():
         (temp / name).write_text(text)
@@ -74,7 +74,7 @@ def test_in_place_publish_writes_the_marker_last_and_removes_stale_files(spark: 
     first = _staged(spark, final, {"part-00000.parquet": "a", "part-00001.parquet": "b"})
     first.publish(replace=False)
     assert _names(final) == {MARKER, "part-00000.parquet", "part-00001.parquet"}
-    assert not Path(first.temp.toUri().getPath()).exists()
+    assert not Path(first.temp).exists()
 
     second = _staged(spark, final, {"part-00000.parquet": "a2"})  # a replacement with one file less
     watched = _Watched(second.fs, final)

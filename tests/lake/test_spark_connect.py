@@ -1,8 +1,10 @@
-"""Ingest through Spark Connect: a Spark Connect server started from pyspark's bundled jar
-(``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer``), reached through
-the Spark provider's ``spark_connect`` connection by ``PravegaTransactionalIngestOperator`` in its
-own process (a process holds either a classic or a Connect session). Every record once; the rerun
-ingests nothing; the export says clearly that it needs a master URL."""
+"""Ingest and export through Spark Connect: a Spark Connect server started from pyspark's bundled
+jar (``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer``) with the
+provider's filesystem plugin (built here from its Java source), reached through the Spark provider's
+``spark_connect`` connection by ``PravegaTransactionalIngestOperator`` and
+``PravegaStreamCutExportOperator`` in their own process (a process holds either a classic or a
+Connect session). Every record once in the stream and in the export; the rerun ingests nothing and
+rewrites the same files; a server without the plugin is named as the cause."""
 
 from __future__ import annotations
 
@@ -17,39 +19,83 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pravega.testing.net import free_port
 
 _RUN = r"""
-import json, sys
+import hashlib, json, pathlib, sys
 from datetime import datetime, timezone
 from airflow.sdk import DAG
 from airflow_provider_pravega.operators import PravegaStreamCutExportOperator, PravegaTransactionalIngestOperator
 from airflow_provider_pravega.testing.dag_test import run_dag
 
 p = json.loads(sys.argv[1])
+day = datetime(2026, 11, 2, tzinfo=timezone.utc)
 with DAG(dag_id=p["dag_id"], schedule=None, start_date=datetime(2026, 11, 1, tzinfo=timezone.utc)) as dag:
-    PravegaTransactionalIngestOperator(
+    ingest = PravegaTransactionalIngestOperator(
         task_id="ingest", scope=p["scope"], stream="readings", source=p["source"], routing_key_field="sensor_id",
         create_stream=True, stream_segments=2, spark_conn_id="spark_connect_test", retries=0)
-    PravegaStreamCutExportOperator(
+    ingest >> PravegaStreamCutExportOperator(
         task_id="export", scope=p["scope"], stream="readings", output_path=p["output"], start_cut="head",
         spark_conn_id="spark_connect_test", retries=0)
+    ingest >> PravegaStreamCutExportOperator(  # JSON columns: a schema inferred from sampled events
+        task_id="export_json", scope=p["scope"], stream="readings", output_path=p["output"] + "_json",
+        start_cut="head", event_format="json", spark_conn_id="spark_connect_test",
+        retries=0)
 results = []
 for _ in range(2):
-    run = run_dag(dag)
+    run = run_dag(dag, logical_date=day)
     results.append({"states": {ti.task_id: str(ti.state) for ti in run.get_task_instances()},
-                    "ingest": run.get_task_instance("ingest").xcom_pull(task_ids="ingest")})
-print("RESULTS " + json.dumps(results))
+                    "ingest": run.get_task_instance("ingest").xcom_pull(task_ids="ingest"),
+                    "export": run.get_task_instance("export").xcom_pull(task_ids="export"),
+                    "export_json": run.get_task_instance("export_json").xcom_pull(task_ids="export_json"),
+                    "files": {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+                              for f in sorted(pathlib.Path(p["output"]).iterdir())}})
+
+from pyspark.sql import SparkSession
+from airflow_provider_pravega.spark.export_job import MARKER, OutputLocation
+from airflow_provider_pravega.spark.filesystem import ConnectFileSystem, ConnectPluginMissingError
+spark = SparkSession.builder.remote(p["remote"]).getOrCreate()
+
+# The object-store publish (files moved one by one, the marker last) through the plugin: twice, the
+# second with one file less.
+for parts in ({"part-00000.parquet": "a", "part-00001.parquet": "b"}, {"part-00000.parquet": "a2"}):
+    location = OutputLocation(spark, p["output"] + "_in_place")
+    location.object_store = True
+    location.check_writable()
+    found = location.existing()
+    for name, text in {**parts, MARKER: json.dumps({"export_id": "e", "interval": None})}.items():
+        location.write_text(location.child(location.temp, name), text)
+    location.publish(replace=found is not None)
+
+# A request the plugin does not take is what a server without the plugin answers to every request.
+try:
+    ConnectFileSystem(spark).request({"not_pravega_fs": 1})
+    missing = "no error"
+except ConnectPluginMissingError as exc:
+    missing = str(exc)
+print("RESULTS " + json.dumps({"runs": results, "missing_plugin": missing}))
 """
 
 
 
 @pytest.fixture(scope="module")
-def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Spark Connect server (local[2]) on a free loopback port; its ``sc://`` URL."""
+def plugin_jar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The provider's Spark Connect plugin, compiled from its Java source."""
+    from airflow_provider_pravega.spark.connect_plugin import build_plugin_jar
+
+    return build_plugin_jar(tmp_path_factory.mktemp("connect-plugin"))
+
+
+@pytest.fixture(scope="module")
+def spark_connect_server(tmp_path_factory: pytest.TempPathFactory, plugin_jar: Path) -> Iterator[str]:
+    """A Spark Connect server (local[2]) with the provider's plugin on a free loopback port; its
+    ``sc://`` URL."""
     import pyspark
+
+    from airflow_provider_pravega.spark.connect_plugin import server_arguments
 
     home = Path(pyspark.__file__).parent
     port = free_port()
@@ -59,7 +105,7 @@ def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
         [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
          "--master", "local[2,4]", "--conf", f"spark.connect.grpc.binding.port={port}",
          "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false"],
+         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false", *server_arguments(plugin_jar)],
         env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True,
     )
     try:
@@ -82,7 +128,7 @@ def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
             server.wait()
 
 
-def test_ingest_runs_through_a_spark_connect_connection(
+def test_ingest_and_export_run_through_a_spark_connect_connection(
     tmp_path: Path, spark_connect_server: str, pravega_embedded: Any, unique_name: Any,
 ) -> None:
     from airflow_provider_pravega.client import PravegaClient
@@ -106,20 +152,47 @@ def test_ingest_runs_through_a_spark_connect_connection(
                AIRFLOW_CONN_PRAVEGA_DEFAULT=json.dumps({"conn_type": "pravega", "host": controller_host,
                                                         "port": int(controller_port)}))
     params = {"dag_id": f"connect_{scope.replace('-', '_')}", "scope": scope, "source": str(source / "*.jsonl"),
-              "output": str(tmp_path / "out")}
+              "output": str(tmp_path / "out"), "remote": spark_connect_server}
     done = subprocess.run([sys.executable, "-c", _RUN, json.dumps(params)], env=env, capture_output=True, text=True,
                           timeout=600)
     marker = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
     output = done.stdout[-3000:] + done.stderr[-4000:]
     assert done.returncode == 0 and marker, output
-    results = json.loads(marker[0][len("RESULTS "):])
-    assert [r["states"]["ingest"] for r in results] == ["success", "success"], output
+    answer = json.loads(marker[0][len("RESULTS "):])
+    results = answer["runs"]
+    assert [r["states"] for r in results] == [{"ingest": "success", "export": "success",
+                                                "export_json": "success"}] * 2, output
     assert [len(r["ingest"]["files_ingested"]) for r in results] == [2, 0]
-    assert [r["states"]["export"] for r in results] == ["failed", "failed"]
-    assert "cannot run through Spark Connect yet" in done.stdout + done.stderr
+    first, rerun = results
+    assert first["export"]["events"] == rerun["export"]["events"] == len(lines)
+    assert rerun["export"]["reused_record"] and rerun["export"]["replaced_output"]
+    assert rerun["files"] == first["files"]  # the same names and bytes
+    assert "_PRAVEGA_EXPORT.json" in first["files"] and any(n.startswith("part-00000") for n in first["files"])
+    exported = pq.read_table(tmp_path / "out").column("event").to_pylist()
+    assert Counter(exported) == Counter(lines)  # every record once in the export
+    assert first["export_json"]["events"] == len(lines) and first["export_json"]["bytes"] == first["export"]["bytes"]
+    columns = pq.read_table(tmp_path / "out_json").select(["sensor_id", "n"]).to_pylist()
+    assert sorted(row["n"] for row in columns) == list(range(900)) and columns[0]["sensor_id"].startswith("s")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing temporary beside it
+    in_place = tmp_path / "out_in_place"
+    assert sorted(p.name for p in in_place.iterdir() if not p.name.startswith(".")) == [
+        "_PRAVEGA_EXPORT.json", "part-00000.parquet"]
+    assert (in_place / "part-00000.parquet").read_text() == "a2"
+    assert "filesystem plugin" in answer["missing_plugin"]
+    assert "python -m airflow_provider_pravega.spark.connect_plugin" in answer["missing_plugin"]
 
     with PravegaClient(pravega_embedded.controller_uri) as client:
         head, tail = StreamCut.head(client, scope, "readings"), StreamCut.tail(client, scope, "readings")
         events = [event.payload.decode() for rng in plan_segment_ranges(client, head, tail)
                   for event in read_segment_range(client, rng)]
     assert Counter(events) == Counter(lines)  # every record once
+
+
+def test_plugin_command_prints_what_the_server_needs(plugin_jar: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_provider_pravega.spark.connect_plugin import main
+
+    assert main(["--out", str(plugin_jar.parent)]) == 0  # the jar is there: not compiled again
+    printed = capsys.readouterr().out
+    assert f"--jars {plugin_jar} --conf spark.connect.extensions.relation.classes=" \
+           "airflow_provider_pravega.spark.PravegaFsRelationPlugin" in printed
+    assert sorted(p.name for p in plugin_jar.parent.iterdir()) == [plugin_jar.name]  # nothing partial left
