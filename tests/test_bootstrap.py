@@ -1,5 +1,6 @@
 """scripts/bootstrap.sh changes the system only when asked: Chromium is apt-installed with
-``--with-browser`` (or PRAVEGA_BOOTSTRAP_BROWSER=1) only, and scripts/test asks for it, saying so.
+``--with-browser`` (or PRAVEGA_BOOTSTRAP_BROWSER=1) only, and scripts/test asks for it, saying so;
+a missing JDK compiler or Maven with ``--with-build-tools`` only.
 
 Runs the real script against a venv that is already up to date (its install stamp matches
 pyproject.toml), with a recording ``apt-get`` first on PATH, and a Chromium path that does not exist.
@@ -63,6 +64,27 @@ def test_bootstrap_installs_the_browser_when_asked(fake_system: dict[str, str], 
     assert done.returncode == 0, done.stderr
     assert "installing Debian's 'chromium' package system-wide" in done.stdout
     assert any(call.split()[:1] == ["install"] and "chromium" in call.split() for call in _apt_calls(fake_system))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bootstrap apt-installs only as root")
+def test_bootstrap_installs_javac_and_maven_when_asked_and_missing(fake_system: dict[str, str], tmp_path: Path) -> None:
+    # A PATH like this machine's without javac and mvn (a fresh machine with only a Java runtime).
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for directory in fake_system["PATH"].split(":")[1:]:
+        for tool in Path(directory).glob("*") if Path(directory).is_dir() else []:
+            if tool.name not in ("javac", "mvn", "apt-get") and not (tools / tool.name).exists():
+                (tools / tool.name).symlink_to(tool)
+    fake_system["PATH"] = f"{fake_system['PATH'].split(':')[0]}:{tools}"
+    fake_system.pop("JAVA_HOME", None)
+    assert _apt_calls(fake_system) == []
+    done = _run([str(REPO / "scripts" / "bootstrap.sh")], fake_system)
+    assert done.returncode == 0 and _apt_calls(fake_system) == [], done.stderr  # not asked: nothing
+    done = _run([str(REPO / "scripts" / "bootstrap.sh"), "--with-build-tools"], fake_system)
+    assert done.returncode == 0, done.stderr
+    assert "installing Debian's openjdk-17-jdk-headless maven system-wide" in done.stdout
+    assert any(c.split()[:1] == ["install"] and {"openjdk-17-jdk-headless", "maven"} <= set(c.split())
+               for c in _apt_calls(fake_system))
 
 
 def test_bootstrap_refuses_unknown_arguments(fake_system: dict[str, str]) -> None:
