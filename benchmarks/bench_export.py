@@ -101,24 +101,19 @@ def profile_task(uri: str, ranges: list, text: bool) -> None:
     import cProfile
     import pstats
 
-    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
-    from airflow_provider_pravega.spark.export_job import make_reader
-
-    class Counter:
-        value = 0
-
-        def add(self, n: int) -> None:
-            self.value += n
+    from airflow_provider_pravega.spark.datasource import Decoding, _read_partition
 
     host, _, port = uri.split("//", 1)[1].rpartition(":")
     config = PravegaConnectionConfig.from_connection_fields(host=host, port=int(port))
-    reader = make_reader(config, ranges, [list(range(len(ranges)))], text, (Counter(), Counter()))
-    ids = [pa.RecordBatch.from_pydict({"id": [0]})]
+    schema = StructType([StructField("event", StringType() if text else BinaryType(), False),
+                         StructField("segment_id", LongType(), False), StructField("offset", LongType(), False)])
+    decoding = Decoding.of({"decode": "text" if text else "binary", "columns": "event,segment_id,offset"}, schema)
     prof = cProfile.Profile()
     started = time.perf_counter()
-    rows = prof.runcall(lambda: sum(b.num_rows for b in reader(iter(ids))))
+    rows = prof.runcall(lambda: sum(b.num_rows for b in _read_partition(config, ranges, decoding)))
     elapsed = time.perf_counter() - started
     print(f"\none task's Python side (all ranges, cProfile on): {rows:,} events in {elapsed:.2f} s")
     pstats.Stats(prof).sort_stats("tottime").print_stats(12)
@@ -313,16 +308,14 @@ def main() -> None:
                 spec = ExportSpec(scope, stream, "unused", event_format=args.event_format)
 
                 def noop() -> tuple[int, int, float]:
-                    frame = export_job.build_frame(spark, export_job.config_of(client), spec, ranges,
-                                                   (sc.accumulator(0), sc.accumulator(0)))
+                    frame = export_job.build_frame(spark, export_job.config_of(client), spec, ranges)
                     t0 = time.perf_counter()
                     frame.write.format("noop").mode("overwrite").save()
                     return args.events, payload, time.perf_counter() - t0
 
                 cached = None
                 if args.profile:  # Spark's writer alone: the same rows held in the JVM's memory.
-                    cached = export_job.build_frame(spark, export_job.config_of(client), spec, ranges,
-                                                    (sc.accumulator(0), sc.accumulator(0))).cache()
+                    cached = export_job.build_frame(spark, export_job.config_of(client), spec, ranges).cache()
                     cached.count()
 
                 def from_memory(label: str) -> tuple[int, int, float]:

@@ -6,8 +6,9 @@ Register it once per session with :func:`register` (classic PySpark or Spark Con
 * **batch read** between two stream cuts: the driver resolves the cuts and plans the segment
   ranges between them (:func:`~airflow_provider_pravega.client.batch.plan_segment_ranges`, which
   follows scaling); each range is one Spark partition, read straight from the segment store as
-  Arrow batches by :func:`read_ranges_arrow` (the export job reads its partitions with the same
-  function). Rows: ``event`` (binary, or UTF-8 text with ``decode=text``; with ``decode=json`` the
+  Arrow batches by :func:`read_ranges_arrow`. A job that plans its own ranges (the export job)
+  passes them as ``segment_ranges`` (partitions in its order) and may emit fewer ``columns``.
+  Rows: ``event`` (binary, or UTF-8 text with ``decode=text``; with ``decode=json`` the
   columns of the given schema instead, parsed by Arrow), ``scope``, ``stream``,
   ``segment_id``, ``offset`` (where the event's header starts in its segment).
 * **batch write**, exactly once: each task attempt writes its rows into one Pravega transaction
@@ -58,9 +59,12 @@ __all__ = [
     "FORMAT",
     "OPTIONS",
     "PravegaDataSource",
+    "NOT_UTF8_ADVICE",
     "PravegaDataSourceError",
+    "connection_options",
     "read_ranges_arrow",
     "register",
+    "segment_ranges_option",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,6 +102,13 @@ OPTIONS = {
     "scale_factor": "write with create_stream: how many segments one splits into under a rate policy",
     "retention_size_bytes": "write with create_stream: keep at most this many bytes",
     "retention_time_ms": "write with create_stream: keep data this many milliseconds",
+    "segment_ranges": "batch read, for jobs that plan their own ranges: JSON list of partitions, each a list of "
+                      "ranges [scope, stream, segment_id, start_offset, end_offset or null], read instead of the "
+                      "ranges between start_stream_cut and end_stream_cut (not with those); partition i is the "
+                      "i-th list, its ranges read in the given order",
+    "columns": "read with decode binary or text: the columns to emit, comma-separated, of event, scope, stream, "
+               "segment_id, offset (default all; Python data sources get no column pruning, so each column "
+               "costs its conversion to the JVM)",
     "max_events_per_trigger": "streaming read: at most this many events per micro-batch (default: no limit)",
     "max_bytes_per_trigger": "streaming read: at most this many segment bytes (event headers included) per "
                              "micro-batch; at least one event is always taken (default: no limit)",
@@ -119,13 +130,17 @@ class PravegaDataSourceError(PravegaError, ValueError):
 # ---------------------------------------------------------------------------------------------
 
 
-def read_ranges_arrow(config: Any, ranges: Sequence[SegmentRange], *, text: bool,
-                      decode_error: type[Exception] = PravegaDataSourceError,
-                      advice: str = "read it with decode=binary") -> Iterator[tuple[SegmentRange, Any, Any, int]]:
+#: The advice closing the error for an event that is not UTF-8 (a job reading through this data
+#: source, e.g. the export, replaces it with its own words).
+NOT_UTF8_ADVICE = "read it with decode=binary"
+
+
+def read_ranges_arrow(config: Any, ranges: Sequence[SegmentRange], *,
+                      text: bool) -> Iterator[tuple[SegmentRange, Any, Any, int]]:
     """The events of ``ranges``, one range after the other, as ``(range, events, offsets,
     payload_bytes)`` per segment-store reply: ``events`` a pyarrow BinaryArray (StringArray with
-    ``text``; an event that is not UTF-8 raises ``decode_error`` naming its position and
-    ``advice``), ``offsets`` an int64 numpy array. No Python object per event."""
+    ``text``; an event that is not UTF-8 raises :class:`PravegaDataSourceError` naming its
+    position), ``offsets`` an int64 numpy array. No Python object per event."""
     import pyarrow as pa
 
     string = pa.string()
@@ -135,20 +150,20 @@ def read_ranges_arrow(config: Any, ranges: Sequence[SegmentRange], *, text: bool
                 try:
                     events = events.cast(string)
                 except pa.ArrowInvalid:
-                    _raise_not_utf8(rng, events, offsets, decode_error, advice)
+                    _raise_not_utf8(rng, events, offsets)
             yield rng, events, offsets, payload_bytes
 
 
-def _raise_not_utf8(rng: SegmentRange, events: Any, offsets: Any, error: type[Exception], advice: str) -> None:
+def _raise_not_utf8(rng: SegmentRange, events: Any, offsets: Any) -> None:
     for payload, offset in zip(events.to_pylist(), offsets.tolist(), strict=True):
         try:
             payload.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise error(
+            raise PravegaDataSourceError(
                 f"the event at offset {offset} of segment {rng.segment_name} is not UTF-8 text ({exc.reason} at "
-                f"byte {exc.start}); {advice}"
+                f"byte {exc.start}); {NOT_UTF8_ADVICE}"
             ) from None
-    raise error(f"an event of segment {rng.segment_name} is not UTF-8 text")
+    raise PravegaDataSourceError(f"an event of segment {rng.segment_name} is not UTF-8 text")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,6 +196,20 @@ def connection_config(options: Mapping[str, str]) -> PravegaConnectionConfig:
             extra=extra)
     except ValueError as exc:
         raise PravegaDataSourceError(f"pravega data source option: {exc}") from None
+
+
+def connection_options(config: PravegaConnectionConfig) -> dict[str, str]:
+    """The options that give :func:`connection_config` back ``config`` (for jobs that read through
+    this data source with a connection they already hold)."""
+    options = {"controller": config.controller_uri, "validate_hostname": str(config.validate_hostname).lower(),
+               "transaction_lease_ms": str(config.transaction_lease_ms)}
+    if config.username is not None:
+        options["username"] = config.username
+    if config.password is not None:
+        options["password"] = config.password
+    if config.trust_store is not None:
+        options["trust_store"] = config.trust_store
+    return options
 
 
 def _cut(options: Mapping[str, str], name: str, default: str, scope: str, stream: str) -> StreamCut:
@@ -227,9 +256,8 @@ class PravegaDataSource(DataSource):
                 "decode=json needs the events' fields as a schema, e.g. spark.read.format('pravega')"
                 ".schema('sensor string, temperature double, offset bigint').option('decode', 'json'); "
                 f"columns named {', '.join(_METADATA_COLUMNS)} are filled from the event's position")
-        event = "string" if decode == "text" else "binary"
-        return f"event {event} not null, scope string not null, stream string not null, " \
-               "segment_id bigint not null, offset bigint not null"
+        types = _fixed_columns(self.options, decode)
+        return ", ".join(f"{name} {kind} not null" for name, kind in types.items())
 
     def reader(self, schema: Any) -> DataSourceReader:
         return PravegaBatchReader(self.options, Decoding.of(self.options, schema))
@@ -245,11 +273,72 @@ class PravegaDataSource(DataSource):
 
 
 class RangePartition(InputPartition):
-    """One segment range (picklable)."""
+    """Segment ranges read one after the other (picklable): one range when the data source plans,
+    a group when the caller does (``segment_ranges``)."""
 
-    def __init__(self, rng: SegmentRange) -> None:
-        super().__init__(rng.to_json())
-        self.rng = rng
+    def __init__(self, *ranges: SegmentRange) -> None:
+        super().__init__([r.to_json() for r in ranges])
+        self.ranges = ranges
+
+
+def _fixed_columns(options: Mapping[str, str], decode: str) -> dict[str, str]:
+    """name -> Spark type of the columns a binary or text read emits: all, or those of ``columns``
+    in its order."""
+    types = {"event": "string" if decode == "text" else "binary", **_METADATA_COLUMNS}
+    chosen = _option(options, "columns")
+    if chosen is None:
+        return types
+    if decode == "json":
+        raise PravegaDataSourceError("option columns is for decode=binary or text; with decode=json the schema "
+                                     "given with .schema(...) chooses the columns")
+    names = [n.strip() for n in chosen.split(",")]
+    unknown = [n for n in names if n not in types]
+    if unknown or not names or len(set(names)) != len(names):
+        raise PravegaDataSourceError(f"option columns must name distinct columns of {', '.join(types)}, "
+                                     f"comma-separated; got {chosen!r}")
+    return {n: types[n] for n in names}
+
+
+def _segment_ranges(options: Mapping[str, str], scope: str, stream: str) -> list[list[SegmentRange]] | None:
+    """The caller's plan in option ``segment_ranges`` (None when not given), checked."""
+    import json
+
+    text = _option(options, "segment_ranges")
+    if text is None:
+        return None
+    given = [n for n in ("start_stream_cut", "end_stream_cut") if _option(options, n) is not None]
+    if given:
+        raise PravegaDataSourceError(f"option segment_ranges is the plan of the read: leave out {' and '.join(given)}")
+    example = "e.g. [[[\"scope\", \"stream\", 0, 0, 1024]], [[\"scope\", \"stream\", 1, 0, null]]]"
+    try:
+        plan = json.loads(text)
+        if not isinstance(plan, list) or not all(isinstance(p, list) for p in plan):
+            raise ValueError("not a list of partitions")
+        partitions = []
+        for part in plan:
+            ranges = []
+            for r in part:
+                if not isinstance(r, list) or len(r) != 5 or not all(isinstance(v, str) for v in r[:2]):
+                    raise ValueError(f"{r!r} is not [scope, stream, segment_id, start_offset, end_offset or null]")
+                ranges.append(SegmentRange(*r))  # checks the numbers
+            partitions.append(ranges)
+    except ValueError as exc:
+        raise PravegaDataSourceError(f"option segment_ranges must be a JSON list of partitions, each a list of "
+                                     f"ranges [scope, stream, segment_id, start_offset, end_offset or null], "
+                                     f"{example}: {exc}") from None
+    other = sorted({f"{r.scope}/{r.stream}" for part in partitions for r in part} - {f"{scope}/{stream}"})
+    if other:
+        raise PravegaDataSourceError(f"option segment_ranges has ranges of {', '.join(other)}, but the read is of "
+                                     f"{scope}/{stream}")
+    return partitions
+
+
+def segment_ranges_option(partitions: Sequence[Sequence[SegmentRange]]) -> str:
+    """The ``segment_ranges`` option for a plan: partition ``i`` reads ``partitions[i]`` in order."""
+    import json
+
+    return json.dumps([[[r.scope, r.stream, r.segment_id, r.start_offset, r.end_offset] for r in part]
+                       for part in partitions], separators=(",", ":"))
 
 
 def _decode_option(options: Mapping[str, str]) -> str:
@@ -275,8 +364,8 @@ class Decoding:
 
         kind = _decode_option(options)
         fields = {f.name: f.dataType.simpleString() for f in schema.fields}
+        expected = _fixed_columns(options, kind)
         if kind != "json":
-            expected = {"event": "string" if kind == "text" else "binary", **_METADATA_COLUMNS}
             if fields != expected:
                 raise PravegaDataSourceError(
                     f"with decode={kind} the schema is fixed ({', '.join(f'{n} {t}' for n, t in expected.items())}); "
@@ -303,36 +392,43 @@ class PravegaBatchReader(DataSourceReader):
         self.config = connection_config(options)
         self.scope = _required(options, "scope", "the stream's scope")
         self.stream = _required(options, "stream", "the stream to read")
+        self.plan = _segment_ranges(options, self.scope, self.stream)
         self.start = _cut(options, "start_stream_cut", "head", self.scope, self.stream)
         self.end = _cut(options, "end_stream_cut", "tail", self.scope, self.stream)
         self.decoding = decoding
 
     def partitions(self) -> Sequence[InputPartition]:
+        if self.plan is not None:  # the caller's plan, partitions in its order (no controller call)
+            return [RangePartition(*ranges) for ranges in self.plan] or [RangePartition()]
         with _client(self.config) as client:
             _check_stream(client, self.scope, self.stream)
             ranges = _plan(client, self.start.resolve(client), self.end.resolve(client))
         # An empty range reads nothing: Spark still needs one partition for an empty frame.
-        return [RangePartition(rng) for rng in ranges if rng.length != 0] or [
-            RangePartition(SegmentRange(self.scope, self.stream, 0, 0, 0))]
+        return [RangePartition(rng) for rng in ranges if rng.length != 0] or [RangePartition()]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return _read_partition(self.config, partition.rng, self.decoding)  # type: ignore[attr-defined]
+        return _read_partition(self.config, partition.ranges, self.decoding)  # type: ignore[attr-defined]
 
 
-def _read_partition(config: Any, rng: SegmentRange, decoding: Decoding) -> Iterator[Any]:
-    """One range as Arrow record batches of the read's schema (batch and streaming reads)."""
+def _read_partition(config: Any, ranges: Sequence[SegmentRange], decoding: Decoding) -> Iterator[Any]:
+    """Ranges, one after the other, as Arrow record batches of the read's schema (batch and
+    streaming reads); only the schema's columns are made."""
     import pyarrow as pa
 
-    if rng.length == 0:
-        return
     schema = decoding.arrow_schema
     int64, string = pa.int64(), pa.string()
-    constants = {"scope": pa.scalar(rng.scope, string), "stream": pa.scalar(rng.stream, string),
-                 "segment_id": pa.scalar(rng.segment_id, int64)}
+    wanted = set(schema.names)
     json_schema = pa.schema([schema.field(n) for n in decoding.json_fields]) if decoding.json_fields else None
-    for _, events, offsets, _ in read_ranges_arrow(config, [rng], text=decoding.text):
+    current, constants = None, {}
+    for rng, events, offsets, _ in read_ranges_arrow(config, [r for r in ranges if r.length != 0],
+                                                     text=decoding.text):
+        if rng is not current:
+            current = rng
+            constants = {name: pa.scalar(value, kind) for name, value, kind in (
+                ("scope", rng.scope, string), ("stream", rng.stream, string), ("segment_id", rng.segment_id, int64))
+                if name in wanted}
         n = len(events)
-        columns = {"offset": pa.array(offsets)}
+        columns = {"offset": pa.array(offsets)} if "offset" in wanted else {}
         columns.update((name, pa.repeat(value, n)) for name, value in constants.items())
         if json_schema is None:
             columns["event"] = events
@@ -387,6 +483,8 @@ class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.scope = _required(options, "scope", "the stream's scope")
         self.stream = _required(options, "stream", "the stream to read")
         self.start = _cut(options, "start_stream_cut", "head", self.scope, self.stream)
+        if _option(options, "segment_ranges") is not None:
+            raise PravegaDataSourceError("option segment_ranges is for batch reads (spark.read), not streaming ones")
         if _option(options, "end_stream_cut") is not None:
             raise PravegaDataSourceError("a streaming read has no end_stream_cut (it follows the stream's tail); "
                                          "use spark.read for a bounded read")
@@ -458,7 +556,7 @@ class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [RangePartition(rng) for rng in ranges if rng.length != 0]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return _read_partition(self.config, partition.rng, self.decoding)  # type: ignore[attr-defined]
+        return _read_partition(self.config, partition.ranges, self.decoding)  # type: ignore[attr-defined]
 
     def stop(self) -> None:
         if self._client is not None:

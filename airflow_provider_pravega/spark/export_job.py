@@ -6,13 +6,14 @@ across scaling) and records the cuts in a state synchronizer; Spark then reads e
 parallel straight from the segment store and writes the rows through its own writers:
 
 * one Spark partition per segment range (or per group of neighbouring ranges when
-  ``num_partitions`` is smaller), read in plan order and offset order by a ``mapInArrow``
-  function, so the rows and files of a re-run come out the same, with no shuffle and no sort;
+  ``num_partitions`` is smaller), read in plan order and offset order by the provider's ``pravega``
+  data source (:mod:`~airflow_provider_pravega.spark.datasource`), given the export's plan as its
+  ``segment_ranges``, so the rows and files of a re-run come out the same, with no shuffle and no sort;
 * rows are ``event`` (UTF-8 text, the top-level fields of a JSON object, or bytes) plus
   ``segment_id`` and ``offset`` (where the event's header starts in its segment); a task reads its
   ranges with a read-ahead thread and cuts the events out of each segment-store reply in Arrow
   (:func:`~airflow_provider_pravega.client.batch.read_segment_range_arrow`), so no Python object
-  is made per event;
+  is made per event; the events and bytes are counted by an ``Observation`` of the rows;
 * the output is written to a hidden sibling directory, its part files get names that depend only
   on their partition (``part-00000.snappy.parquet``), a marker ``_PRAVEGA_EXPORT.json`` records the
   cuts, and only then is the directory renamed into place: a failed run leaves nothing at the
@@ -22,8 +23,7 @@ parallel straight from the segment store and writes the rows through its own wri
   that waits for that marker never sees a partial export, and an interrupted publish is finished
   by the next run. The moves use the Hadoop FileSystem Spark writes through: the driver JVM's in a
   classic session, the Spark Connect server's through the provider's server plugin
-  (:mod:`~airflow_provider_pravega.spark.filesystem`, :mod:`~airflow_provider_pravega.spark.connect_plugin`);
-  through Connect, the events and bytes are counted by an ``Observation`` instead of accumulators.
+  (:mod:`~airflow_provider_pravega.spark.filesystem`, :mod:`~airflow_provider_pravega.spark.connect_plugin`).
 
 Repeatable scheduled runs: with an ``interval_key`` (the operator passes the data interval) the
 first export of an interval records (interval -> start cut, end cut); every later run of that
@@ -66,7 +66,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -94,7 +94,7 @@ from airflow_provider_pravega.spark.connection_args import (
     run_job_command,
     spark_settings,
 )
-from airflow_provider_pravega.spark.datasource import read_ranges_arrow
+from airflow_provider_pravega.spark import datasource
 from airflow_provider_pravega.spark.filesystem import (
     ConnectPluginMissingError,
     FileSystemError,
@@ -155,7 +155,7 @@ COMPRESSION = {
 }
 _PART_NAME = re.compile(r"^part-(\d+)-.*?(?:-c\d+)?(\.[A-Za-z0-9.]+)$")
 _WORKER_ERRORS = (
-    "EventDecodeError",
+    "PravegaDataSourceError",
     "SegmentRangeTruncatedError",
     "NoSuchSegmentError",
     "SegmentStoreUnreachableError",
@@ -754,48 +754,6 @@ def group_ranges(ranges: Sequence[SegmentRange], partitions: int | None) -> list
     return groups
 
 
-def _read_schema(event_type: str) -> str:
-    """What the read tasks yield: the event, its segment id and the offset of its header. NOT NULL
-    (never null) spares the JVM a null check per value and Parquet the definition levels."""
-    return f"event {event_type} NOT NULL, segment_id bigint NOT NULL, offset bigint NOT NULL"
-
-
-def make_reader(config: Any, ranges: Sequence[SegmentRange], groups: list[list[int]], text: bool,
-                counters: tuple[Any, Any] | None) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The function ``mapInArrow`` runs: partition ``i`` reads the ranges of ``groups[i]`` in
-    order and yields one Arrow batch per segment-store reply (event, segment id, offset). The
-    reading itself is the ``pravega`` data source's (:func:`read_ranges_arrow`). ``counters``:
-    accumulators of events and payload bytes (None: not counted here, e.g. through Spark Connect,
-    which has no accumulators)."""
-    events_acc, bytes_acc = counters if counters is not None else (None, None)
-    plan = [[ranges[i] for i in group] for group in groups]
-
-    def read_partition(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        int64 = pa.int64()
-        names = ["event", "segment_id", "offset"]
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                count = size = 0
-                current = None
-                segment_id = None
-                for rng, events, offsets, payload_bytes in read_ranges_arrow(
-                        config, plan[index], text=text, decode_error=EventDecodeError,
-                        advice="export it with event_format='binary'"):
-                    if rng is not current:
-                        current, segment_id = rng, pa.scalar(rng.segment_id, int64)
-                    n = len(events)
-                    count += n
-                    size += payload_bytes
-                    yield pa.RecordBatch.from_arrays([events, pa.repeat(segment_id, n), pa.array(offsets)], names)
-                if events_acc is not None:
-                    events_acc.add(count)
-                    bytes_acc.add(size)
-
-    return read_partition
-
-
 def json_sample(config: Any, ranges: Sequence[SegmentRange], limit: int) -> list[str]:
     """Up to ``limit`` events spread over the ranges (the first ones of each, in plan order):
     deterministic for the same ranges, so a re-run infers the same schema."""
@@ -835,20 +793,22 @@ def launch_order(ranges: Sequence[SegmentRange], groups: Sequence[Sequence[int]]
 
 
 def build_frame(spark: Any, config: Any, spec: ExportSpec, ranges: Sequence[SegmentRange],
-                counters: tuple[Any, Any] | None, groups: Sequence[Sequence[int]] | None = None,
-                observation: Any = None) -> Any:
+                groups: Sequence[Sequence[int]] | None = None, observation: Any = None) -> Any:
     """The rows to write: ``event`` (or the JSON fields), ``segment_id``, ``offset``; partition
     ``i`` holds the ranges ``groups[i]`` (default: :func:`group_ranges` in plan order), each in
-    offset order. ``observation`` (an ``Observation``, for sessions without accumulators) gets the
-    ``events`` and payload ``bytes`` of the rows read."""
+    offset order. Read by the ``pravega`` data source with the export's plan (``segment_ranges``)
+    and only the columns it writes. ``observation`` (an ``Observation``) gets the ``events`` and
+    payload ``bytes`` of the rows read."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, MapType, StructType, _parse_datatype_string
 
     groups = [list(g) for g in groups] if groups is not None else group_ranges(ranges, spec.num_partitions)
-    text = spec.event_format in ("text", "json")
-    reader = make_reader(config, ranges, groups, text, counters)
-    frame = spark.range(0, len(groups), 1, max(1, len(groups))).mapInArrow(
-        reader, _read_schema("string" if text else "binary"))
+    datasource.register(spark)
+    frame = (spark.read.format(datasource.FORMAT).options(**datasource.connection_options(config))
+             .option("scope", spec.scope).option("stream", spec.stream)
+             .option("segment_ranges", datasource.segment_ranges_option([[ranges[i] for i in g] for g in groups]))
+             .option("decode", "binary" if spec.event_format == "binary" else "text")
+             .option("columns", "event,segment_id,offset").load())
     if observation is not None:
         frame = frame.observe(observation, F.count(F.lit(1)).alias("events"),
                               F.coalesce(F.sum(F.octet_length("event")), F.lit(0)).alias("bytes"))
@@ -919,6 +879,9 @@ def _worker_failure(spec: ExportSpec, exc: BaseException) -> ExportError | None:
         for line in text.splitlines():
             if f"{name}:" in line:
                 message = line.split(f"{name}:", 1)[1].strip()
+                if name == "PravegaDataSourceError" and "is not UTF-8 text" in message:
+                    name, message = "EventDecodeError", message.replace(
+                        datasource.NOT_UTF8_ADVICE, "export it with event_format='binary'")
                 error_type = EventDecodeError if name == "EventDecodeError" else ExportError
                 return error_type(f"exporting {spec.scope}/{spec.stream} failed in a Spark task: {name}: {message}")
     if "Malformed records are detected in record parsing" in text or "MALFORMED_RECORD_IN_PARSING" in text:
@@ -980,18 +943,20 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
         )
         if pieces is not None:
             result.ingest_runs = ingest_runs
-        if is_connect(spark):  # no SparkContext: counted by an observation of the rows, no progress thread
+        # Counted by an observation of the rows (the data source's tasks have no accumulators).
+        if is_connect(spark):  # no SparkContext: no progress thread
             from pyspark.sql.connect.observation import Observation
 
-            counters, observation, progress = None, Observation("pravega_export_counts"), None
+            progress = None
         else:
-            sc = spark.sparkContext
-            counters, observation = (sc.accumulator(0), sc.accumulator(0)), None
+            from pyspark.sql import Observation
+
             progress = _Progress(spark, f"export {export_id}")
+        observation = Observation("pravega_export_counts")
         try:
             groups = group_ranges(decision.ranges, spec.num_partitions)
             order = launch_order(decision.ranges, groups)
-            frame = build_frame(spark, config_of(client), spec, decision.ranges, counters, [groups[g] for g in order],
+            frame = build_frame(spark, config_of(client), spec, decision.ranges, [groups[g] for g in order],
                                 observation)
             # "error" is "errorifexists" (the only spelling Spark Connect takes)
             writer = frame.write.mode("error").format(_SPARK_FORMAT[spec.format])
@@ -1019,13 +984,10 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
                     progress.stop()
             result.phases["write"] = round(time.monotonic() - written_at, 3)
             published_at = time.monotonic()
-            if observation is not None:
-                counted = observation.get  # missing metrics: 0, and the check below counts the output
-                result.events, result.bytes = int(counted.get("events") or 0), int(counted.get("bytes") or 0)
-            else:
-                result.events, result.bytes = int(counters[0].value), int(counters[1].value)
+            counted = observation.get  # missing metrics: 0, and the check below counts the output
+            result.events, result.bytes = int(counted.get("events") or 0), int(counted.get("bytes") or 0)
             if result.bytes + wire.EVENT_HEADER_LEN * result.events != planned_bytes:
-                log.warning("task counters (%d events, %d bytes) do not add up to the %d bytes planned (a task "
+                log.warning("the observed counts (%d events, %d bytes) do not add up to the %d bytes planned (a task "
                             "ran twice?); counting the output instead", result.events, result.bytes, planned_bytes)
                 reader = spark.read.format(_SPARK_FORMAT[spec.format])
                 if spec.format == "csv":
