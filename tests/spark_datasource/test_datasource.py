@@ -297,3 +297,59 @@ def test_write_creates_the_scope_and_stream_when_asked(registered, client, prave
          min_segments="2")
     info = client.admin.stream_info(scope, "rated")
     assert (info.config.scaling.kind, info.config.scaling.min_segments) == ("by_rate_in_events_per_sec", 2)
+
+
+def test_a_read_of_the_callers_plan_keeps_its_partitions_order_and_columns(registered, client,
+                                                                          pravega_controller_uri, unique_name):
+    """segment_ranges: partition i reads the i-th list, its ranges in the given order (the export
+    names its files by this); columns: only those, in that order."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql import functions as F
+
+    from airflow_provider_pravega.spark.datasource import segment_ranges_option
+
+    scope, stream = unique_name("ds-plan"), "s"
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, stream, 2)
+    _write(client, scope, stream, "e", 200)
+    r0, r1 = sorted(plan_segment_ranges(client, StreamCut.head(client, scope, stream),
+                                        StreamCut.tail(client, scope, stream)), key=lambda r: r.segment_id)
+    events0 = list(read_segment_ranges(client, [r0]))
+    middle = events0[len(events0) // 2].offset  # an event boundary: r0 read in two pieces
+    first, second = (type(r0)(scope, stream, r0.segment_id, r0.start_offset, middle),
+                     type(r0)(scope, stream, r0.segment_id, middle, r0.end_offset))
+    plan = [[r1, second], [], [first]]
+
+    def read(**options):
+        reader = registered.read.format("pravega")
+        for k, v in {"controller": pravega_controller_uri, "scope": scope, "stream": stream, **options}.items():
+            reader = reader.option(k, v)
+        return reader.load()
+
+    frame = read(segment_ranges=segment_ranges_option(plan), columns="offset,segment_id,event", decode="text")
+    assert frame.columns == ["offset", "segment_id", "event"]
+    assert frame.rdd.getNumPartitions() == 3
+    rows = frame.select(F.spark_partition_id().alias("p"), "*").collect()
+    expected = [(p, e.offset, e.segment_id, e.payload.decode()) for p, part in enumerate(plan)
+                for e in read_segment_ranges(client, part)]
+    assert [(r.p, r.offset, r.segment_id, r.event) for r in rows] == expected
+    assert len(rows) == 200
+    assert read(segment_ranges="[]").count() == 0  # an empty plan: one empty partition
+
+    cases = [
+        ({"segment_ranges": "[]", "start_stream_cut": "head"}, "leave out start_stream_cut"),
+        ({"segment_ranges": '[[["a", "b", 0]]]'}, "must be a JSON list of partitions"),
+        ({"segment_ranges": "{"}, "must be a JSON list of partitions"),
+        ({"segment_ranges": '[[["a", "b", 0, 9, 3]]]'}, "ends .3. before it starts"),
+        ({"segment_ranges": segment_ranges_option([[type(r0)(scope, "other", 0, 0, None)]])},
+         f"has ranges of {scope}/other"),
+        ({"columns": "event,sequence"}, "option columns must name distinct columns"),
+        ({"columns": "event,event"}, "option columns must name distinct columns"),
+    ]
+    for options, message in cases:
+        with pytest.raises(PySparkException, match=message):
+            read(**options).collect()
+    with pytest.raises(PySparkException, match="option columns is for decode=binary or text"):
+        (registered.read.format("pravega").schema("sensor string").option("controller", pravega_controller_uri)
+         .option("scope", scope).option("stream", stream).option("decode", "json").option("columns", "offset")
+         .load().collect())
