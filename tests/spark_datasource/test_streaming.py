@@ -111,7 +111,8 @@ def test_streaming_options_are_checked(registered, client, pravega_controller_ur
     base = registered.readStream.format("pravega").option("controller", pravega_controller_uri) \
         .option("scope", scope).option("stream", stream)
     for option, value, message in (("max_events_per_trigger", "ten", "max_events_per_trigger must be a positive"),
-                                   ("end_stream_cut", "tail", "a streaming read has no end_stream_cut")):
+                                   ("end_stream_cut", "tail", "a streaming read has no end_stream_cut"),
+                                   ("segment_ranges", "[]", "segment_ranges is for batch reads")):
         with pytest.raises((PySparkException, Exception), match=message):
             q = base.option(option, value).load().writeStream.format("console").start()
             try:
