@@ -296,12 +296,16 @@ def _read_in_child(target, ranges: list[SegmentRange]) -> list[bytes]:
 
 
 def test_reads_in_forked_and_spawned_workers(client: PravegaClient, scenario: Scenario, pravega_embedded) -> None:
-    """As in Spark: ranges planned by a driver, read in worker processes by endpoint or by URI."""
+    """As in Spark: ranges planned by a driver, read in worker processes by endpoint or by URI.
+    Forked workers come from a fork server, as Spark's come from its single-threaded
+    ``pyspark.daemon``: forking this process itself (gRPC channels and their threads open) can
+    deadlock the child in gRPC's fork handlers, which is not what Spark does (forking a process
+    that holds the client's pooled connections is tests/client/test_fork_safety.py's case)."""
     ranges = plan_segment_ranges(client, scenario.cuts["T1"], scenario.cuts["T3"])
     expected = read_plan(client, ranges)
     endpoint = pravega_embedded.segment_store_endpoint
     assert read_plan(endpoint, ranges) == expected  # the parent now holds pooled connections
-    with mp.get_context("fork").Pool(2) as pool:
+    with mp.get_context("forkserver").Pool(2) as pool:
         assert pool.apply(_read_in_child, (endpoint, ranges)) == expected
     with mp.get_context("spawn").Pool(2) as pool:
         parts = pool.starmap(_read_in_child, [(pravega_embedded.controller_uri, [r]) for r in ranges])
