@@ -212,6 +212,21 @@ def connection_options(config: PravegaConnectionConfig) -> dict[str, str]:
     return options
 
 
+def _seconds(options: Mapping[str, str], name: str, default: float, *, positive: bool = False) -> float:
+    """Option ``name`` as a number of seconds (``positive``: above zero), or a clear error."""
+    text = _option(options, name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if value != value or (positive and not value > 0):
+        raise PravegaDataSourceError(
+            f"option {name} must be a {'positive ' if positive else ''}number of seconds, got {text!r}")
+    return value
+
+
 def _cut(options: Mapping[str, str], name: str, default: str, scope: str, stream: str) -> StreamCut:
     value = _option(options, name, default)
     assert value is not None
@@ -645,13 +660,7 @@ class _TaskWrites:
         if self.mode not in _MODES:
             raise PravegaDataSourceError(f"option mode must be one of {', '.join(_MODES)}, got {self.mode!r}")
         self.event_text, self.has_key = _check_columns(schema)
-        keep = _option(options, "lease_keep_s", str(DEFAULT_KEEP_S))
-        try:
-            self.keep_s = float(keep)  # type: ignore[arg-type]
-        except ValueError:
-            self.keep_s = -1.0
-        if not self.keep_s > 0:
-            raise PravegaDataSourceError(f"option lease_keep_s must be a positive number of seconds, got {keep!r}")
+        self.keep_s = _seconds(options, "lease_keep_s", DEFAULT_KEEP_S, positive=True)
         create = _flag(options, "create_stream")
         with _client(self.config) as client:
             if create:
@@ -751,11 +760,7 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
             raise PravegaDataSourceError(
                 "an exactly-once streaming write needs option writer_id (a name for this query's record of "
                 "committed micro-batches, kept with its checkpoint location), or mode=at_least_once")
-        stale = _option(options, "stale_after_s", "60")
-        try:
-            self.stale_after_s = float(stale)  # type: ignore[arg-type]
-        except ValueError:
-            raise PravegaDataSourceError(f"option stale_after_s must be a number of seconds, got {stale!r}") from None
+        self.stale_after_s = _seconds(options, "stale_after_s", 60.0)
         if self.mode == "exactly_once":
             from airflow_provider_pravega.client.ingest import IngestError, check_timing
 
