@@ -1027,10 +1027,10 @@ def reset_ingest_state(client: Any, scope: str, stream: str, ingest_id: str) -> 
     if not client.admin.stream_exists(state_scope, state_stream):
         return files.clear() > 0  # an earlier reset stopped between its two steps
     with open_state_store(client, state_scope, state_stream, create=False) as store:
-        runs = store.fetch().get("runs") or {}
-    now = _now_ms()
-    live = sorted(rid for rid, run in runs.items() if run.get("phase") != REQUESTED
-                  and run["heartbeat_ms"] >= now - max(int(run.get("stale_ms") or 0), 60_000))
+        state = store.fetch()
+        stale = set(IngestCoordinator(store, client.transactions, scope, stream).stale_runs(state))
+    # A run is live as recovery sees it: still heartbeating (a REQUESTED run only waits for Pravega).
+    live = sorted(rid for rid, run in state["runs"].items() if run["phase"] != REQUESTED and rid not in stale)
     if live:
         raise IngestError(f"ingest {ingest_id!r} into {scope}/{stream} has live run(s) {', '.join(live)}: "
                           "wait for them to end before resetting its state")
