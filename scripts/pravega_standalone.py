@@ -128,7 +128,7 @@ class StandaloneError(RuntimeError):
 def cache_root() -> Path:
     """Root of the jar cache: PRAVEGA_STANDALONE_CACHE or ~/.cache/... (never inside the repo).
 
-    The rule of airflow_provider_pravega/testing/cache.py, written out here: this script is standard
+    The rule of airflow_provider_pravega/_cache.py, written out here: this script is standard
     library only."""
     env = os.environ.get("PRAVEGA_STANDALONE_CACHE")
     if env:

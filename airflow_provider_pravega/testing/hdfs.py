@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_provider_pravega.testing.cache import cache_dir
+from airflow_provider_pravega._cache import cache_dir
 from airflow_provider_pravega.testing.object_store import hadoop_version
 
 #: JUnit 5 as Hadoop 3.5's build uses it (MiniDFSCluster calls its assertions).

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_pravega.testing.cache import cache_dir
+from airflow_provider_pravega._cache import cache_dir
 from airflow_provider_pravega.testing.net import free_port
 
 

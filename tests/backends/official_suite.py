@@ -25,7 +25,7 @@ import urllib.request
 from importlib import metadata
 from pathlib import Path
 
-from airflow_provider_pravega.testing.cache import cache_dir
+from airflow_provider_pravega._cache import cache_dir
 
 DIST = "pravega"
 # The test files the client's source distribution ships (tests/test.py is a script, not a test module).

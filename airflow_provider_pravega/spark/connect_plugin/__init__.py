@@ -20,6 +20,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from airflow_provider_pravega._cache import cache_dir
+
 __all__ = ["PLUGIN_CLASS", "PLUGIN_CONF", "SOURCE", "PluginBuildError", "build_plugin_jar", "default_dir", "main",
            "server_arguments"]
 
@@ -53,13 +55,8 @@ def _tool(name: str) -> str:
 
 
 def default_dir() -> Path:
-    """``$PRAVEGA_CONNECT_PLUGIN_DIR``, else the project's cache directory (the rule of
-    ``testing/cache.py``, which ``spark/`` may not import)."""
-    if os.environ.get("PRAVEGA_CONNECT_PLUGIN_DIR"):
-        return Path(os.environ["PRAVEGA_CONNECT_PLUGIN_DIR"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "airflow-provider-pravega" / "connect-plugin"
+    """``$PRAVEGA_CONNECT_PLUGIN_DIR``, else the project's cache directory."""
+    return cache_dir("connect-plugin", "PRAVEGA_CONNECT_PLUGIN_DIR")
 
 
 def build_plugin_jar(out_dir: str | os.PathLike[str] | None = None) -> Path:
