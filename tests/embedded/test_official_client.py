@@ -349,8 +349,11 @@ def test_tail_reader_gets_the_one_event_written_after_it_under_cpu_load(pravega_
 
 def test_tail_reader_gets_back_to_back_events_in_one_slice_under_cpu_load(pravega_embedded, manager, scope):
     """Issue #19 item 3 (the official ``test_ReadfromTail``): a reader created at the tail, then two
-    events written back to back without a flush: its first slice holds both, as Pravega's group
-    commit gives them, 20 times of 20 with both cores busy (without the tail coalescing: 2 of 20)."""
+    events written back to back without a flush: its first slice holds both, 20 times of 20 with
+    both cores busy (without the tail coalescing: 2 of 20; with a late append notice ending the
+    coalescing: 1 of 20 failed in CI). Pravega 0.13 standalone itself answers the first event alone
+    about half the time (19 of 40 at rest, 30 of 40 with two cores busy): its suite marks the
+    official test flaky there; the embedded server holds it."""
     outcomes = []
     with busy_cores(2):
         for i in range(20):

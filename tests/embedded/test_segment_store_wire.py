@@ -191,3 +191,60 @@ def test_tail_read_is_woken_by_an_append_that_lands_while_it_looks(tmp_path):
     finally:
         server.stop()
         storage.close()
+
+
+class _NoticeAfterRead(SegmentStorage):
+    """Real storage that tells the server of an append only once a read has seen that append's bytes
+    (its growth listener runs late, from another thread): the order a loaded machine produces."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read_saw_data = threading.Event()
+        self.notice_delivered = threading.Event()
+
+    def add_growth_listener(self, listener):
+        def late(names):
+            names = list(names)
+
+            def deliver():
+                self.read_saw_data.wait(20)
+                listener(names)
+                self.notice_delivered.set()
+            threading.Thread(target=deliver, daemon=True).start()
+        super().add_growth_listener(late)
+
+    def read(self, name, offset, max_length):
+        res = super().read(name, offset, max_length)
+        if res.data:
+            self.read_saw_data.set()
+        return res
+
+
+def test_tail_read_of_a_burst_is_not_ended_by_the_late_notice_of_what_it_read(tmp_path, monkeypatch):
+    """A read that finds a writer's first event at the tail waits for the burst's next one. The
+    notice of the first append, delivered after the read saw its bytes, woke that wait without new
+    data, and the reply held the first event alone (1 of 20 official tail tests failed in CI)."""
+    from airflow_provider_pravega.embedded import segment_store
+    monkeypatch.setattr(segment_store, "TAIL_COALESCE_S", 5.0)  # a window no scheduling delay can miss
+    storage = _NoticeAfterRead(tmp_path / "ss")
+    storage.open()
+    storage.create_segment(SEG)
+    server = SegmentStoreServer(storage, "127.0.0.1", 0, tail_wait_s=30.0)
+    server.start()
+    try:
+        with WirePeer("127.0.0.1", server.port, timeout_s=30) as reader, \
+                WirePeer("127.0.0.1", server.port) as writer:
+            assert isinstance(writer.call(wire.SetupAppend(1, 9, SEG, "")), wire.AppendSetup)
+            writer.send(wire.AppendBlockEnd(9, 9, wire.frame_event(b"a"), 1, 1, 2))
+            assert isinstance(writer.recv(), wire.DataAppended)
+            reader.send(wire.ReadSegment(SEG, 0, 1 << 20, "", 7))
+            assert storage.notice_delivered.wait(20), "the read never saw the first event"
+            time.sleep(0.3)  # the stale wake-up has been handled: before the fix, the reply is out
+            writer.send(wire.AppendBlockEnd(9, 9, wire.frame_event(b"b"), 1, 2, 3))
+            assert isinstance(writer.recv(), wire.DataAppended)
+            read = reader.recv()
+            assert read.request_id == 7
+            assert [e.payload for e in wire.iter_events(read.data)] == [b"a", b"b"]
+    finally:
+        server.stop()
+        storage.close()
