@@ -27,6 +27,7 @@ Options (all strings, as Spark passes them): see ``OPTIONS`` and the README's "S
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,16 +45,25 @@ from pyspark.sql.datasource import (
 
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from airflow_provider_pravega.client.batch import (
-    SegmentRange,
-    advance_cut,
-    plan_segment_ranges,
-    read_segment_range_arrow,
-)
-from airflow_provider_pravega.client.config import PravegaConnectionConfig
-from airflow_provider_pravega.client.errors import PravegaError, SegmentStoreError
-from airflow_provider_pravega.client.lease_handoff import DEFAULT_KEEP_S, hand_over
-from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
+try:
+    from airflow_provider_pravega.client.batch import (
+        SegmentRange,
+        advance_cut,
+        plan_segment_ranges,
+        read_segment_range_arrow,
+    )
+    from airflow_provider_pravega.client.config import PravegaConnectionConfig
+    from airflow_provider_pravega.client.errors import PravegaError, SegmentStoreError
+    from airflow_provider_pravega.client.lease_handoff import DEFAULT_KEEP_S, hand_over
+    from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
+except ImportError as _missing:
+    # Spark imports this module in its Python workers too (on a cluster or a Connect server): a
+    # worker interpreter without the provider's dependencies would only say "No module named 'grpc'".
+    raise ImportError(
+        f"the pravega Spark data source cannot import {_missing.name or _missing}: it runs in Spark's "
+        f"Python workers as well as the driver, and {sys.executable} lacks the provider's dependencies. "
+        "Install airflow-provider-pravega into the interpreter the workers use (PYSPARK_PYTHON or "
+        "spark.pyspark.python) on every Spark host.", name=_missing.name) from _missing
 
 __all__ = [
     "FORMAT",

@@ -353,3 +353,19 @@ def test_a_read_of_the_callers_plan_keeps_its_partitions_order_and_columns(regis
         (registered.read.format("pravega").schema("sensor string").option("controller", pravega_controller_uri)
          .option("scope", scope).option("stream", stream).option("decode", "json").option("columns", "offset")
          .load().collect())
+
+
+def test_a_worker_interpreter_without_the_providers_dependencies_is_told_what_to_install():
+    """Spark imports the data source in its Python workers: one whose interpreter lacks grpc (a
+    cluster host without the provider) gets the remedy, not just "No module named 'grpc'"."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; sys.modules['grpc'] = None\n"
+             "import airflow_provider_pravega.spark.datasource")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: the pravega Spark data source cannot import grpc"), proc.stderr
+    assert "PYSPARK_PYTHON" in last and sys.executable in last
