@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import math
 import os
@@ -79,6 +80,14 @@ UNKNOWN_COMMITS = ("committed", "not_committed")
 #: ~2.7 years of daily runs); and at most this many pieces per interval.
 KEEP_INTERVALS = 1000
 MAX_PIECES_PER_INTERVAL = 100
+#: A run's file list larger than this (JSON bytes) is not put in its start record but staged first
+#: in parts of at most STAGE_PART_BYTES, each its own state record: a state record is one Pravega
+#: event (8 MiB at most, about 75,000 files), and a run of more files must still record its start.
+INLINE_FILES_BYTES = 1024 * 1024
+STAGE_PART_BYTES = 2 * 1024 * 1024
+#: A staged file list whose run never recorded its start (its process died in between) is dropped
+#: this long after it was staged.
+STAGED_TTL_MS = 24 * 3600 * 1000
 
 
 class IngestError(PravegaError):
@@ -200,11 +209,25 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
     if kind == "migrated":  # a state of the old layout, adopted by the state of ``to``
         state["migrated_to"] = op["to"]
         return state
+    if kind == "stage":  # a part of a large run's file list, before its start record
+        _drop_stale_staged(state, op["ts"])
+        state.setdefault("staged", {}).setdefault(op["run"], {"ts": op["ts"], "files": {}})["files"].update(op["files"])
+        return state
+    if kind == "unstage":
+        state.get("staged", {}).pop(op["run"], None)
+        return state
     runs = state["runs"]
     run = runs.get(op.get("run"))
     if kind == "start":
+        _drop_stale_staged(state, op["ts"])
+        if op.get("staged"):  # its files were staged: all of them but ``exclude`` (committed since)
+            files = state.get("staged", {}).pop(op["run"], {"files": {}})["files"]
+            for path in op.get("exclude", ()):
+                files.pop(path, None)
+        else:
+            files = dict(op["files"])
         runs[op["run"]] = {
-            "phase": WRITING, "files": dict(op["files"]), "txns": [], "commit": [],
+            "phase": WRITING, "files": files, "txns": [], "commit": [],
             "owner": op["owner"], "heartbeat_ms": op["ts"], "started_ms": op["ts"],
             "ti": op.get("ti"), "try": op.get("try"), "stale_ms": op.get("stale_ms"),
         }
@@ -247,6 +270,13 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
         if "ti" in op:
             run["ti"], run["try"] = op.get("ti"), op.get("try")
     return state
+
+
+def _drop_stale_staged(state: dict[str, Any], now_ms: int) -> None:
+    """Forget file lists staged by runs that died before recording their start (STAGED_TTL_MS)."""
+    staged = state.get("staged")
+    for rid in [r for r, st in (staged or {}).items() if st["ts"] < now_ms - STAGED_TTL_MS]:
+        del staged[rid]
 
 
 def _add_piece(state: dict[str, Any], interval: str, piece: dict[str, Any], ts: int | None, keep: int) -> None:
@@ -666,9 +696,11 @@ class IngestCoordinator:
         run_id = f"run-{uuid.uuid4().hex[:12]}"
         deadline = time.monotonic() + wait_for_live_runs_s
         recovered, finished = _waited if _waited is not None else ([], [])
+        staged: set[str] = set()  # paths staged for run_id (a file list too large for its start record)
         while True:
             holder: list[str] = []
             plan_box: list[FilePlan] = []
+            stage_box: list[dict[str, Any]] = []
 
             def start(state: dict[str, Any]) -> dict | None:
                 holder.clear()
@@ -684,8 +716,15 @@ class IngestCoordinator:
                     raise _Skip()
                 if not plan.to_ingest:
                     return None
-                op = {"op": "start", "run": run_id, "files": plan.to_ingest, "owner": self.owner, "ts": _now_ms(),
+                op = {"op": "start", "run": run_id, "owner": self.owner, "ts": _now_ms(),
                       "ti": self.task_instance, "try": self.try_number, "stale_ms": self.stale_after_ms}
+                if staged and staged.issuperset(plan.to_ingest):
+                    op.update(staged=True, exclude=sorted(staged.difference(plan.to_ingest)))
+                elif _json_size(plan.to_ingest) > INLINE_FILES_BYTES:
+                    stage_box.append(plan.to_ingest)
+                    raise _Skip()
+                else:
+                    op["files"] = plan.to_ingest
                 if interval is not None:
                     op["interval"] = interval
                 return op
@@ -693,6 +732,12 @@ class IngestCoordinator:
             try:
                 state = self.store.update(start)
             except _Skip:
+                if stage_box:
+                    if staged:  # the plan grew past what was staged (files forgotten meanwhile): again
+                        self.store.update(lambda _s, r=run_id: {"op": "unstage", "run": r})
+                        run_id, staged = f"run-{uuid.uuid4().hex[:12]}", set()
+                    staged = self._stage(run_id, stage_box[-1])
+                    continue
                 if time.monotonic() > deadline:
                     raise IngestError(
                         f"files of this ingest are held by run(s) {', '.join(holder)} of another live copy of the "
@@ -709,6 +754,25 @@ class IngestCoordinator:
                 return None, plan
             self._crash("after_run_record")
             return run_id, plan
+
+    def _stage(self, run_id: str, files: Mapping[str, Any]) -> set[str]:
+        """Record ``files`` for ``run_id`` in parts, each one state record (see INLINE_FILES_BYTES)."""
+        part: dict[str, Any] = {}
+        size = 0
+        parts = 0
+        for path, ident in files.items():
+            entry = _json_size({path: ident})
+            if part and size + entry > STAGE_PART_BYTES:
+                self.store.update(lambda _s, f=part: {"op": "stage", "run": run_id, "files": f, "ts": _now_ms()})
+                part, size, parts = {}, 0, parts + 1
+            part[path] = ident
+            size += entry
+        if part:
+            self.store.update(lambda _s, f=part: {"op": "stage", "run": run_id, "files": f, "ts": _now_ms()})
+            parts += 1
+        log.info("ingest run %s: %d files staged in %d state records before its start record",
+                 run_id, len(files), parts)
+        return set(files)
 
     def _owned(self, run_id: str, make: Callable[[], dict]) -> Callable[[dict[str, Any]], dict]:
         def fn(state: dict[str, Any]) -> dict:
@@ -1127,6 +1191,11 @@ COMPACT_EVERY_RUNS = 16
 
 class _Skip(Exception):
     """Internal: abandon an update attempt without appending."""
+
+
+def _json_size(value: Any) -> int:
+    """Bytes of ``value`` as a state record holds it (compact JSON)."""
+    return len(json.dumps(value, separators=(",", ":")))
 
 
 def _committing_others(state: Mapping[str, Any], run_id: str) -> list[str]:

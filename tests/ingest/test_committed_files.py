@@ -98,6 +98,27 @@ def test_state_stays_small_and_compacts_with_many_files(client, target):
     assert [len(r) for r in writes.runs] == [20_000, 1]
 
 
+def test_a_run_of_more_files_than_one_state_record_holds_starts_commits_and_is_skipped_after(client, target):
+    """90,000 files (over 8 MiB of file list, more than one Pravega event can hold): the run stages
+    its list in parts before its start record instead of failing to record its start; every file is
+    written once, the next run skips them all, and nothing staged is left in the state."""
+    many = {f"s3a://lake/incoming/2026-12-01/hour=00/{i:06d}-part.jsonl": {"size": 1_000_000 + i, "mtime": 1_790_000_000_000 + i}
+            for i in range(90_000)}
+    assert len(json.dumps(many)) > 8 * 1024 * 1024  # the list cannot be one state record
+    writes = Writes()
+    with open_ingest_state(client, *target, "huge") as store:
+        coord = IngestCoordinator(store, client.transactions, *target)
+        out = coord.run(many, writes, transactional=False)
+        assert out.plan.to_ingest.keys() == many.keys()
+        state = store.fetch()
+        assert state["runs"] == {} and not state.get("staged")
+        store.compact()
+    with open_ingest_state(client, *target, "huge") as fresh:
+        out = IngestCoordinator(fresh, client.transactions, *target).run(many, writes, transactional=False)
+        assert out.plan.to_ingest == {} and len(out.plan.skipped) == 90_000
+    assert [len(r) for r in writes.runs] == [90_000]
+
+
 def test_old_committed_map_moves_into_the_table_on_first_use(client, target):
     """A state written before the table existed (every committed file in the synchronizer) keeps
     working: the first run moves the map into the table and skips those files."""

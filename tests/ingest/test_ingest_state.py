@@ -6,6 +6,7 @@ import pytest
 
 from airflow_provider_pravega.client.ingest import (
     COMMITTING,
+    STAGED_TTL_MS,
     WRITING,
     ChangedFileError,
     apply_update,
@@ -25,6 +26,24 @@ def fold(*ops):
 
 
 FILES = {"/d/a.jsonl": {"size": 3, "fp": "aa"}, "/d/b.jsonl": {"size": 4, "fp": "bb"}}
+
+
+def test_a_staged_file_list_becomes_its_runs_files_and_a_dead_runs_list_is_dropped():
+    """A run's file list too large for one record is staged in parts first; its start takes them
+    (minus files committed meanwhile). A list staged by a run that died before its start is
+    dropped STAGED_TTL_MS later, so it cannot stay in the state for years."""
+    state = fold(
+        {"op": "stage", "run": "r1", "files": {"/d/a.jsonl": FILES["/d/a.jsonl"]}, "ts": 10},
+        {"op": "stage", "run": "r1", "files": {"/d/b.jsonl": FILES["/d/b.jsonl"]}, "ts": 11},
+        {"op": "stage", "run": "dead", "files": {"/d/c.jsonl": {"size": 1}}, "ts": 12},
+        {"op": "start", "run": "r1", "staged": True, "exclude": ["/d/b.jsonl"], "owner": "o", "ts": 20},
+    )
+    assert state["runs"]["r1"]["files"] == {"/d/a.jsonl": FILES["/d/a.jsonl"]}
+    assert set(state["staged"]) == {"dead"}
+    state = apply_update(state, {"op": "start", "run": "r2", "files": {}, "owner": "o", "ts": 12 + STAGED_TTL_MS + 1})
+    assert state["staged"] == {}
+    state = fold({"op": "stage", "run": "r3", "files": FILES, "ts": 1}, {"op": "unstage", "run": "r3"})
+    assert state["staged"] == {}
 
 
 def test_a_run_goes_from_start_to_done():
