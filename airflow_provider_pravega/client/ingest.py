@@ -757,21 +757,19 @@ class IngestCoordinator:
 
     def _stage(self, run_id: str, files: Mapping[str, Any]) -> set[str]:
         """Record ``files`` for ``run_id`` in parts, each one state record (see INLINE_FILES_BYTES)."""
-        part: dict[str, Any] = {}
+        parts: list[dict[str, Any]] = [{}]
         size = 0
-        parts = 0
         for path, ident in files.items():
             entry = _json_size({path: ident})
-            if part and size + entry > STAGE_PART_BYTES:
-                self.store.update(lambda _s, f=part: {"op": "stage", "run": run_id, "files": f, "ts": _now_ms()})
-                part, size, parts = {}, 0, parts + 1
-            part[path] = ident
+            if parts[-1] and size + entry > STAGE_PART_BYTES:
+                parts.append({})
+                size = 0
+            parts[-1][path] = ident
             size += entry
-        if part:
+        for part in parts:
             self.store.update(lambda _s, f=part: {"op": "stage", "run": run_id, "files": f, "ts": _now_ms()})
-            parts += 1
         log.info("ingest run %s: %d files staged in %d state records before its start record",
-                 run_id, len(files), parts)
+                 run_id, len(files), len(parts))
         return set(files)
 
     def _owned(self, run_id: str, make: Callable[[], dict]) -> Callable[[dict[str, Any]], dict]:

@@ -222,18 +222,20 @@ def connection_options(config: PravegaConnectionConfig) -> dict[str, str]:
     return options
 
 
-def _seconds(options: Mapping[str, str], name: str, default: float, *, positive: bool = False) -> float:
-    """Option ``name`` as a number of seconds (``positive``: above zero), or a clear error."""
+def _number(options: Mapping[str, str], name: str, default: Any, *, whole: bool = False,
+            positive: bool = False) -> Any:
+    """Option ``name`` as a number of seconds (``whole``: a whole number instead; ``positive``:
+    above zero), ``default`` when absent, or a clear error naming the option."""
     text = _option(options, name)
     if text is None:
         return default
     try:
-        value = float(text)
+        value = int(text) if whole else float(text)
     except ValueError:
         value = float("nan")
     if value != value or (positive and not value > 0):
-        raise PravegaDataSourceError(
-            f"option {name} must be a {'positive ' if positive else ''}number of seconds, got {text!r}")
+        kind = "whole number" if whole else "number of seconds"
+        raise PravegaDataSourceError(f"option {name} must be a {'positive ' if positive else ''}{kind}, got {text!r}")
     return value
 
 
@@ -513,8 +515,8 @@ class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if _option(options, "end_stream_cut") is not None:
             raise PravegaDataSourceError("a streaming read has no end_stream_cut (it follows the stream's tail); "
                                          "use spark.read for a bounded read")
-        self.max_events = _positive(options, "max_events_per_trigger")
-        self.max_bytes = _positive(options, "max_bytes_per_trigger")
+        self.max_events = _number(options, "max_events_per_trigger", None, whole=True, positive=True)
+        self.max_bytes = _number(options, "max_bytes_per_trigger", None, whole=True, positive=True)
         self.decoding = decoding
         self._client: Any = None
         self._end = StreamCut.symbolic(self.scope, self.stream, TAIL)
@@ -589,19 +591,6 @@ class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._client = None
 
 
-def _positive(options: Mapping[str, str], name: str) -> int | None:
-    value = _option(options, name)
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise PravegaDataSourceError(f"option {name} must be a positive whole number, got {value!r}")
-    return number
-
-
 def _flag(options: Mapping[str, str], name: str) -> bool:
     value = (_option(options, name, "false") or "").lower()
     if value not in ("true", "false"):
@@ -670,7 +659,7 @@ class _TaskWrites:
         if self.mode not in _MODES:
             raise PravegaDataSourceError(f"option mode must be one of {', '.join(_MODES)}, got {self.mode!r}")
         self.event_text, self.has_key = _check_columns(schema)
-        self.keep_s = _seconds(options, "lease_keep_s", DEFAULT_KEEP_S, positive=True)
+        self.keep_s = _number(options, "lease_keep_s", DEFAULT_KEEP_S, positive=True)
         create = _flag(options, "create_stream")
         with _client(self.config) as client:
             if create:
@@ -770,7 +759,7 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
             raise PravegaDataSourceError(
                 "an exactly-once streaming write needs option writer_id (a name for this query's record of "
                 "committed micro-batches, kept with its checkpoint location), or mode=at_least_once")
-        self.stale_after_s = _seconds(options, "stale_after_s", 60.0)
+        self.stale_after_s = _number(options, "stale_after_s", 60.0)
         if self.mode == "exactly_once":
             from airflow_provider_pravega.client.ingest import IngestError, check_timing
 
