@@ -190,7 +190,7 @@ def test_transaction_trigger_error_and_timeout_events(
     started = time.monotonic()
     event = first_event(stream=stream, transaction_ids=still_open, end_time=time.time() + 0.6)
     assert event["status"] == "timeout" and event["pending"] == {f"{still_open:032x}": "OPEN"}
-    assert 0.5 <= time.monotonic() - started < 5
+    assert time.monotonic() - started >= 0.5  # at its end_time, not before (wait_for above guards a hang)
 
     event = first_event(stream="no-such-stream", transaction_ids=still_open)
     assert event["status"] == "error" and "no-such-stream" in event["message"]
