@@ -44,19 +44,18 @@ class PravegaStreamCutExportOperator(BaseOperator):
     :param on_truncated: ``fail`` (default) when the start cut lies before the stream's head, or
         ``head`` to start from the head there.
     :param num_partitions: Output files / Spark partitions (default one per segment range). About
-        the number of Spark cores is faster when there are more ranges than cores (measured: 1.39 s
-        instead of 1.67 s for 1M events in 4 ranges on 2 cores); keep it fixed for an export id, since
-        the files of a re-run are byte-identical only with the same number.
+        the number of Spark cores is faster when there are more ranges than cores (figures:
+        docs/benchmarks.md); keep it fixed for an export id, since the files of a re-run are
+        byte-identical only with the same number.
     :param json_schema: Spark DDL schema of JSON events (default: inferred from a sample).
     :param compression: Codec of the files (default: Spark's, snappy for Parquet). ``"none"`` spends
-        ~18% less CPU in Spark's Parquet writer for ~2.7x larger files; ``"zstd"`` ~20% more for
-        smaller ones.
+        less CPU in Spark's Parquet writer for larger files, ``"zstd"`` more for smaller ones
+        (figures: docs/benchmarks.md).
     :param pravega_conn_id: The ``pravega`` connection.
     :param spark_conn_id: The Spark provider's ``spark`` connection (its host is the master URL) or
         ``spark_connect`` connection (``sc://…``; the Connect server needs the provider's plugin, see
         ``python -m airflow_provider_pravega.spark.connect_plugin``); local mode when
-        ``spark_default`` does not exist, an error for any other missing id. See README "Data lakes
-        and clusters".
+        ``spark_default`` does not exist, an error for any other missing id. See docs/deployment.md.
     :param spark_conf: Extra Spark settings.
 
     Returns (XCom) the start and end cut (stream-cut texts), event and byte counts, the files

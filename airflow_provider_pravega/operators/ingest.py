@@ -55,7 +55,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
     :param pravega_conn_id: The ``pravega`` connection.
     :param spark_conn_id: The Spark provider's ``spark`` connection (its host is the master URL) or
         ``spark_connect`` connection (``sc://…``); local mode when ``spark_default`` does not exist,
-        an error for any other missing id. See README "Data lakes and clusters".
+        an error for any other missing id. See docs/deployment.md.
     :param spark_conf: Extra Spark settings.
 
     Returns (XCom) a summary: files ingested/skipped, events, bytes, transactions with their

@@ -45,11 +45,10 @@ reads the index again, so it writes the same files unless a later run of that in
 An existing directory at the output path is replaced only when its marker says it holds the export
 of the same export id, interval and cuts (a re-run reproduces it); anything else there is an error.
 
-Speed (``benchmarks/bench_export.py``, 1M events of 200 bytes, local[2]): the export is CPU-bound
-at ~2.8 CPU-s, about what its read stage (~1.5: reading, Arrow to the JVM, rows) and Spark's Parquet
-writer alone (~1.3, of which ~0.4-0.6 is the JVM's JIT compiler on every job) add up to, so on 2
-cores it takes ~1.4-2 s against ~0.6 s for a raw read of the same ranges in one process.
-``num_partitions`` near the core count and ``compression`` trade file layout and size for speed.
+Speed: the export is CPU-bound, its read stage (reading, Arrow to the JVM, rows) and Spark's
+Parquet writer (including the JVM's JIT compiler on every job) adding up; ``num_partitions`` near
+the core count and ``compression`` trade file layout and size for speed. Figures and how they were
+measured (``benchmarks/bench_export.py``): docs/benchmarks.md.
 
 Run it without Airflow as ``python -m airflow_provider_pravega.spark.export_job --help``.
 """

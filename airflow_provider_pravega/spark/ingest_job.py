@@ -876,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-writers", type=int)
     ap.add_argument("--stale-after", type=float, default=60.0)
     ap.add_argument("--unknown-commits", choices=("committed", "not_committed"), default=None,
-                    help="how to resolve a crashed run whose transactions the controller forgot (see the README)")
+                    help="how to resolve a crashed run whose transactions the controller forgot (see docs/ingest.md)")
     ap.add_argument("--remember-files-for", type=float, default=None,
                     help="seconds after which committed files are forgotten (default: never)")
     ap.add_argument("--interval", help="record the run's committed range under this interval key (see the export's "
