@@ -49,7 +49,7 @@ class PravegaTransactionalIngestOperator(BaseOperator):
     :param interval_key: Key under which the run's committed range is recorded in the ingest's
         interval index (default: the run's data interval, ``"<start ISO>/<end ISO>"``, as the export
         operator names it; nothing is recorded for runs without a data interval or with
-        ``mode="at_least_once"``). ``PravegaStreamCutExportOperator(interval_of=<ingest id>)`` exports
+        ``mode="at_least_once"``). ``PravegaStreamCutExportOperator(from_ingest=<ingest id>)`` exports
         exactly what the runs of the same interval committed. Runs of one ingest with an interval
         commit one at a time (a run waits at its commit point for another one's commits to finish).
     :param pravega_conn_id: The ``pravega`` connection.
