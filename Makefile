@@ -17,6 +17,6 @@ test:
 	scripts/test $(ARGS)
 
 # The full stack natively (PostgreSQL, embedded Pravega, Airflow components): `make stack ARGS=--spark`;
-# `scripts/stack status`, `scripts/stack down` (see README "Run the full stack without Docker").
+# `scripts/stack status`, `scripts/stack down` (see docs/deployment.md, "The production topology without Docker").
 stack:
 	scripts/stack up $(ARGS)
