@@ -107,3 +107,11 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             fenced = not fenced
         lines.append(line if fenced or _FENCE.match(line) else _LINK.sub(rewrite, line))
     return "".join(lines)
+
+
+_SPHINX_ROLE = re.compile(r":(?:class|meth|func|attr|mod|exc|obj|data):(?=<code>)")
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    """Docstrings cite with Sphinx roles (``:class:`X```); mkdocstrings shows the code, not the role."""
+    return _SPHINX_ROLE.sub("", html) if page.file.src_uri.startswith("api/") else html
