@@ -48,7 +48,8 @@ def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_site_builds_strictly_with_every_page_of_the_nav(built_site: Path) -> None:
-    """Strict mode failed the build on any broken link or anchor; here: every nav page was rendered."""
+    """Strict mode failed the build on any broken link or anchor, or a page missing from the nav;
+    here: every page of the nav was rendered, each with its title."""
     class Loader(yaml.SafeLoader):
         """mkdocs.yml's ``!!python/...`` values (its slug function) are not needed here: None."""
 
@@ -62,10 +63,11 @@ def test_site_builds_strictly_with_every_page_of_the_nav(built_site: Path) -> No
                 out += pages(value) if isinstance(value, list) else [value]
         return out
 
-    missing = [page for page in pages(config["nav"]) if not (built_site / page.replace(".md", ".html")).is_file()]
+    built = {page: built_site / page.replace(".md", ".html") for page in pages(config["nav"])}
+    missing = [page for page, html in built.items() if not html.is_file()]
     assert not missing, f"nav pages not built: {missing}"
-    troubleshooting = (built_site / "troubleshooting.html").read_text()
-    assert "<h1" in troubleshooting
+    untitled = [page for page, html in built.items() if "<h1" not in html.read_text()]
+    assert not untitled, f"pages without a '# Title' heading: {untitled}"
 
 
 def test_api_pages_render_the_docstrings(built_site: Path) -> None:
