@@ -21,7 +21,11 @@ Register it once per session with :func:`register` (classic PySpark or Spark Con
   aborts them. A failed task attempt's transaction is aborted by the attempt itself, or, when its
   process died, is never committed and expires with its lease.
 
-Options (all strings, as Spark passes them): see ``OPTIONS`` and the README's "Spark data source".
+Options (all strings, as Spark passes them): ``OPTION_SPECS``, also the README's "Spark data source".
+Every one is checked (:func:`check_options`) on the driver as soon as Spark shows it to the data
+source: names and values at ``load()``/``save()`` (the constructor); then, once Spark says which
+use this is, that each applies to it (a read's ``schema()`` at ``load()``, a batch read's planning
+at its first action, a streaming read's start, a write's ``save()``).
 """
 
 from __future__ import annotations
