@@ -864,7 +864,7 @@ class _TaskWrites:
             if self.mode == "exactly_once" and not MIN_LEASE_MS <= lease <= MAX_LEASE_MS:
                 # Outside Pravega's default range: the controller's own limits decide, now, not in the tasks.
                 txn = _begin(client.transactions, self.scope, self.stream, lease)
-                client.transactions.abort(self.scope, self.stream, txn.txn_id)
+                _abort_quietly(client.transactions, self.scope, self.stream, txn.txn_id)
 
     def write(self, iterator: Iterator[Any]) -> PravegaCommitMessage:
         if self.mode == "at_least_once":
