@@ -21,15 +21,21 @@ Register it once per session with :func:`register` (classic PySpark or Spark Con
   aborts them. A failed task attempt's transaction is aborted by the attempt itself, or, when its
   process died, is never committed and expires with its lease.
 
-Options (all strings, as Spark passes them): see ``OPTIONS`` and the README's "Spark data source".
+Options (all strings, as Spark passes them): ``OPTION_SPECS``, also the README's "Spark data source".
+Every one is checked (:func:`check_options`) on the driver as soon as Spark shows it to the data
+source: names and values at ``load()``/``save()`` (the constructor); then, once Spark says which
+use this is, that each applies to it (a read's ``schema()`` at ``load()``, a batch read's planning
+at its first action, a streaming read's start, a write's ``save()``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +74,9 @@ except ImportError as _missing:
 __all__ = [
     "FORMAT",
     "OPTIONS",
+    "OPTION_SPECS",
+    "OptionSpec",
+    "check_options",
     "PravegaDataSource",
     "NOT_UTF8_ADVICE",
     "PravegaDataSourceError",
@@ -81,54 +90,9 @@ log = logging.getLogger(__name__)
 
 #: The name ``spark.read.format(...)`` takes.
 FORMAT = "pravega"
-#: option -> what it means (the README's table says the same).
-OPTIONS = {
-    "controller": "controller URI, tcp://host:9090 or tls://host:9090 (required)",
-    "scope": "scope of the stream (required)",
-    "stream": "stream name (required)",
-    "username": "Basic-auth user (optional)",
-    "password": "its password (optional)",
-    "tls": "true/false; also implied by a tls:// controller URI",
-    "trust_store": "CA certificate (PEM file or directory) for TLS",
-    "validate_hostname": "true/false (default true)",
-    "transaction_lease_ms": "write: lease of each task's transaction (default 90000)",
-    "lease_keep_s": "write: how long after its task ended a transaction's lease is renewed while it waits for "
-                    "the job's commit (default 3600; then it expires, e.g. after a driver crash)",
-    "start_stream_cut": "read: head/earliest (default), tail/latest, or a stream-cut text",
-    "end_stream_cut": "read: tail/latest (default), head/earliest, or a stream-cut text",
-    "decode": "read: binary (default), text (UTF-8, event becomes a string) or json (each event one JSON object, "
-              "parsed into the columns of the schema given with .schema(...))",
-    "mode": "write: exactly_once (default) or at_least_once (plain appends; a retried task writes again)",
-    "writer_id": "streaming write, exactly once: names the query's record of committed micro-batches (required; "
-                 "keep it with the checkpoint location: a new checkpoint needs a new writer_id)",
-    "stale_after_s": "streaming write: after a driver crash, how long a restarted query waits before it "
-                     "finishes or rolls back the crashed commit (default 60)",
-    "create_stream": "write: true creates the scope and the stream when missing, with the policy options below "
-                     "(default false: a missing stream is an error)",
-    "scaling_policy": "write with create_stream: fixed (default), by_event_rate or by_data_rate",
-    "segments": "write with create_stream: segments of a fixed policy (default 1)",
-    "min_segments": "write with create_stream: minimum segments of a rate policy (default 1)",
-    "target_rate": "write with create_stream: events/s or KiB/s per segment of a rate policy",
-    "scale_factor": "write with create_stream: how many segments one splits into under a rate policy",
-    "retention_size_bytes": "write with create_stream: keep at most this many bytes",
-    "retention_time_ms": "write with create_stream: keep data this many milliseconds",
-    "segment_ranges": "batch read, for jobs that plan their own ranges: JSON list of partitions, each a list of "
-                      "ranges [scope, stream, segment_id, start_offset, end_offset or null], read instead of the "
-                      "ranges between start_stream_cut and end_stream_cut (not with those); partition i is the "
-                      "i-th list, its ranges read in the given order",
-    "columns": "read with decode binary or text: the columns to emit, comma-separated, of event, scope, stream, "
-               "segment_id, offset (default all; Python data sources get no column pruning, so each column "
-               "costs its conversion to the JVM)",
-    "max_events_per_trigger": "streaming read: at most this many events per micro-batch (default: no limit)",
-    "max_bytes_per_trigger": "streaming read: at most this many segment bytes (event headers included) per "
-                             "micro-batch; at least one event is always taken (default: no limit)",
-}
-_CONNECTION_OPTIONS = ("tls", "trust_store", "validate_hostname", "transaction_lease_ms")
-_CUT_WORDS = {"head": HEAD, "earliest": HEAD, "tail": TAIL, "latest": TAIL}
-_MODES = ("exactly_once", "at_least_once")
-_DECODINGS = ("binary", "text", "json")
-#: The columns a read gives besides the event, with their Spark types.
-_METADATA_COLUMNS = {"scope": "string", "stream": "string", "segment_id": "bigint", "offset": "bigint"}
+#: The lease range Pravega 0.13's controller grants by default (its settings
+#: controller.transaction.lease.count.min and .max); a server may be configured otherwise.
+MIN_LEASE_MS, MAX_LEASE_MS = 10_000, 600_000
 
 
 class PravegaDataSourceError(PravegaError, ValueError):
@@ -180,6 +144,152 @@ def _raise_not_utf8(rng: SegmentRange, events: Any, offsets: Any) -> None:
 # Options
 # ---------------------------------------------------------------------------------------------
 
+#: The kinds of use an option can apply to (what Spark asks of the data source).
+BATCH_READ, STREAM_READ, BATCH_WRITE, STREAM_WRITE = "batch read", "streaming read", "batch write", "streaming write"
+READS = frozenset({BATCH_READ, STREAM_READ})
+#: A read, batch or streaming (what ``schema()`` knows at ``load()``).
+READ = "read"
+WRITES = frozenset({BATCH_WRITE, STREAM_WRITE})
+ANY_USE = READS | WRITES
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option: the uses it applies to, its parser (text -> value, or ValueError saying what
+    it must be), what it means, its default, and the other option's value it needs, if any
+    (``("create_stream", "true")``: without it the option would be ignored, so it is refused)."""
+
+    name: str
+    applies: frozenset[str]
+    parse: Callable[[str], Any]
+    doc: str
+    default: str | None = None
+    needs: tuple[str, str] | None = None
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.lower() not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return text.lower()
+
+    return parse
+
+
+def _flag(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise ValueError("must be true or false")
+    return text.lower() == "true"
+
+
+def _positive_whole(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError("must be a positive whole number")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError("must be a positive number of seconds")
+    return value
+
+
+_CREATED = ("create_stream", "true")
+_EXACTLY_ONCE = ("mode", "exactly_once")
+_MODES = ("exactly_once", "at_least_once")
+_DECODINGS = ("binary", "text", "json")
+
+#: Every option of the data source (all strings, as Spark passes them). Spark lower-cases option
+#: names, so they are all lower case; any other name is refused.
+OPTION_SPECS: tuple[OptionSpec, ...] = (
+    OptionSpec("controller", ANY_USE, _text, "controller URI, tcp://host:9090 or tls://host:9090 (required)"),
+    OptionSpec("scope", ANY_USE, _text, "scope of the stream (required)"),
+    OptionSpec("stream", ANY_USE, _text, "stream name (required)"),
+    OptionSpec("username", ANY_USE, _text, "Basic-auth user"),
+    OptionSpec("password", ANY_USE, _text, "its password"),
+    OptionSpec("tls", ANY_USE, _text, "true/false; also implied by a tls:// controller URI", "false"),
+    OptionSpec("trust_store", ANY_USE, _text, "CA certificate (PEM file or directory) for TLS"),
+    OptionSpec("validate_hostname", ANY_USE, _text, "true/false", "true"),
+    OptionSpec("transaction_lease_ms", WRITES, _positive_whole,
+               "lease of each task's transaction; Pravega's controller accepts "
+               f"{MIN_LEASE_MS}..{MAX_LEASE_MS} ms unless configured otherwise (the embedded server: up to 120000)", "90000", _EXACTLY_ONCE),
+    OptionSpec("lease_keep_s", WRITES, _positive_seconds,
+               "how long after its task ended a transaction's lease is renewed while it waits for the job's commit "
+               "(then it expires, e.g. after a driver crash)", str(DEFAULT_KEEP_S), _EXACTLY_ONCE),
+    OptionSpec("start_stream_cut", READS, _text,
+               "head/earliest, tail/latest, or a stream-cut text (a streaming read: where a new query starts)", "head"),
+    OptionSpec("end_stream_cut", frozenset({BATCH_READ}), _text,
+               "tail/latest, head/earliest, or a stream-cut text", "tail"),
+    OptionSpec("decode", READS, _choice(*_DECODINGS),
+               "binary, text (UTF-8, event becomes a string) or json (each event one JSON object, parsed into the "
+               "columns of the schema given with .schema(...))", "binary"),
+    OptionSpec("columns", READS, _text,
+               "with decode binary or text: the columns to emit, comma-separated, of event, scope, stream, "
+               "segment_id, offset (Python data sources get no column pruning, so each column costs its "
+               "conversion to the JVM)"),
+    OptionSpec("segment_ranges", frozenset({BATCH_READ}), _text,
+               "for jobs that plan their own ranges: JSON list of partitions, each a list of ranges "
+               "[scope, stream, segment_id, start_offset, end_offset or null], read instead of the ranges between "
+               "start_stream_cut and end_stream_cut (not with those); partition i is the i-th list, its ranges "
+               "read in the given order"),
+    OptionSpec("max_events_per_trigger", frozenset({STREAM_READ}), _positive_whole,
+               "at most this many events per micro-batch (default: no limit)"),
+    OptionSpec("max_bytes_per_trigger", frozenset({STREAM_READ}), _positive_whole,
+               "at most this many segment bytes (event headers included) per micro-batch; at least one event is "
+               "always taken (default: no limit)"),
+    OptionSpec("mode", WRITES, _choice(*_MODES),
+               "exactly_once, or at_least_once (plain appends; a retried task writes again)", "exactly_once"),
+    OptionSpec("writer_id", frozenset({STREAM_WRITE}), _text,
+               "names the query's record of committed micro-batches (required; keep it with the checkpoint "
+               "location: a new checkpoint needs a new writer_id)", None, _EXACTLY_ONCE),
+    OptionSpec("stale_after_s", frozenset({STREAM_WRITE}), _positive_seconds,
+               "after a driver crash, how long a restarted query waits before it finishes or rolls back the "
+               "crashed commit", "60", _EXACTLY_ONCE),
+    OptionSpec("create_stream", WRITES, _flag,
+               "true creates the scope and the stream when missing, with the policy options below (false: a "
+               "missing stream is an error)", "false"),
+    OptionSpec("scaling_policy", WRITES, _choice("fixed", "by_event_rate", "by_data_rate"),
+               "the new stream's scaling: fixed, by_event_rate or by_data_rate", "fixed", _CREATED),
+    OptionSpec("segments", WRITES, _text, "segments of a fixed policy", "1", _CREATED),
+    OptionSpec("min_segments", WRITES, _text, "minimum segments of a rate policy", "1", _CREATED),
+    OptionSpec("target_rate", WRITES, _text, "events/s or KiB/s per segment of a rate policy", None, _CREATED),
+    OptionSpec("scale_factor", WRITES, _text, "how many segments one splits into under a rate policy", None,
+               _CREATED),
+    OptionSpec("retention_size_bytes", WRITES, _text, "keep at most this many bytes", None, _CREATED),
+    OptionSpec("retention_time_ms", WRITES, _text, "keep data this many milliseconds", None, _CREATED),
+)
+_SPECS = {spec.name: spec for spec in OPTION_SPECS}
+#: option -> what it means.
+OPTIONS = {spec.name: spec.doc for spec in OPTION_SPECS}
+#: Options Spark itself passes to the data source (lower-cased), and the uses it passes them for.
+_SPARK_OPTIONS = {"checkpointlocation": frozenset({STREAM_WRITE})}
+_CONNECTION_OPTIONS = ("tls", "trust_store", "validate_hostname", "transaction_lease_ms")
+_CUT_WORDS = {"head": HEAD, "earliest": HEAD, "tail": TAIL, "latest": TAIL}
+#: The columns a read gives besides the event, with their Spark types.
+_METADATA_COLUMNS = {"scope": "string", "stream": "string", "segment_id": "bigint", "offset": "bigint"}
+#: Why an option that belongs to another use is refused, where a word helps more than the list of uses.
+_HINTS = {
+    ("end_stream_cut", STREAM_READ): "a streaming read has no end_stream_cut (it follows the stream's tail); "
+                                     "use spark.read for a bounded read",
+    ("segment_ranges", STREAM_READ): "option segment_ranges is for batch reads (spark.read), not streaming ones",
+    ("max_events_per_trigger", BATCH_READ): "a batch read has no micro-batches: read a bounded range with "
+                                            "end_stream_cut, or use spark.readStream",
+    ("max_bytes_per_trigger", BATCH_READ): "a batch read has no micro-batches: read a bounded range with "
+                                           "end_stream_cut, or use spark.readStream",
+}
+
 
 def _option(options: Mapping[str, str], name: str, default: str | None = None) -> str | None:
     value = options.get(name)
@@ -193,6 +303,72 @@ def _required(options: Mapping[str, str], name: str, what: str) -> str:
     if value is None:
         raise PravegaDataSourceError(f"the pravega data source needs option {name!r} ({what})")
     return value
+
+
+def _value(options: Mapping[str, str], name: str) -> Any:
+    """Option ``name`` parsed by its spec (its default when absent; None without one)."""
+    spec = _SPECS[name]
+    text = _option(options, name, spec.default)
+    if text is None:
+        return None
+    try:
+        return spec.parse(text)
+    except ValueError as exc:
+        raise PravegaDataSourceError(f"option {name} {exc}, got {text!r}") from None
+
+
+def check_options(options: Mapping[str, str], use: str | None = None) -> None:
+    """Every option checked before anything is read or written: known names ("did you mean"),
+    values, what each needs, and, once Spark says which ``use`` this is (BATCH_READ, STREAM_READ,
+    BATCH_WRITE, STREAM_WRITE, or READ for either read; None: not known yet, as in the data
+    source's constructor at ``load()``/``save()``), that each applies to it. An option that would
+    be ignored is refused."""
+    import difflib
+
+    given = {name.lower(): name for name, value in options.items() if value is not None and str(value).strip()}
+    for name in sorted(given):
+        if name in ("path", "paths"):
+            raise PravegaDataSourceError(
+                f"the pravega data source takes no path (got {options[given[name]]!r} from load(path) or "
+                "save(path)): name the stream with options scope and stream")
+        if name in _SPARK_OPTIONS:
+            if use is not None and use not in _SPARK_OPTIONS[name]:
+                raise PravegaDataSourceError(f"option {name} is Spark's for a {' or a '.join(_SPARK_OPTIONS[name])}, "
+                                             f"not a {use}: leave it out")
+            continue
+        if name not in _SPECS:
+            close = difflib.get_close_matches(name, _SPECS, n=1)
+            advice = f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(_SPECS)}"
+            raise PravegaDataSourceError(f"unknown option {name!r} for the pravega data source: {advice}")
+        spec = _SPECS[name]
+        if use is not None and not (use in spec.applies or (use == READ and spec.applies & READS)):
+            hint = _HINTS.get((name, use))
+            raise PravegaDataSourceError(hint or f"option {name} is for a {' or a '.join(sorted(spec.applies))}, "
+                                                 f"not a {use}: leave it out")
+        _value(options, name)
+    for name in sorted(given):
+        spec = _SPECS.get(name)
+        if spec is None or spec.needs is None:
+            continue
+        other, wanted = spec.needs
+        if _value(options, other) != _SPECS[other].parse(wanted):
+            raise PravegaDataSourceError(f"option {name} only applies with {other}={wanted}; without it, it would "
+                                         f"be ignored: set {other}={wanted} or leave {name} out")
+    connection_config(options)
+    scope = _required(options, "scope", "the stream's scope")
+    stream = _required(options, "stream", "the stream")
+    if use is None or use == READ or use in READS:
+        _read_options(options, scope, stream)
+    if _value(options, "create_stream"):
+        _stream_policies(options)
+
+
+def _read_options(options: Mapping[str, str], scope: str, stream: str) -> None:
+    """What only a read's options say together: cuts of this stream, a plan, decode and columns."""
+    _segment_ranges(options, scope, stream)
+    _cut(options, "start_stream_cut", scope, stream)
+    _cut(options, "end_stream_cut", scope, stream)
+    _fixed_columns(options, _value(options, "decode"))
 
 
 def connection_config(options: Mapping[str, str]) -> PravegaConnectionConfig:
@@ -209,10 +385,10 @@ def connection_config(options: Mapping[str, str]) -> PravegaConnectionConfig:
 
 
 def connection_options(config: PravegaConnectionConfig) -> dict[str, str]:
-    """The options that give :func:`connection_config` back ``config`` (for jobs that read through
-    this data source with a connection they already hold)."""
-    options = {"controller": config.controller_uri, "validate_hostname": str(config.validate_hostname).lower(),
-               "transaction_lease_ms": str(config.transaction_lease_ms)}
+    """The options that give :func:`connection_config` back ``config`` for a read (jobs that read
+    through this data source with a connection they already hold; a read has no transactions, so
+    no ``transaction_lease_ms``)."""
+    options = {"controller": config.controller_uri, "validate_hostname": str(config.validate_hostname).lower()}
     if config.username is not None:
         options["username"] = config.username
     if config.password is not None:
@@ -222,24 +398,9 @@ def connection_options(config: PravegaConnectionConfig) -> dict[str, str]:
     return options
 
 
-def _number(options: Mapping[str, str], name: str, default: Any, *, whole: bool = False,
-            positive: bool = False) -> Any:
-    """Option ``name`` as a number of seconds (``whole``: a whole number instead; ``positive``:
-    above zero), ``default`` when absent, or a clear error naming the option."""
-    text = _option(options, name)
-    if text is None:
-        return default
-    try:
-        value = int(text) if whole else float(text)
-    except ValueError:
-        value = float("nan")
-    if value != value or (positive and not value > 0):
-        kind = "whole number" if whole else "number of seconds"
-        raise PravegaDataSourceError(f"option {name} must be a {'positive ' if positive else ''}{kind}, got {text!r}")
-    return value
-
-
-def _cut(options: Mapping[str, str], name: str, default: str, scope: str, stream: str) -> StreamCut:
+def _cut(options: Mapping[str, str], name: str, scope: str, stream: str) -> StreamCut:
+    default = _SPECS[name].default
+    assert default is not None
     value = _option(options, name, default)
     assert value is not None
     word = value.lower()
@@ -251,6 +412,20 @@ def _cut(options: Mapping[str, str], name: str, default: str, scope: str, stream
         return StreamCut.coerce(value, scope, stream, unbounded=_CUT_WORDS[default], what=name)
     except PravegaError as exc:
         raise PravegaDataSourceError(f"option {name}: {exc}") from None
+
+
+@contextmanager
+def _first_line() -> Iterator[None]:
+    """PySpark shows an error the data source raises on the driver (at ``load()``, ``save()``,
+    planning) as its Python worker's traceback after its own prefix, so the provider's message
+    would come last. In such a worker, which exits after the error, the traceback is left out:
+    the message follows the prefix on the first line."""
+    try:
+        yield
+    except PravegaError:
+        if os.environ.get("SPARK_PYTHON_RUNTIME") == "PYTHON_WORKER":
+            sys.tracebacklimit = 0
+        raise
 
 
 def _client(config: PravegaConnectionConfig) -> Any:
@@ -272,12 +447,22 @@ def _check_stream(client: Any, scope: str, stream: str) -> None:
 class PravegaDataSource(DataSource):
     """``format("pravega")``: batch reads between stream cuts and exactly-once batch writes."""
 
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        with _first_line():  # at load() and save(), before Spark knows which use this is
+            check_options(self.options)
+
     @classmethod
     def name(cls) -> str:
         return FORMAT
 
-    def schema(self) -> str:
-        decode = _decode_option(self.options)
+    def schema(self) -> str:  # asked at load() of a read without .schema(...)
+        with _first_line():
+            check_options(self.options, READ)
+            return self._schema()
+
+    def _schema(self) -> str:
+        decode = _value(self.options, "decode")
         if decode == "json":
             raise PravegaDataSourceError(
                 "decode=json needs the events' fields as a schema, e.g. spark.read.format('pravega')"
@@ -286,17 +471,27 @@ class PravegaDataSource(DataSource):
         types = _fixed_columns(self.options, decode)
         return ", ".join(f"{name} {kind} not null" for name, kind in types.items())
 
-    def reader(self, schema: Any) -> DataSourceReader:
-        return PravegaBatchReader(self.options, Decoding.of(self.options, schema))
+    def reader(self, schema: Any) -> DataSourceReader:  # planning the first action
+        with _first_line():
+            check_options(self.options, BATCH_READ)
+            return PravegaBatchReader(self.options, Decoding.of(self.options, schema))
 
-    def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        return PravegaStreamReader(self.options, Decoding.of(self.options, schema))
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:  # the query's start
+        try:
+            check_options(self.options, STREAM_READ)
+            return PravegaStreamReader(self.options, Decoding.of(self.options, schema))
+        except PravegaError as exc:
+            return _RefusedStreamRead(exc)
 
-    def writer(self, schema: Any, overwrite: bool) -> PravegaBatchWriter:
-        return PravegaBatchWriter(self.options, schema, overwrite)
+    def writer(self, schema: Any, overwrite: bool) -> PravegaBatchWriter:  # save()
+        with _first_line():
+            check_options(self.options, BATCH_WRITE)
+            return PravegaBatchWriter(self.options, schema, overwrite)
 
-    def streamWriter(self, schema: Any, overwrite: bool) -> PravegaStreamWriter:
-        return PravegaStreamWriter(self.options, schema, overwrite)
+    def streamWriter(self, schema: Any, overwrite: bool) -> PravegaStreamWriter:  # the query's start
+        with _first_line():
+            check_options(self.options, STREAM_WRITE)
+            return PravegaStreamWriter(self.options, schema, overwrite)
 
 
 class RangePartition(InputPartition):
@@ -368,13 +563,6 @@ def segment_ranges_option(partitions: Sequence[Sequence[SegmentRange]]) -> str:
                        for part in partitions], separators=(",", ":"))
 
 
-def _decode_option(options: Mapping[str, str]) -> str:
-    decode = (_option(options, "decode", "binary") or "binary").lower()
-    if decode not in _DECODINGS:
-        raise PravegaDataSourceError(f"option decode must be one of {', '.join(_DECODINGS)}, got {decode!r}")
-    return decode
-
-
 @dataclass(frozen=True)
 class Decoding:
     """How events become rows (picklable, shipped to the read tasks): the output's Arrow schema
@@ -389,7 +577,7 @@ class Decoding:
         """``schema`` is the user's (``.schema(...)``) or ours; checked against ``decode``."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        kind = _decode_option(options)
+        kind = _value(options, "decode")
         fields = {f.name: f.dataType.simpleString() for f in schema.fields}
         expected = _fixed_columns(options, kind)
         if kind != "json":
@@ -420,14 +608,14 @@ class PravegaBatchReader(DataSourceReader):
         self.scope = _required(options, "scope", "the stream's scope")
         self.stream = _required(options, "stream", "the stream to read")
         self.plan = _segment_ranges(options, self.scope, self.stream)
-        self.start = _cut(options, "start_stream_cut", "head", self.scope, self.stream)
-        self.end = _cut(options, "end_stream_cut", "tail", self.scope, self.stream)
+        self.start = _cut(options, "start_stream_cut", self.scope, self.stream)
+        self.end = _cut(options, "end_stream_cut", self.scope, self.stream)
         self.decoding = decoding
 
     def partitions(self) -> Sequence[InputPartition]:
         if self.plan is not None:  # the caller's plan, partitions in its order (no controller call)
             return [RangePartition(*ranges) for ranges in self.plan] or [RangePartition()]
-        with _client(self.config) as client:
+        with _first_line(), _client(self.config) as client:
             _check_stream(client, self.scope, self.stream)
             ranges = _plan(client, self.start.resolve(client), self.end.resolve(client))
         # An empty range reads nothing: Spark still needs one partition for an empty frame.
@@ -498,6 +686,21 @@ def _parse_json(events: Any, offsets: Any, schema: Any, rng: SegmentRange) -> An
     raise PravegaDataSourceError(f"the events of segment {rng.segment_name} cannot be read as JSON of the schema")
 
 
+class _RefusedStreamRead(DataSourceStreamReader):
+    """What ``streamReader`` returns when the options do not fit a streaming read: PySpark's
+    streaming runner (4.x) hides an error raised by ``streamReader`` itself behind its own
+    ``UnboundLocalError`` (it stops a reader it never got), so the query's first call raises it."""
+
+    def __init__(self, error: PravegaError) -> None:
+        self.error = error
+
+    def _refuse(self, *args: Any) -> Any:
+        with _first_line():  # the runner exits after it, as the other workers do
+            raise self.error
+
+    initialOffset = latestOffset = partitions = read = getDefaultReadLimit = reportLatestOffset = _refuse
+
+
 class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reads: offsets are stream cuts (``{"scope", "stream", "positions"}``), so a
     query restarted from its checkpoint continues exactly at the last committed cut; each
@@ -509,14 +712,9 @@ class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.config = connection_config(options)
         self.scope = _required(options, "scope", "the stream's scope")
         self.stream = _required(options, "stream", "the stream to read")
-        self.start = _cut(options, "start_stream_cut", "head", self.scope, self.stream)
-        if _option(options, "segment_ranges") is not None:
-            raise PravegaDataSourceError("option segment_ranges is for batch reads (spark.read), not streaming ones")
-        if _option(options, "end_stream_cut") is not None:
-            raise PravegaDataSourceError("a streaming read has no end_stream_cut (it follows the stream's tail); "
-                                         "use spark.read for a bounded read")
-        self.max_events = _number(options, "max_events_per_trigger", None, whole=True, positive=True)
-        self.max_bytes = _number(options, "max_bytes_per_trigger", None, whole=True, positive=True)
+        self.start = _cut(options, "start_stream_cut", self.scope, self.stream)
+        self.max_events = _value(options, "max_events_per_trigger")
+        self.max_bytes = _value(options, "max_bytes_per_trigger")
         self.decoding = decoding
         self._client: Any = None
         self._end = StreamCut.symbolic(self.scope, self.stream, TAIL)
@@ -591,27 +789,26 @@ class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._client = None
 
 
-def _flag(options: Mapping[str, str], name: str) -> bool:
-    value = (_option(options, name, "false") or "").lower()
-    if value not in ("true", "false"):
-        raise PravegaDataSourceError(f"option {name} must be true or false, got {value!r}")
-    return value == "true"
-
-
-def _create_stream(client: Any, scope: str, stream: str, options: Mapping[str, str]) -> None:
-    """The scope and stream, created when missing with the policies in the options (an existing
-    stream is left as it is, whatever its policies)."""
+def _stream_policies(options: Mapping[str, str]) -> tuple[Any, Any]:
+    """The scaling and retention policies the options give a stream the write creates."""
     from airflow_provider_pravega.client.admin import build_retention_policy, build_scaling_policy
 
     try:
         scaling = build_scaling_policy(
-            _option(options, "scaling_policy", "fixed"), segments=_option(options, "segments"),
+            _value(options, "scaling_policy"), segments=_option(options, "segments"),
             min_segments=_option(options, "min_segments"), target_rate=_option(options, "target_rate"),
             scale_factor=_option(options, "scale_factor"))
         retention = build_retention_policy(_option(options, "retention_size_bytes"),
                                            _option(options, "retention_time_ms"))
     except (TypeError, ValueError) as exc:
         raise PravegaDataSourceError(f"pravega data source option: {exc}") from None
+    return scaling, retention
+
+
+def _create_stream(client: Any, scope: str, stream: str, options: Mapping[str, str]) -> None:
+    """The scope and stream, created when missing with the policies in the options (an existing
+    stream is left as it is, whatever its policies)."""
+    scaling, retention = _stream_policies(options)
     if client.admin.create_scope(scope):
         log.info("created scope %s", scope)
     if client.admin.create_stream(scope, stream, scaling=scaling, retention=retention):
@@ -655,23 +852,30 @@ class _TaskWrites:
         self.config = connection_config(options)
         self.scope = _required(options, "scope", "the stream's scope")
         self.stream = _required(options, "stream", "the stream to write")
-        self.mode = (_option(options, "mode", "exactly_once") or "").lower()
-        if self.mode not in _MODES:
-            raise PravegaDataSourceError(f"option mode must be one of {', '.join(_MODES)}, got {self.mode!r}")
+        self.mode = _value(options, "mode")
         self.event_text, self.has_key = _check_columns(schema)
-        self.keep_s = _number(options, "lease_keep_s", DEFAULT_KEEP_S, positive=True)
-        create = _flag(options, "create_stream")
+        self.keep_s = _value(options, "lease_keep_s")
+        create = _value(options, "create_stream")
         with _client(self.config) as client:
             if create:
                 _create_stream(client, self.scope, self.stream, options)
             _check_stream(client, self.scope, self.stream)
+            lease = self.config.transaction_lease_ms
+            if self.mode == "exactly_once" and not MIN_LEASE_MS <= lease <= MAX_LEASE_MS:
+                # Outside Pravega's default range: the controller's own limits decide, now, not in the tasks.
+                txn = _begin(client.transactions, self.scope, self.stream, lease)
+                _abort_quietly(client.transactions, self.scope, self.stream, txn.txn_id)
 
     def write(self, iterator: Iterator[Any]) -> PravegaCommitMessage:
         if self.mode == "at_least_once":
             return self._write_at_least_once(iterator)
         client = _client(self.config)
         manager = client.transactions
-        txn = manager.begin(self.scope, self.stream)
+        try:
+            txn = _begin(manager, self.scope, self.stream, self.config.transaction_lease_ms)
+        except BaseException:
+            client.close()
+            raise
         keeper = client.lease_keeper()
         keeper.add(self.scope, self.stream, txn.txn_id)
         writer = manager.writer(self.scope, self.stream, txn, check_open=False)
@@ -707,6 +911,8 @@ class _TaskWrites:
         return PravegaCommitMessage(self.scope, self.stream, None, count)
 
     def _write_rows(self, batches: Iterator[Any], write: Any) -> int:
+        from pyspark import TaskContext
+
         count = 0
         for batch in batches:
             events = batch.column("event").to_pylist()
@@ -714,8 +920,11 @@ class _TaskWrites:
                 events = [e.encode("utf-8") if e is not None else None for e in events]
             keys = batch.column("routing_key").to_pylist() if self.has_key else [None] * len(events)
             for event, key in zip(events, keys, strict=True):
-                if event is None:
-                    raise PravegaDataSourceError(f"row {count} has a null event; events cannot be null")
+                if event is None:  # a task cannot know its rows' position in the whole DataFrame
+                    task = TaskContext.get()
+                    where = f" of task {task.partitionId()} (counted from 0 within its partition)" if task else ""
+                    raise PravegaDataSourceError(f"row {count}{where} has a null event; events cannot be null: "
+                                                 "filter them out, e.g. .where('event IS NOT NULL')")
                 write(event, key)
                 count += 1
         return count
@@ -759,7 +968,7 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
             raise PravegaDataSourceError(
                 "an exactly-once streaming write needs option writer_id (a name for this query's record of "
                 "committed micro-batches, kept with its checkpoint location), or mode=at_least_once")
-        self.stale_after_s = _number(options, "stale_after_s", 60.0)
+        self.stale_after_s = _value(options, "stale_after_s")
         if self.mode == "exactly_once":
             from airflow_provider_pravega.client.ingest import IngestError, check_timing
 
@@ -811,6 +1020,28 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
 
     def abort(self, messages: Sequence[PravegaCommitMessage | None], batchId: int) -> None:
         _abort_all(self.config, self.scope, self.stream, messages)
+
+
+def _begin(manager: Any, scope: str, stream: str, lease_ms: int) -> Any:
+    """A transaction with the options' lease; a lease the controller refuses is named as the option."""
+    import re
+
+    try:
+        return manager.begin(scope, stream, lease_ms)
+    except PravegaError as exc:
+        text = str(exc)
+        maximum = re.search(r"max(?:imum)?(?: value)?(?: is| of) (\d+)", text)
+        if "minimum lease" in text:
+            problem = (f"is below the controller's minimum lease: give at least {MIN_LEASE_MS} ms (Pravega's default "
+                       f"controller.transaction.lease.count.min) and at most the controller's maximum "
+                       f"(controller.transaction.lease.count.max, {MAX_LEASE_MS} ms by default)")
+        elif maximum and "lease" in text:
+            problem = (f"is above the controller's maximum lease of {maximum.group(1)} ms (its "
+                       f"controller.transaction.lease.count.max): give at most {maximum.group(1)} ms and at least "
+                       f"{MIN_LEASE_MS} ms (Pravega's default minimum)")
+        else:
+            raise
+        raise PravegaDataSourceError(f"option transaction_lease_ms={lease_ms} {problem}") from None
 
 
 def _renew_all_or_abort(manager: Any, scope: str, stream: str, txns: Sequence[int], config: Any) -> None:

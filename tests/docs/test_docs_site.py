@@ -148,6 +148,26 @@ def test_api_page_lists_the_public_classes(page: str) -> None:
     check_generated(DOCS / "api" / f"{page}.md", "api-classes", api_pages()[page], THIS)
 
 
+def datasource_options_table() -> str:
+    """docs/datasource.md's options table, from the data source's own option definitions
+    (OPTION_SPECS: the same table that checks options at load() and save())."""
+    from airflow_provider_pravega.spark.datasource import ANY_USE, OPTION_SPECS
+
+    order = ("batch read", "streaming read", "batch write", "streaming write")
+    rows = ["| option | applies to | meaning | default |", "|---|---|---|---|"]
+    for spec in OPTION_SPECS:
+        applies = "any read or write" if spec.applies == ANY_USE else ", ".join(u for u in order if u in spec.applies)
+        if spec.needs is not None:
+            applies += f" (with `{spec.needs[0]}={spec.needs[1]}`)"
+        default = f"`{spec.default}`" if spec.default is not None else "none"
+        rows.append(f"| `{spec.name}` | {applies} | {spec.doc.replace('|', chr(92) + '|')} | {default} |")
+    return "\n".join(rows)
+
+
+def test_datasource_options_table_is_the_codes() -> None:
+    check_generated(DOCS / "datasource.md", "options-table", datasource_options_table(), THIS)
+
+
 def test_troubleshooting_names_every_public_exception() -> None:
     page = DOCS / "troubleshooting.md"
     assert page.is_file(), "docs/troubleshooting.md is missing"

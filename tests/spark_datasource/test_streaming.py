@@ -102,26 +102,6 @@ def test_restarted_query_reads_every_event_once_in_bounded_batches(registered, c
     assert len({r.segment_id for r in rows}) == 4  # both segments before and the two after the split
 
 
-def test_streaming_options_are_checked(registered, client, pravega_controller_uri, unique_name):
-    from pyspark.errors import PySparkException
-
-    scope, stream = unique_name("ds-stream-bad"), "s"
-    client.admin.create_scope(scope)
-    client.admin.create_stream(scope, stream, 1)
-    base = registered.readStream.format("pravega").option("controller", pravega_controller_uri) \
-        .option("scope", scope).option("stream", stream)
-    for option, value, message in (("max_events_per_trigger", "ten", "max_events_per_trigger must be a positive"),
-                                   ("end_stream_cut", "tail", "a streaming read has no end_stream_cut"),
-                                   ("segment_ranges", "[]", "segment_ranges is for batch reads")):
-        with pytest.raises((PySparkException, Exception), match=message):
-            q = base.option(option, value).load().writeStream.format("console").start()
-            try:
-                q.awaitTermination(60)
-                raise AssertionError(q.exception())
-            finally:
-                q.stop()
-
-
 def _events(client: PravegaClient, scope: str, stream: str) -> list[str]:
     from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_ranges
     from airflow_provider_pravega.client.streamcut import StreamCut
