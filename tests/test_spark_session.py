@@ -80,6 +80,27 @@ def test_jvm_stderr_lines_keep_their_log4j_level() -> None:
     # Spark's plain banners are information; the JVM's own "WARNING:" lines are warnings.
     assert jvm_log_level('Setting default log level to "WARN".', error) == info
     assert jvm_log_level("WARNING: Using incubator modules: jdk.incubator.vector", info) == warn
+    # What the JVM dies of is an error, whatever came before.
+    assert jvm_log_level('Exception in thread "main" org.apache.spark.SparkException: Master must', info) == error
+    assert jvm_log_level("Error: Could not create the Java Virtual Machine.", info) == error
+
+
+def test_the_jvm_start_error_is_the_jvms_first_own_error_line() -> None:
+    from airflow_provider_pravega.spark.session import jvm_start_error
+
+    banners = ["WARNING: Using incubator modules: jdk.incubator.vector",
+               "Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties",
+               "26/11/26 12:03:52 WARN Utils: Set SPARK_LOCAL_IP if you need to bind to another address"]
+    assert jvm_start_error(banners + ["Invalid maximum heap size: -Xmxlots",
+                                      "Error: Could not create the Java Virtual Machine."]) == (
+        "Invalid maximum heap size: -Xmxlots")
+    assert jvm_start_error(banners + ['Exception in thread "main" org.apache.spark.SparkException: Master must',
+                                      "\tat org.apache.spark.deploy.SparkSubmit.error(SparkSubmit.scala:1068)"]) == (
+        "org.apache.spark.SparkException: Master must")
+    assert jvm_start_error(banners + ["26/11/26 12:05:43 ERROR StandaloneSchedulerBackend: Application has been "
+                                      "killed. Reason: All masters are unresponsive! Giving up."], exited=False) == (
+        "StandaloneSchedulerBackend: Application has been killed. Reason: All masters are unresponsive! Giving up.")
+    assert jvm_start_error(banners + [":: loading settings :: url = jar:file:/x"], exited=False) is None
 
 
 # ---- Spark endpoints that do not answer, and Spark starts that fail (docs/bad-input.md "spark-start")

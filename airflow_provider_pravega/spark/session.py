@@ -223,11 +223,11 @@ class _JvmStderrRelay:
         self._closed.wait(timeout_s)
 
 
-def jvm_start_error(lines: list[str]) -> str | None:
+def jvm_start_error(lines: list[str], exited: bool = True) -> str | None:
     """The JVM's own first error line among its stderr ``lines``: a log4j ERROR line, an uncaught
-    exception (``Exception in thread "main" X: why`` → ``X: why``), or the first line that is
-    neither a log line below ERROR nor one of Spark's banners (the JVM's own "Invalid maximum heap
-    size: -Xmxlots")."""
+    exception (``Exception in thread "main" X: why`` → ``X: why``), or, when the JVM ``exited``,
+    the first line that is neither a log line below ERROR nor one of Spark's banners (the JVM's own
+    "Invalid maximum heap size: -Xmxlots")."""
     level = logging.INFO
     plain = None
     for line in lines:
@@ -242,7 +242,7 @@ def jvm_start_error(lines: list[str]) -> str | None:
             continue
         if plain is None and not (line[:1] in (" ", "\t") or line.startswith(_JVM_BANNERS)):
             plain = line
-    return plain
+    return plain if exited else None
 
 
 def _start_jvm(builder: Any, settings: _Settings) -> Any:
@@ -280,7 +280,7 @@ def _start_jvm(builder: Any, settings: _Settings) -> Any:
                     log.warning("the JVM's process died before it started (gRPC in the forked process: %s); "
                                 "starting it again", relay.lines[-1])
                     continue
-            raise settings.start_error(jvm_start_error(relay.lines), exc) from exc
+            raise settings.start_error(jvm_start_error(relay.lines, SparkContext._gateway is None), exc) from exc
         finally:
             relay.restore()
             if write_fd >= 0:
@@ -409,6 +409,7 @@ class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", 
 def _connect(remote: str, app_name: str, wanted: dict[str, str], source: str) -> Any:
     """A Spark Connect session whose first calls are bounded: a deadline on each and a few quick
     retries (the client's default retries an unreachable server for ten minutes, silently)."""
+    from pyspark import SparkContext
     from pyspark.sql.connect.client import DefaultChannelBuilder
     from pyspark.sql.connect.client.retries import DefaultPolicy
     from pyspark.sql.connect.session import SparkSession as ConnectSession
@@ -433,6 +434,12 @@ def _connect(remote: str, app_name: str, wanted: dict[str, str], source: str) ->
             raise SparkSessionError(
                 f"Spark Connect server {address} ({source}) is unreachable: {_grpc_reason(exc)}; check that the "
                 f"server runs and the connection's host, port and use_ssl") from exc
+        if SparkContext._active_spark_context is not None:
+            session.stop()
+            raise SparkSessionError(
+                f"this process already runs a classic SparkSession, and a process holds either a classic or a "
+                f"Spark Connect session ({address}, {source}): stop it first or run the task in its own process")
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"  # as pyspark's own builder.remote(): pyspark.sql is Connect's
         try:
             ConnectSession.builder.config(map={"spark.app.name": app_name, **wanted}).getOrCreate()
         except _SPARK_ERRORS as exc:
