@@ -34,6 +34,7 @@ import re
 import socket
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -427,7 +428,9 @@ def _connect(remote: str, app_name: str, wanted: dict[str, str], source: str) ->
                                              max_backoff=2000, jitter=0, max_server_retry_delay=2000)])
     try:
         try:
-            session.version  # noqa: B018 - the first call: does the server answer?
+            with warnings.catch_warnings():  # pyspark's RETRIES_EXCEEDED warning: the error says more
+                warnings.simplefilter("ignore", UserWarning)
+                session.version  # noqa: B018 - the first call: does the server answer?
         except (*_SPARK_ERRORS, grpc.RpcError) as exc:  # not an interrupt (a task's timeout, a kill)
             session.release_session_on_close = False  # releasing would be one more call to a server that is not there
             session.stop()
