@@ -127,9 +127,16 @@ def test_an_unreachable_spark_connect_server_fails_the_ingest_naming_connection_
     (tmp_path / "a.jsonl").write_text('{"k": "a"}\n')
     task = PravegaTransactionalIngestOperator(task_id="ingest", scope=scope, stream="s", source=str(tmp_path),
                                               create_stream=True, spark_conn_id="spark_connect_down")
-    caplog.set_level(logging.INFO, logger="airflow_provider_pravega.spark.session")
-    with pytest.raises(SparkSessionError) as info:
-        task.execute({})
+    # On the provider's logger itself: Airflow replaces the root logger's handlers when it sets its
+    # logging up (on the first connection it reads), caplog's among them.
+    session_log = logging.getLogger("airflow_provider_pravega.spark.session")
+    monkeypatch.setattr(session_log, "level", logging.INFO)
+    session_log.addHandler(caplog.handler)
+    try:
+        with pytest.raises(SparkSessionError) as info:
+            task.execute({})
+    finally:
+        session_log.removeHandler(caplog.handler)
     message = _row("connect-refused", "`spark_conn_id` → a `spark_connect` connection to a closed port",
                    "SparkSessionError", str(info.value), port)
     assert message.startswith(f"Spark Connect server sc://127.0.0.1:{port} (connection 'spark_connect_down') is "
