@@ -333,7 +333,7 @@ def _check_master_reachable(settings: _Settings) -> None:
     for address in settings.master[len("spark://"):].split(","):
         host, _, port = address.rpartition(":")
         try:
-            with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
                 return
         except (OSError, ValueError) as exc:
             failures.append(f"{address}: {exc}")
