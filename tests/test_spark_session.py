@@ -5,11 +5,19 @@ silent reuse of an active session that differs from what the task asks for."""
 from __future__ import annotations
 
 import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from bad_input_doc import check_section
 
 from airflow_provider_pravega.spark.session import SparkSessionError, get_spark_session, spark_target
+from airflow_provider_pravega.testing.net import free_port
 
 
 def _connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, **fields: Any) -> None:
@@ -71,3 +79,242 @@ def test_jvm_stderr_lines_keep_their_log4j_level() -> None:
     # Spark's plain banners are information; the JVM's own "WARNING:" lines are warnings.
     assert jvm_log_level('Setting default log level to "WARN".', error) == info
     assert jvm_log_level("WARNING: Using incubator modules: jdk.incubator.vector", info) == warn
+    # What the JVM dies of is an error, whatever came before.
+    assert jvm_log_level('Exception in thread "main" org.apache.spark.SparkException: Master must', info) == error
+    assert jvm_log_level("Error: Could not create the Java Virtual Machine.", info) == error
+
+
+def test_the_jvm_start_error_is_the_jvms_first_own_error_line() -> None:
+    from airflow_provider_pravega.spark.session import jvm_start_error
+
+    banners = ["WARNING: Using incubator modules: jdk.incubator.vector",
+               "Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties",
+               "26/11/26 12:03:52 WARN Utils: Set SPARK_LOCAL_IP if you need to bind to another address"]
+    assert jvm_start_error(banners + ["Invalid maximum heap size: -Xmxlots",
+                                      "Error: Could not create the Java Virtual Machine."]) == (
+        "Invalid maximum heap size: -Xmxlots")
+    assert jvm_start_error(banners + ['Exception in thread "main" org.apache.spark.SparkException: Master must',
+                                      "\tat org.apache.spark.deploy.SparkSubmit.error(SparkSubmit.scala:1068)"]) == (
+        "org.apache.spark.SparkException: Master must")
+    assert jvm_start_error(banners + ["26/11/26 12:05:43 ERROR StandaloneSchedulerBackend: Application has been "
+                                      "killed. Reason: All masters are unresponsive! Giving up."], exited=False) == (
+        "StandaloneSchedulerBackend: Application has been killed. Reason: All masters are unresponsive! Giving up.")
+    assert jvm_start_error(banners + [":: loading settings :: url = jar:file:/x"], exited=False) is None
+
+
+# ---- Spark endpoints that do not answer, and Spark starts that fail (docs/bad-input.md "spark-start")
+
+_ROWS: dict[str, tuple[str, str]] = {}
+
+
+def _row(key: str, what: str, error: str, message: str, port: int | None = None) -> str:
+    """Record ``error: message`` as the docs row ``key`` (a test's random port shown as <port>)."""
+    shown = message.replace(f":{port}", ":<port>") if port else message
+    _ROWS[key] = (what, f"`{error}`: {shown}")
+    return message
+
+
+@pytest.mark.timeout(120)  # the Connect client's default retries wait ten minutes
+def test_an_unreachable_spark_connect_server_fails_the_ingest_naming_connection_and_address(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, client: Any,
+        pravega_default_conn: str, unique_name: Any) -> None:
+    from airflow_provider_pravega.operators import PravegaTransactionalIngestOperator
+
+    port = free_port()
+    _connection(monkeypatch, "spark_connect_down", conn_type="spark_connect", host="127.0.0.1", port=port)
+    scope = unique_name("scdown")
+    client.admin.create_scope(scope)
+    (tmp_path / "a.jsonl").write_text('{"k": "a"}\n')
+    task = PravegaTransactionalIngestOperator(task_id="ingest", scope=scope, stream="s", source=str(tmp_path),
+                                              create_stream=True, spark_conn_id="spark_connect_down")
+    # On the provider's logger itself: Airflow replaces the root logger's handlers when it sets its
+    # logging up (on the first connection it reads), caplog's among them.
+    session_log = logging.getLogger("airflow_provider_pravega.spark.session")
+    monkeypatch.setattr(session_log, "level", logging.INFO)
+    session_log.addHandler(caplog.handler)
+    try:
+        with pytest.raises(SparkSessionError) as info:
+            task.execute({})
+    finally:
+        session_log.removeHandler(caplog.handler)
+    message = _row("connect-refused", "`spark_conn_id` → a `spark_connect` connection to a closed port",
+                   "SparkSessionError", str(info.value), port)
+    assert message.startswith(f"Spark Connect server sc://127.0.0.1:{port} (connection 'spark_connect_down') is "
+                              f"unreachable: ")
+    assert "Connection refused" in message
+    assert f"connecting to Spark Connect server sc://127.0.0.1:{port} (connection 'spark_connect_down')" in caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_a_spark_connect_server_that_never_answers_fails_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port that takes the TCP connection but never speaks (a hung server, a wrong service):
+    each call has a deadline while the session starts."""
+    from airflow_provider_pravega.spark import session as spark_session
+
+    monkeypatch.setattr(spark_session, "CONNECT_TIMEOUT_S", 1.0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        _connection(monkeypatch, "spark_connect_silent", conn_type="spark_connect", host="127.0.0.1", port=port)
+        with pytest.raises(SparkSessionError) as info:
+            get_spark_session("spark_connect_silent", "t")
+    message = _row("connect-silent", "`spark_connect` connection to a port that accepts but never answers "
+                                     "(deadline 1 s here, 15 s by default)", "SparkSessionError", str(info.value), port)
+    assert message.startswith(f"Spark Connect server sc://127.0.0.1:{port} (connection 'spark_connect_silent') is "
+                              f"unreachable: no answer within 1 s")
+
+
+@pytest.mark.timeout(120)
+def test_a_task_timeout_interrupts_the_connect_and_is_not_reported_as_unreachable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Airflow's execution_timeout (SIGALRM) and kill (SIGTERM → on_kill) arrive as signals in the
+    task's main thread: the wait for the server gives way and the interrupt passes unchanged."""
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+    from airflow.sdk.execution_time.timeout import timeout
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        _connection(monkeypatch, "spark_connect_slow", conn_type="spark_connect", host="127.0.0.1",
+                    port=silent.getsockname()[1])
+        with pytest.raises(AirflowTaskTimeout), timeout(1):
+            get_spark_session("spark_connect_slow", "t")
+
+
+def test_an_unreachable_standalone_master_fails_naming_connection_and_master(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    _connection(monkeypatch, "spark_master_down", conn_type="spark", host="spark://127.0.0.1", port=port)
+    with pytest.raises(SparkSessionError) as info:
+        get_spark_session("spark_master_down", "t")
+    message = _row("master-refused", "`spark` connection whose master is `spark://127.0.0.1:<closed port>`",
+                   "SparkSessionError", str(info.value), port)
+    assert message.startswith(f"Spark master spark://127.0.0.1:{port} (host of connection 'spark_master_down') is "
+                              f"unreachable: 127.0.0.1:{port}: [Errno 111] Connection refused")
+
+
+# Spark starts in a process of their own (this one's JVM runs already, with other settings). The
+# stand-in spark-submit fails as a forked child that gRPC's fork handler killed before it ran
+# spark-submit (grpc/grpc#43055), once, then runs the real one.
+_FORK_DIES_ONCE = """#!/bin/sh
+if [ ! -e "$0.died" ]; then
+  touch "$0.died"
+  echo "E1126 12:09:30.801070   17001 ev_epoll1_linux.cc:373] (event_engine) Epoll1Poller:0x55dd12f55b00" \
+       "encountered epoll_wait error: Bad file descriptor" >&2
+  exit 134
+fi
+SPARK_HOME="$REAL_SPARK_HOME" exec "$REAL_SPARK_HOME/bin/spark-submit" "$@"
+"""
+
+_STARTS = r"""
+import json, logging, os, sys
+from airflow_provider_pravega.spark.session import get_spark_session, spark_target
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append((record.levelname, record.getMessage()))
+keep = Keep()
+spark_target("spark_garbage")  # Airflow sets its logging up when it first reads a connection
+
+def attempt(case, conn_id=None, spark_home=None, **conf):
+    del records[:]
+    log = logging.getLogger("airflow_provider_pravega.spark.session")
+    log.addHandler(keep)
+    log.setLevel(logging.INFO)
+    if spark_home:
+        os.environ["SPARK_HOME"] = spark_home
+    try:
+        get_spark_session(conn_id, "bad-start", **conf)
+        result = {"session": True}
+    except Exception as exc:
+        result = {"error": type(exc).__name__, "message": str(exc), "cause": type(exc.__cause__).__name__}
+    os.environ.pop("SPARK_HOME", None)
+    result["warnings"] = [m for level, m in records if level == "WARNING"]
+    print("CASE " + json.dumps({case: result}), flush=True)
+
+attempt("driver-memory", **{"spark.driver.memory": "lots"})
+attempt("garbage-master", "spark_garbage")
+attempt("shuffle-partitions", spark_home=sys.argv[1],
+        **{"spark.sql.shuffle.partitions": "-1", "spark.nonsense.key": "x"})
+attempt("unknown-key", **{"spark.nonsense.key": "x"})
+"""
+
+
+@pytest.fixture(scope="module")
+def bad_starts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Each bad start's error (or session) and the provider's warnings, from one process."""
+    import pyspark
+
+    home = tmp_path_factory.mktemp("spark-home")
+    (home / "bin").mkdir()
+    (home / "bin" / "spark-submit").write_text(_FORK_DIES_ONCE)
+    (home / "bin" / "spark-submit").chmod(0o755)
+    env = {**os.environ, "REAL_SPARK_HOME": os.path.dirname(pyspark.__file__),
+           "AIRFLOW_CONN_SPARK_GARBAGE": json.dumps({"conn_type": "spark", "host": "garbage://nowhere",
+                                                     "port": 7077})}
+    env.pop("SPARK_HOME", None)
+    done = subprocess.run([sys.executable, "-c", _STARTS, str(home)], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=str(Path(__file__).resolve().parents[1]))
+    cases: dict[str, dict[str, Any]] = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("CASE "):
+            cases.update(json.loads(line[5:]))
+    assert len(cases) == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    return cases
+
+
+def _reported(result: dict[str, Any]) -> tuple[str, str]:
+    assert result.get("error") == "SparkSessionError", result
+    return result["error"], result["message"]
+
+
+def test_a_bad_memory_setting_names_the_jvm_error_and_the_setting(bad_starts: dict[str, dict[str, Any]]) -> None:
+    result = bad_starts["driver-memory"]
+    message = _row("driver-memory", '`spark_conf={"spark.driver.memory": "lots"}`', *_reported(result))
+    assert message.startswith("Spark could not start: Invalid maximum heap size: -Xmxlots; from spark_conf "
+                              "'spark.driver.memory'='lots'")
+    assert result["cause"] == "PySparkRuntimeError"  # raised from JAVA_GATEWAY_EXITED
+
+
+def test_a_bad_master_url_names_the_jvm_error_and_the_connection(bad_starts: dict[str, dict[str, Any]]) -> None:
+    result = bad_starts["garbage-master"]
+    message = _row("garbage-master", "`spark` connection host `garbage://nowhere`, port 7077", *_reported(result))
+    assert message.startswith("Spark could not start: org.apache.spark.SparkException: Master must either be yarn or "
+                              "start with spark, k8s, or local; from the master 'garbage://nowhere:7077' (host of "
+                              "connection 'spark_garbage')")
+    assert result["cause"] == "PySparkRuntimeError"
+
+
+def test_a_setting_spark_rejects_is_named_at_start_not_blamed_on_the_source(
+        bad_starts: dict[str, dict[str, Any]]) -> None:
+    """Spark checks SQL settings when the session is first used: that is now at start. The JVM's
+    process, killed once by gRPC's fork handler before it ran, was started again."""
+    result = bad_starts["shuffle-partitions"]
+    message = _row("shuffle-partitions", '`spark_conf={"spark.sql.shuffle.partitions": "-1", '
+                                         '"spark.nonsense.key": "x"}`', *_reported(result))
+    assert message.startswith("Spark rejected a setting: [INVALID_CONF_VALUE.REQUIREMENT] The value '-1' in the config "
+                              '"spark.sql.shuffle.partitions" is invalid.')
+    assert message.endswith("from spark_conf 'spark.sql.shuffle.partitions'='-1'")
+    assert any("the JVM's process died before it started" in w and "epoll_wait error" in w
+               for w in result["warnings"]), result["warnings"]
+
+
+def test_an_unknown_setting_starts_with_a_warning_naming_it(bad_starts: dict[str, dict[str, Any]]) -> None:
+    result = bad_starts["unknown-key"]
+    assert result.get("session") is True, result
+    assert result["warnings"] == ["spark_conf 'spark.nonsense.key' is not a setting this Spark knows: Spark keeps it "
+                                  "but ignores it unless a library reads it; check its spelling"]
+
+
+def test_the_bad_input_doc_lists_the_spark_start_errors(bad_starts: dict[str, dict[str, Any]]) -> None:
+    """Runs last in this file: the rows the tests above recorded, in a fixed order."""
+    order = ["connect-refused", "connect-silent", "master-refused", "garbage-master", "driver-memory",
+             "shuffle-partitions"]
+    assert set(_ROWS) == set(order), f"run the whole file: missing rows {set(order) - set(_ROWS)}"
+    rows = [_ROWS[key] for key in order]
+    rows.append(('`spark_conf={"spark.nonsense.key": "x"}` alone', "starts; warning: "
+                 + bad_starts["unknown-key"]["warnings"][0]))
+    check_section("spark-start", "Spark sessions and connections", "tests/test_spark_session.py", rows,
+                  "Each but the last fails before the task reads or writes anything. A Spark Connect server or "
+                  "standalone master that does not answer fails within seconds (a few retries, a 15 s deadline per "
+                  "call at start).")

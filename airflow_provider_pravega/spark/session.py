@@ -27,13 +27,20 @@ from a finalizer while the process shuts down) is kept at WARNING.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
+import socket
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
+
+import grpc
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,23 @@ _LOG4J_LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging
 _QUIET_JVM_LOGGERS = ("org.apache.spark.sql.execution.streaming.sinks.FileStreamSink",
                       "org.apache.spark.sql.execution.streaming.FileStreamSink")
 DEFAULT_CONN_ID = "spark_default"
+# What the JVM and Spark print at every start: never the cause of a failed one.
+_JVM_BANNERS = ("WARNING:", "Using Spark's default log4j profile", "Setting default log level",
+                "To adjust logging level", "Picked up ")
+# gRPC core's own log lines ("E1126 12:09:30.801070   17001 ev_epoll1_linux.cc:373] ..."), and how
+# often a JVM start that left nothing else on its stderr is tried (see _start_jvm).
+_GRPC_LOG_LINE = re.compile(r"^[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\]")
+_FORK_ATTEMPTS = 3
+# What Spark raises when it fails; anything else (a task's timeout, a kill) passes through unchanged.
+_SPARK_ERRORS = (PySparkException, Py4JError)
+#: Seconds a Spark endpoint (Spark Connect server, standalone master) has to answer before the task
+#: fails naming it; the Spark Connect client's own retries at start are bounded to about as long.
+CONNECT_TIMEOUT_S = 15.0
+# Spark reads every key under these prefixes itself (environment, Hadoop, catalog settings), so it
+# has no list of them to check a key against.
+_FREE_FORM_PREFIXES = ("spark.hadoop.", "spark.executorEnv.", "spark.sql.catalog.", "spark.kubernetes.", "spark.yarn.",
+                       "spark.driverEnv.", "spark.appMasterEnv.", "spark.jars.", "spark.plugins", "spark.history.",
+                       "spark.worker.", "spark.deploy.", "spark.connect.", "spark.metrics.conf.")
 
 
 class SparkSessionError(ValueError):
@@ -134,6 +158,8 @@ def jvm_log_level(line: str, previous: int) -> int:
     match = _LOG4J_LINE.match(line)
     if match:
         return _LOG4J_LEVELS[match.group(1)]
+    if line.startswith(("Exception in thread", "Error: ")):  # the JVM dies of it
+        return logging.ERROR
     if line[:1] in (" ", "\t") or line.startswith(("Caused by", "...")) or re.match(r"^[\w.$]+(Exception|Error)\b",
                                                                                   line):
         return previous
@@ -141,59 +167,292 @@ def jvm_log_level(line: str, previous: int) -> int:
 
 
 class _JvmStderrRelay:
-    """Relays the JVM's stderr pipe to the JVM logger, line by line at each line's level. While fd 2
-    itself points at the pipe (the moment the JVM is spawned) lines are held, not logged: a
-    handler writing to stderr would otherwise feed its own output back into the pipe (and, once
-    the pipe is full, block the JVM's start for good)."""
+    """Relays the JVM's stderr pipe to the JVM logger, line by line at each line's level, and keeps
+    the first lines for an error message (:func:`jvm_start_error`). While fd 2 itself points at the
+    pipe (until the JVM is spawned) lines are held, not logged: a handler writing to stderr would
+    otherwise feed its own output back into the pipe (and, once the pipe is full, block the JVM's
+    start for good). fd 2 is restored as soon as the gateway is up, so that what the JVM says while
+    the SparkContext starts (a master that does not answer: a minute of retries) is logged live."""
 
-    def __init__(self, fd: int) -> None:
+    KEPT_LINES = 200
+
+    def __init__(self, fd: int, saved_stderr: int) -> None:
         self._lock = threading.Lock()
-        self._held: list[tuple[int, str]] | None = []
+        self._saved: int | None = saved_stderr
+        self._held: list[tuple[int, str]] = []
+        self.lines: list[str] = []
+        self._closed = threading.Event()
         threading.Thread(target=self._run, args=(fd,), name="spark-jvm-stderr", daemon=True).start()
 
     def _run(self, fd: int) -> None:
-        jvm_log = logging.getLogger(JVM_LOGGER)
-        level = logging.INFO
-        with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as lines:
-            for line in lines:
-                line = line.rstrip("\r\n")
-                if not line.strip():
-                    continue
-                level = jvm_log_level(line, level)
-                with self._lock:
-                    if self._held is not None:
-                        self._held.append((level, line))
-                        continue
-                jvm_log.log(level, "%s", line)
+        from pyspark import SparkContext
 
-    def release(self) -> None:
+        level = logging.INFO
+        try:
+            with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as lines:
+                for line in lines:
+                    line = line.rstrip("\r\n")
+                    if not line.strip():
+                        continue
+                    level = jvm_log_level(line, level)
+                    if len(self.lines) < self.KEPT_LINES:
+                        self.lines.append(line)
+                    if SparkContext._gateway is not None:  # the JVM (which inherited fd 2) runs
+                        self.restore()
+                    with self._lock:
+                        if self._saved is not None:
+                            self._held.append((level, line))
+                            continue
+                    logging.getLogger(JVM_LOGGER).log(level, "%s", line)
+        finally:
+            self._closed.set()
+
+    def restore(self) -> None:
         """fd 2 is stderr again: log what was held, and every later line as it comes."""
         with self._lock:
-            held, self._held = self._held or [], None
+            if self._saved is None:
+                return
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+            self._saved = None
+            held, self._held = self._held, []
         for level, line in held:
             logging.getLogger(JVM_LOGGER).log(level, "%s", line)
 
+    def wait_closed(self, timeout_s: float) -> None:
+        """Until the JVM's end of the pipe is closed (it exited): every line it wrote is read."""
+        self._closed.wait(timeout_s)
 
-def _start_jvm(builder: Any) -> Any:
+
+def jvm_start_error(lines: list[str], exited: bool = True) -> str | None:
+    """The JVM's own first error line among its stderr ``lines``: a log4j ERROR line, an uncaught
+    exception (``Exception in thread "main" X: why`` → ``X: why``), or, when the JVM ``exited``,
+    the first line that is neither a log line below ERROR nor one of Spark's banners (the JVM's own
+    "Invalid maximum heap size: -Xmxlots")."""
+    level = logging.INFO
+    plain = None
+    for line in lines:
+        level = jvm_log_level(line, level)
+        uncaught = re.match(r'^Exception in thread "[^"]*" (.*)', line)
+        if uncaught:
+            return uncaught.group(1)
+        match = _LOG4J_LINE.match(line)
+        if match:
+            if level >= logging.ERROR:
+                return line[match.end():]
+            continue
+        if plain is None and not (line[:1] in (" ", "\t") or line.startswith(_JVM_BANNERS)):
+            plain = line
+    return plain if exited else None
+
+
+def _start_jvm(builder: Any, settings: _Settings) -> Any:
     """``builder.getOrCreate()``; when that starts this process's JVM, its stderr goes to a pipe
     relayed by :class:`_JvmStderrRelay` (the JVM inherits fd 2 when it is spawned, so fd 2 points
-    at the pipe only for that moment)."""
+    at the pipe only until then). A start that fails raises :class:`SparkSessionError` with the
+    JVM's own first error line and the settings it names.
+
+    PySpark spawns the JVM with ``fork`` (it passes ``preexec_fn``); with gRPC channels active in
+    the process (the Pravega client's), grpcio ≥ 1.80 restarts its poller in the forked child,
+    which can die of ``epoll_wait error: Bad file descriptor`` before it runs ``spark-submit``
+    (grpc/grpc#43055: a few forks in a hundred). A start that failed so, with nothing but gRPC's
+    lines on the JVM's stderr, is tried again."""
     from pyspark import SparkContext
 
     if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
-        return builder.getOrCreate()  # the JVM runs already (or spark-submit started it)
-    read_fd, write_fd = os.pipe()
-    relay = _JvmStderrRelay(read_fd)
-    sys.stderr.flush()
-    saved = os.dup(2)
-    os.dup2(write_fd, 2)
+        try:
+            return builder.getOrCreate()  # the JVM runs already (or spark-submit started it)
+        except _SPARK_ERRORS as exc:
+            raise settings.start_error(None, exc) from exc
+    for attempt in range(1, _FORK_ATTEMPTS + 1):
+        read_fd, write_fd = os.pipe()
+        sys.stderr.flush()
+        relay = _JvmStderrRelay(read_fd, os.dup(2))
+        os.dup2(write_fd, 2)
+        try:
+            return builder.getOrCreate()
+        except _SPARK_ERRORS as exc:
+            if SparkContext._gateway is None:  # the JVM exited at start: all it said is in the pipe
+                relay.restore()
+                os.close(write_fd)
+                write_fd = -1
+                relay.wait_closed(5.0)
+                if attempt < _FORK_ATTEMPTS and relay.lines and all(map(_GRPC_LOG_LINE.match, relay.lines)):
+                    log.warning("the JVM's process died before it started (gRPC in the forked process: %s); "
+                                "starting it again", relay.lines[-1])
+                    continue
+            raise settings.start_error(jvm_start_error(relay.lines, SparkContext._gateway is None), exc) from exc
+        finally:
+            relay.restore()
+            if write_fd >= 0:
+                os.close(write_fd)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@dataclass
+class _Settings:
+    """What a task asked Spark for and where each part came from, to name the culprit of a failure."""
+
+    master: str
+    master_from: str
+    #: key → (value, "spark_conf" or "connection 'x'"); only settings a user gave
+    given: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def culprits(self, text: str) -> list[str]:
+        """The settings ``text`` (a JVM or Spark error) names by key or value; all when none."""
+        named = [f"the master {self.master!r} ({self.master_from})"] if (
+            "master" in text.lower() or self.master in text) else []
+        for key, (value, origin) in self.given.items():
+            if key == "spark.master":
+                continue
+            if key in text or (len(value) >= 3 and value in text):
+                named.append(f"{origin} {key!r}={value!r}")
+        if named:
+            return named
+        return [f"the master {self.master!r} ({self.master_from})"] + [
+            f"{origin} {key!r}={value!r}" for key, (value, origin) in self.given.items() if key != "spark.master"]
+
+    def start_error(self, jvm_line: str | None, exc: BaseException) -> SparkSessionError:
+        cause = jvm_line or _first_line(exc)
+        return SparkSessionError(
+            f"Spark could not start: {cause}; from {', '.join(self.culprits(cause))}: correct that setting "
+            f"(the JVM's own messages are logged by {JVM_LOGGER})")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _check_master_reachable(settings: _Settings) -> None:
+    """A standalone master (``spark://h1:p1,h2:p2``) that takes no TCP connection fails the task
+    now, naming it: Spark itself retries registration for a minute, then stops the context."""
+    if not settings.master.startswith("spark://"):
+        return
+    failures = []
+    for address in settings.master[len("spark://"):].split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
+                return
+        except (OSError, ValueError) as exc:
+            failures.append(f"{address}: {exc}")
+    raise SparkSessionError(
+        f"Spark master {settings.master} ({settings.master_from}) is unreachable: {'; '.join(failures)}; "
+        f"check that the master runs and the host and port")
+
+
+def _check_session(session: Any, settings: _Settings) -> None:
+    """Spark builds a session's SQL state (and checks its SQL settings) on first use: use it now,
+    so that a bad setting fails here, named as such, not in the first job (a source listing)."""
     try:
-        return builder.getOrCreate()
+        session.conf.get("spark.sql.shuffle.partitions")
+    except _SPARK_ERRORS as exc:
+        session.stop()
+        cause = _first_line(exc).split(": ", 1)[-1]
+        raise SparkSessionError(
+            f"Spark rejected a setting: {cause}; from {', '.join(settings.culprits(cause))}") from exc
+    try:
+        find = session.sparkContext._jvm.org.apache.spark.internal.config.ConfigEntry.findEntry
+        unknown = [key for key in settings.given if key.startswith("spark.") and not key.startswith(_FREE_FORM_PREFIXES)
+                   and find(key) is None]
+    except Exception as exc:  # a changed internal API: no warning, nothing else depends on it
+        log.debug("could not look up Spark's settings: %s", exc)
+        return
+    for key in unknown:
+        log.warning("%s %r is not a setting this Spark knows: Spark keeps it but ignores it unless a library reads "
+                    "it; check its spelling", settings.given[key][1], key)
+
+
+def _grpc_reason(exc: BaseException) -> str:
+    """Why a call to the Spark Connect server failed, in gRPC's own words (its status details)."""
+    text = str(exc)
+    if "DEADLINE_EXCEEDED" in text or "Deadline Exceeded" in text:
+        return f"no answer within {CONNECT_TIMEOUT_S:g} s"
+    details = re.search(r'details = "(.*)"', text)
+    return details.group(1) if details else _first_line(exc)
+
+
+def _connect_address(remote: str) -> str:
+    """``sc://host:port`` of a Spark Connect URL, without its token and other parameters."""
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    return f"sc://{DefaultChannelBuilder(remote).endpoint}"
+
+
+class _StartDeadline(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """A gRPC client interceptor that gives every call a deadline while :attr:`active`: the Spark
+    Connect client's calls have none, so a server that takes the connection but never answers
+    would hold the task for good."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.active = True
+
+    def _details(self, details: Any) -> Any:
+        if not self.active or details.timeout is not None:
+            return details
+        return _CallDetails(details.method, self.timeout_s, details.metadata, details.credentials,
+                            getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+
+class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                         "wait_for_ready", "compression")), grpc.ClientCallDetails):
+    """A call's details with another timeout (gRPC's own class is abstract)."""
+
+
+def _connect(remote: str, app_name: str, wanted: dict[str, str], source: str) -> Any:
+    """A Spark Connect session whose first calls are bounded: a deadline on each and a few quick
+    retries (the client's default retries an unreachable server for ten minutes, silently)."""
+    from pyspark import SparkContext
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    address = _connect_address(remote)
+    log.info("connecting to Spark Connect server %s (%s)", address, source)
+    channel = DefaultChannelBuilder(remote)
+    deadline = _StartDeadline(CONNECT_TIMEOUT_S)
+    channel.add_interceptor(deadline)  # type: ignore[arg-type]
+    session = ConnectSession.builder.channelBuilder(channel).getOrCreate()  # no call to the server yet
+    client = session.client
+    policies = client.get_retry_policies()
+    # 0.25 + 0.5 + 1 + 2 s between the tries: enough for a connection that drops once
+    client.set_retry_policies([DefaultPolicy(max_retries=4, initial_backoff=250, backoff_multiplier=2.0,
+                                             max_backoff=2000, jitter=0, max_server_retry_delay=2000)])
+    try:
+        try:
+            with warnings.catch_warnings():  # pyspark's RETRIES_EXCEEDED warning: the error says more
+                warnings.simplefilter("ignore", UserWarning)
+                session.version  # noqa: B018 - the first call: does the server answer?
+        except (*_SPARK_ERRORS, grpc.RpcError) as exc:  # not an interrupt (a task's timeout, a kill)
+            session.release_session_on_close = False  # releasing would be one more call to a server that is not there
+            session.stop()
+            raise SparkSessionError(
+                f"Spark Connect server {address} ({source}) is unreachable: {_grpc_reason(exc)}; check that the "
+                f"server runs and the connection's host, port and use_ssl") from exc
+        if SparkContext._active_spark_context is not None:
+            session.stop()
+            raise SparkSessionError(
+                f"this process already runs a classic SparkSession, and a process holds either a classic or a "
+                f"Spark Connect session ({address}, {source}): stop it first or run the task in its own process")
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"  # as pyspark's own builder.remote(): pyspark.sql is Connect's
+        try:
+            ConnectSession.builder.config(map={"spark.app.name": app_name, **wanted}).getOrCreate()
+        except _SPARK_ERRORS as exc:
+            session.stop()
+            raise SparkSessionError(f"Spark Connect server {address} ({source}) rejected the task's settings "
+                                    f"{sorted(wanted)}: {_first_line(exc)}") from exc
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(write_fd)
-        relay.release()
+        deadline.active = False
+    client.set_retry_policies(policies)  # later calls: the client's own patience (a server restarting)
+    return session
 
 
 def _quiet_logs(session: Any) -> None:
@@ -209,19 +468,34 @@ def _quiet_logs(session: Any) -> None:
 
 def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str = "pravega", **conf: Any):
     """A SparkSession for the provider's jobs: the Spark Connect server or master the connection
-    names, with ``conf``; an active session of this process only when it matches."""
+    names, with ``conf``; an active session of this process only when it matches. An endpoint that
+    does not answer, a JVM that exits at start and a setting Spark rejects are
+    :class:`SparkSessionError` naming the connection or setting."""
     from pyspark.sql import SparkSession
 
     target = spark_target(spark_conn_id)
-    wanted = {**target.conf, **{k: str(v) for k, v in conf.items()}}
-    remote = wanted.pop("spark.remote", None) or target.remote  # spark-submit's --remote / --conf spark.remote
+    origin = f"connection {spark_conn_id!r}"
+    given = {key: (value, f"{origin} conf") for key, value in target.conf.items()}
+    given.update({str(key): (str(value), "spark_conf") for key, value in conf.items()})
+    wanted = {key: value for key, (value, _) in given.items()}
+    remote = wanted.pop("spark.remote", None)  # spark-submit's --remote / --conf spark.remote
     if remote is not None:
-        builder = SparkSession.builder.remote(remote).appName(app_name)
-        for key, value in wanted.items():
-            builder = builder.config(key, value)
-        return builder.getOrCreate()
+        return _connect(remote, app_name, wanted, f"{given['spark.remote'][1]} 'spark.remote'")
+    if target.remote is not None:
+        return _connect(target.remote, app_name, wanted, origin)
+    if "spark.master" in wanted:
+        master = wanted.pop("spark.master")
+        master_from = f"{given['spark.master'][1]} 'spark.master'"
+    elif target.master is not None and not target.default:
+        master, master_from = target.master, f"host of {origin}"
+    else:
+        master, master_from = target.master or _local(), "local mode"
+    settings = _Settings(_local(master) if master.startswith("local") else master, master_from, given)
+    _check_master_reachable(settings)
     active = SparkSession.getActiveSession()
     if active is not None:
+        if "spark.master" in given:
+            wanted["spark.master"] = given["spark.master"][0]
         mismatched = _mismatches(active, target, wanted)
         if mismatched:
             raise SparkSessionError(
@@ -229,10 +503,9 @@ def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str
                 f"({'; '.join(mismatched)}); stop it first or run the task in its own process"
             )
         return active
-    master = _local(wanted.pop("spark.master")) if wanted.get("spark.master", "").startswith("local") else (
-        wanted.pop("spark.master", None) or target.master or _local())
+    master = settings.master
     builder = SparkSession.builder.master(master).appName(app_name)
-    settings = {
+    defaults = {
         "spark.ui.enabled": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.shuffle.partitions": str(max(2, os.cpu_count() or 2)),
@@ -244,12 +517,14 @@ def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str
         # Python workers must be this interpreter (with pravega and this provider installed),
         # not whatever `python3` is first on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        settings.setdefault("spark.driver.host", "127.0.0.1")
-        settings.setdefault("spark.driver.bindAddress", "127.0.0.1")
-    for key, value in settings.items():
+        defaults.setdefault("spark.driver.host", "127.0.0.1")
+        defaults.setdefault("spark.driver.bindAddress", "127.0.0.1")
+    for key, value in defaults.items():
         builder = builder.config(key, value)
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    session = _start_jvm(builder)
+    log.info("starting Spark with master %s (%s)", master, master_from)
+    session = _start_jvm(builder, settings)
     session.sparkContext.setLogLevel("WARN")
     _quiet_logs(session)
+    _check_session(session, settings)
     return session
