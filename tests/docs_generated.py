@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _section(name: str) -> re.Pattern[str]:
