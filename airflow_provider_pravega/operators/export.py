@@ -110,7 +110,20 @@ class PravegaStreamCutExportOperator(BaseOperator):
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf or {}
         self._result: dict[str, Any] | None = None
+        self._check_literal_cuts()
         self._scope_used: str | None = None
+
+    def _check_literal_cuts(self) -> None:
+        """A bad literal cut fails when the DAG is parsed, naming ``start_cut``/``end_cut``; a
+        templated one is checked at execute (by ExportSpec), before any Spark work."""
+        from airflow_provider_pravega.spark.export_job import check_cut_option
+
+        scope = self.scope if isinstance(self.scope, str) and not _templated(self.scope) else None
+        stream = self.stream if isinstance(self.stream, str) and not _templated(self.stream) else None
+        for option in ("start_cut", "end_cut"):
+            value = getattr(self, option)
+            if isinstance(value, str) and not _templated(value) or isinstance(value, dict):
+                check_cut_option(option, value, scope, stream)
 
     @staticmethod
     def interval_of(context: Any) -> str | None:
@@ -166,3 +179,8 @@ class PravegaStreamCutExportOperator(BaseOperator):
             inputs=[stream_dataset(config, scope, self.stream)],
             outputs=[file_dataset(((self._result or {}).get("output_path") or self.output_path).rstrip("/") or "/")],
         )
+
+
+def _templated(value: Any) -> bool:
+    """Whether Airflow renders ``value`` at execute (Jinja markers in a text)."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
