@@ -91,6 +91,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
         spark_conf: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        _check_literal_cuts(scope, stream, start_cut, end_cut)  # before the task joins its DAG
         super().__init__(**kwargs)
         self.scope = scope
         self.stream = stream
@@ -110,20 +111,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf or {}
         self._result: dict[str, Any] | None = None
-        self._check_literal_cuts()
         self._scope_used: str | None = None
-
-    def _check_literal_cuts(self) -> None:
-        """A bad literal cut fails when the DAG is parsed, naming ``start_cut``/``end_cut``; a
-        templated one is checked at execute (by ExportSpec), before any Spark work."""
-        from airflow_provider_pravega.spark.export_job import check_cut_option
-
-        scope = self.scope if isinstance(self.scope, str) and not _templated(self.scope) else None
-        stream = self.stream if isinstance(self.stream, str) and not _templated(self.stream) else None
-        for option in ("start_cut", "end_cut"):
-            value = getattr(self, option)
-            if isinstance(value, str) and not _templated(value) or isinstance(value, dict):
-                check_cut_option(option, value, scope, stream)
 
     @staticmethod
     def interval_of(context: Any) -> str | None:
@@ -184,3 +172,15 @@ class PravegaStreamCutExportOperator(BaseOperator):
 def _templated(value: Any) -> bool:
     """Whether Airflow renders ``value`` at execute (Jinja markers in a text)."""
     return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+def _check_literal_cuts(scope: Any, stream: Any, start_cut: Any, end_cut: Any) -> None:
+    """A bad literal cut fails when the DAG is parsed, naming ``start_cut``/``end_cut``; a
+    templated one is checked at execute (by ExportSpec), before any Spark work."""
+    from airflow_provider_pravega.spark.export_job import check_cut_option
+
+    scope = scope if isinstance(scope, str) and not _templated(scope) else None
+    stream = stream if isinstance(stream, str) and not _templated(stream) else None
+    for option, value in (("start_cut", start_cut), ("end_cut", end_cut)):
+        if isinstance(value, str) and not _templated(value) or isinstance(value, dict):
+            check_cut_option(option, value, scope, stream)
