@@ -27,7 +27,9 @@ class PravegaStreamCutExportOperator(BaseOperator):
     :param start_cut: ``"previous"`` (default: where the previous interval, or the previous export of
         this export id, ended; the head the first time), ``"head"``, ``"tail"``, a Pravega stream-cut
         text (e.g. an ingest's ``tail_cut`` from XCom) or its JSON form.
-    :param end_cut: ``"tail"`` (default), ``"head"``, a stream-cut text or its JSON form.
+    :param end_cut: ``"tail"`` (default), ``"head"``, a stream-cut text or its JSON form. A literal
+        cut that cannot be one fails when the DAG is parsed, a templated one at execute before any
+        Spark work; both name ``start_cut``/``end_cut``.
     :param format: ``parquet`` (default), ``jsonl`` or ``csv``.
     :param event_format: ``text`` (UTF-8, default), ``json`` (one column per top-level field) or
         ``binary``. Every row also has ``segment_id`` and ``offset``.
