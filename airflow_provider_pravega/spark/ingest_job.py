@@ -189,6 +189,7 @@ def crash_point(step: str) -> None:
 
 
 GLOB_CHARS = "*?[{"
+EMPTY_FILE = "empty (0 bytes)"  # why an empty file is skipped (Spark's listing drops it)
 
 
 @dataclass(frozen=True)
@@ -299,9 +300,6 @@ def precheck_sources(source: str | Sequence[str]) -> Precheck:
                 log.warning("source %r: skipping %s: %s", item, entry, why)
                 skipped.append((entry, why))
     return Precheck(definitely_empty, tuple(skipped))
-
-
-EMPTY_FILE = "empty (0 bytes)"
 
 
 def _skip_reason(path: str) -> str | None:

@@ -19,7 +19,13 @@ from airflow_provider_pravega.client.errors import InvalidStreamCutError
 from airflow_provider_pravega.client.ingest import RecreatedStreamError, reset_ingest_state
 from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.spark.export_job import ExportError, ExportSpec, reset_export_state, run_export
-from airflow_provider_pravega.spark.ingest_job import IngestSpec, SourceError, list_sources, precheck_sources, run_ingest
+from airflow_provider_pravega.spark.ingest_job import (
+    IngestSpec,
+    SourceError,
+    list_sources,
+    precheck_sources,
+    run_ingest,
+)
 
 ROWS: dict[str, tuple[str, str]] = {}  # what -> (what, "`Error`: message"), filled by the tests below
 
