@@ -365,6 +365,12 @@ class StreamAdmin:
             for s in self.controller.get_last_segments(scope, stream)
         }
 
+    def origin(self, scope: str, stream: str) -> list[int]:
+        """The ids of the segments ``scope/stream`` was created with (its epoch 0), sorted: what tells
+        a stream from a re-created namesake, whose segment numbers start after the deleted one's
+        (Pravega's safe starting segment number). Scaling and truncation leave it unchanged."""
+        return sorted(s.segment_id for s in self.controller.get_epoch_segments(scope, stream, 0))
+
     def _length(self, scope: str, stream: str, segment_id: int) -> int:
         return self._info(scope, stream, segment_id).length
 

@@ -131,6 +131,11 @@ class ForgottenFileError(IngestError):
         )
 
 
+class RecreatedStreamError(IngestError):
+    """The state was recorded for an earlier stream of the target's name (deleted and re-created
+    since): its committed files and positions describe the deleted stream."""
+
+
 class LostCommitError(IngestError):
     """A transaction listed at the commit point was aborted: its events can never be committed."""
 
@@ -185,6 +190,10 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
                 state["completed_runs"] = adopted.get("completed_runs", 0)
             state["target"] = op["target"]
             state["ingest_id"] = op.get("ingest_id")
+        return state
+    if kind == "origin":  # the target stream this state belongs to (see check_stream_origin)
+        if state.get("origin") is None:
+            state["origin"] = list(op["origin"])
         return state
     if kind == "prune":  # forget committed files recorded before ``before`` (remember_files_for)
         before = op.get("before")
@@ -1140,12 +1149,22 @@ def open_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, s
     scope (not yet adopted by another target), and the target stream already holds data, the old
     state is adopted (it was this stream's); an empty target stream starts fresh (a re-pointed
     ingest ingests its files into the new stream).
+    The state belongs to the stream it was first used with: once that stream was deleted and
+    re-created, opening it is a RecreatedStreamError (see check_stream_origin).
     """
+    store = open_state_store(client, *state_location(scope, stream, ingest_id))
+    try:
+        if store.fetch().get("target") is None:
+            _init_state(client, store, scope, stream, ingest_id, stale_after_s)
+        check_stream_origin(client, store, scope, stream, ingest_id)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _init_state(client: Any, store: Any, scope: str, stream: str, ingest_id: str, stale_after_s: float) -> None:
     target = f"{scope}/{stream}"
-    state_scope, state_stream = state_location(scope, stream, ingest_id)
-    store = open_state_store(client, state_scope, state_stream)
-    if store.fetch().get("target") is not None:
-        return store
     adopted = _legacy_to_adopt(client, scope, stream, ingest_id, stale_after_s)
     store.update(lambda s: None if s.get("target") is not None else
                  {"op": "init", "target": target, "ingest_id": ingest_id, "adopted": adopted})
@@ -1157,7 +1176,34 @@ def open_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, s
             legacy.close()
         log.info("ingest %s: adopted the state of the old layout (%d committed file(s)) for %s",
                  ingest_id, len(adopted.get("committed", {})), target)
-    return store
+
+
+def check_stream_origin(client: Any, store: Any, scope: str, stream: str, ingest_id: str, *,
+                        record: bool = True) -> None:
+    """RecreatedStreamError when the state in ``store`` was recorded for an earlier stream named
+    ``scope/stream``: the origin (:meth:`StreamAdmin.origin`) is recorded when the state is first
+    used with the stream, and a state recorded before that adopts the current stream. Without
+    ``record`` (readers such as the export) only a recorded origin is compared. A missing stream
+    has nothing to compare."""
+    if not client.admin.stream_exists(scope, stream):
+        return
+    origin = client.admin.origin(scope, stream)
+    recorded = store.fetch().get("origin")
+    if recorded is None and record:
+        recorded = store.update(lambda s: None if s.get("origin") is not None else
+                                {"op": "origin", "origin": origin}).get("origin")
+    if recorded is None or list(recorded) == origin:
+        return
+    state_scope, state_stream = state_location(scope, stream, ingest_id)
+    raise RecreatedStreamError(
+        f"the state of ingest {ingest_id!r} ({state_scope}/{state_stream}) belongs to an earlier stream "
+        f"{scope}/{stream}, deleted and re-created since (the state's stream was created with segment(s) "
+        f"{', '.join(map(str, recorded))}, the current one with {', '.join(map(str, origin))}). The files it "
+        f"recorded as committed, and its interval index, describe the deleted stream: used as they are, they "
+        f"would be skipped and never reach the new stream. Forget them with reset_ingest_state(client, "
+        f"{scope!r}, {stream!r}, {ingest_id!r}) (airflow_provider_pravega.client.ingest) to ingest into the new "
+        f"stream, or give this ingest another ingest_id."
+    )
 
 
 def _legacy_to_adopt(client: Any, scope: str, stream: str, ingest_id: str, stale_after_s: float) -> dict | None:

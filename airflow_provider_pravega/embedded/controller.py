@@ -799,14 +799,15 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         config = self._config_record(request)
         scope, name = info.scope, info.stream
         n = config.min_num_segments
-        # Equal key ranges; i/n (not i*(1/n)) makes the last maxKey exactly 1.0, which the client asserts.
-        segments = [[segment_id_of(0, i), i / n, (i + 1) / n] for i in range(n)]
         with self._gate(scope, name).exclusive():
             with self._lock:
                 if scope not in self._state.scopes:
                     return pb.CreateStreamStatus(status=pb.CreateStreamStatus.SCOPE_NOT_FOUND)
                 if (scope, name) in self._state.streams:
                     return pb.CreateStreamStatus(status=pb.CreateStreamStatus.STREAM_EXISTS)
+                first = self._state.safe_start_numbers.get((scope, name), 0)  # after a deleted namesake's
+            # Equal key ranges; i/n (not i*(1/n)) makes the last maxKey exactly 1.0, which the client asserts.
+            segments = [[segment_id_of(0, first + i), i / n, (i + 1) / n] for i in range(n)]
             # Segments first, then the record that makes the stream visible (see module docstring).
             for sid, _, _ in segments:
                 self._backend.create_segment(qualified_segment_name(scope, name, sid))

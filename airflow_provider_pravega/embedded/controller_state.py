@@ -422,6 +422,10 @@ class ControllerState:
     def __init__(self, *, finished_txn_limit: int = 10_000, finished_txn_retention_ms: int = 24 * 3600 * 1000) -> None:
         self.scopes: dict[str, ScopeRecord] = {}
         self.streams: dict[tuple[str, str], StreamRecord] = {}
+        #: Where a re-created stream of a deleted one's name starts numbering its segments (as
+        #: Pravega's getSafeStartingSegmentNumberFor): its segments never share an id with the old
+        #: stream's, so a position recorded in the old stream cannot pass for one in the new.
+        self.safe_start_numbers: dict[tuple[str, str], int] = {}
         self.finished_txn_limit = finished_txn_limit
         self.finished_txn_retention_ms = finished_txn_retention_ms
 
@@ -501,7 +505,8 @@ class ControllerState:
         self._stream_for(r).state = DELETING
 
     def _apply_stream_deleted(self, r: Mapping[str, Any]) -> None:
-        self._stream_for(r)
+        stream = self._stream_for(r)
+        self.safe_start_numbers[(r["scope"], r["stream"])] = stream.next_number
         del self.streams[(r["scope"], r["stream"])]
 
     def _apply_stream_truncated(self, r: Mapping[str, Any]) -> None:
@@ -633,6 +638,7 @@ class ControllerState:
             "schema": SCHEMA_VERSION,
             "scopes": [[s.name, s.created_ms] for s in self.scopes.values()],
             "streams": [s.to_json() for s in self.streams.values()],
+            "safe_start_numbers": [[scope, name, n] for (scope, name), n in self.safe_start_numbers.items()],
         }
 
     def load_json(self, data: Mapping[str, Any]) -> None:
@@ -641,6 +647,7 @@ class ControllerState:
             raise StateError(f"controller snapshot has schema {data.get('schema')!r}, expected {SCHEMA_VERSION}")
         self.scopes = {name: ScopeRecord(name, int(ts)) for name, ts in data["scopes"]}
         self.streams = {}
+        self.safe_start_numbers = {(scope, name): int(n) for scope, name, n in data.get("safe_start_numbers", ())}
         for s in data["streams"]:
             stream = StreamRecord.from_json(s)
             self.streams[(stream.scope, stream.name)] = stream

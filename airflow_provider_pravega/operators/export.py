@@ -27,7 +27,9 @@ class PravegaStreamCutExportOperator(BaseOperator):
     :param start_cut: ``"previous"`` (default: where the previous interval, or the previous export of
         this export id, ended; the head the first time), ``"head"``, ``"tail"``, a Pravega stream-cut
         text (e.g. an ingest's ``tail_cut`` from XCom) or its JSON form.
-    :param end_cut: ``"tail"`` (default), ``"head"``, a stream-cut text or its JSON form.
+    :param end_cut: ``"tail"`` (default), ``"head"``, a stream-cut text or its JSON form. A literal
+        cut that cannot be one fails when the DAG is parsed, a templated one at execute before any
+        Spark work; both name ``start_cut``/``end_cut``.
     :param format: ``parquet`` (default), ``jsonl`` or ``csv``.
     :param event_format: ``text`` (UTF-8, default), ``json`` (one column per top-level field) or
         ``binary``. Every row also has ``segment_id`` and ``offset``.
@@ -90,6 +92,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
         spark_conf: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        _check_literal_cuts(scope, stream, start_cut, end_cut)  # before the task joins its DAG
         super().__init__(**kwargs)
         self.scope = scope
         self.stream = stream
@@ -165,3 +168,20 @@ class PravegaStreamCutExportOperator(BaseOperator):
             inputs=[stream_dataset(config, scope, self.stream)],
             outputs=[file_dataset(((self._result or {}).get("output_path") or self.output_path).rstrip("/") or "/")],
         )
+
+
+def _templated(value: Any) -> bool:
+    """Whether Airflow renders ``value`` at execute (Jinja markers in a text)."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+def _check_literal_cuts(scope: Any, stream: Any, start_cut: Any, end_cut: Any) -> None:
+    """A bad literal cut fails when the DAG is parsed, naming ``start_cut``/``end_cut``; a
+    templated one is checked at execute (by ExportSpec), before any Spark work."""
+    from airflow_provider_pravega.spark.export_job import check_cut_option
+
+    scope = scope if isinstance(scope, str) and not _templated(scope) else None
+    stream = stream if isinstance(stream, str) and not _templated(stream) else None
+    for option, value in (("start_cut", start_cut), ("end_cut", end_cut)):
+        if isinstance(value, str) and not _templated(value) or isinstance(value, dict):
+            check_cut_option(option, value, scope, stream)

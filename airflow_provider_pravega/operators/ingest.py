@@ -23,7 +23,9 @@ class PravegaTransactionalIngestOperator(BaseOperator):
     :param scope: Scope of the target stream (default: the connection's default scope).
     :param stream: Target stream.
     :param source: A path, a directory or a glob (templated), plain or as a Hadoop filesystem URI
-        (``file://``, ``s3a://``, ``hdfs://`` …), or a list of them; listed through Spark.
+        (``file://``, ``s3a://``, ``hdfs://`` …), or a list of them; listed through Spark. A path
+        that exists as given is taken literally (``/in/a[1].jsonl`` is that file); otherwise
+        ``*?[{`` make a glob (Hadoop's syntax), and a backslash escapes one (``/in/a\\[1\\].jsonl``).
     :param format: ``jsonl`` (default), ``csv`` (with a header), ``parquet`` or ``text``.
     :param routing_key_field: Field whose value is the routing key; all events of one key are
         written in file order by one task, so readers see them in source order.

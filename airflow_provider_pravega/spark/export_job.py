@@ -65,7 +65,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -85,7 +85,7 @@ from airflow_provider_pravega.client.errors import (
     StreamNotFoundError,
     TruncatedStreamCutError,
 )
-from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
+from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut, StreamCutMismatchError
 from airflow_provider_pravega.protocol import wire
 from airflow_provider_pravega.spark.connection_args import (
     add_connection_arguments,
@@ -225,6 +225,8 @@ class ExportSpec:
             raise ValueError(f"output_path must be a directory path or URL, got {self.output_path!r}")
         if isinstance(self.end_cut, str) and self.end_cut.strip().lower() == PREVIOUS:
             raise ValueError("end_cut cannot be 'previous' (only the start cut continues a previous export)")
+        check_cut_option("start_cut", self.start_cut, self.scope, self.stream)
+        check_cut_option("end_cut", self.end_cut, self.scope, self.stream)
         if self.num_partitions is not None and (isinstance(self.num_partitions, bool) or self.num_partitions < 1):
             raise ValueError(f"num_partitions must be at least 1, got {self.num_partitions!r}")
         if self.json_sample_events < 1:
@@ -251,6 +253,32 @@ class ExportSpec:
     @property
     def continues_previous(self) -> bool:
         return isinstance(self.start_cut, str) and self.start_cut.strip().lower() == PREVIOUS
+
+
+def check_cut_option(option: str, value: Any, scope: str | None = None, stream: str | None = None) -> None:
+    """InvalidStreamCutError naming ``option`` (``start_cut``/``end_cut``) when ``value`` cannot be a
+    cut of ``scope/stream``; only its form is checked while the stream is not known yet (the
+    operator checks a literal when the DAG is parsed, before its scope comes from the connection)."""
+    if option == "start_cut" and isinstance(value, str) and value.strip().lower() == PREVIOUS:
+        return
+    try:
+        if scope and stream:
+            StreamCut.coerce(value, scope, stream, unbounded=HEAD if option == "start_cut" else TAIL, what=option)
+        elif isinstance(value, Mapping) or isinstance(value, str) and value.strip().startswith("{"):
+            StreamCut.from_json(value)
+        elif isinstance(value, str) and value.strip().lower() not in (HEAD, TAIL) and value.strip() != "UNBOUNDED":
+            StreamCut.from_text(value.strip())
+        elif not isinstance(value, (str, StreamCut)):
+            raise InvalidStreamCutError(f"a {type(value).__name__} is not a stream cut")
+    except StreamCutMismatchError as exc:
+        raise StreamCutMismatchError(exc.expected, exc.actual, option) from None
+    except InvalidStreamCutError as exc:
+        shown = value if not isinstance(value, str) or len(value) <= 80 else value[:77] + "..."
+        raise InvalidStreamCutError(
+            f"{option}={shown!r} is not a usable stream cut: {exc}. Give "
+            f"{repr(PREVIOUS) + ', ' if option == 'start_cut' else ''}'head', 'tail', a stream-cut text (e.g. an "
+            f"ingest's tail_cut) or its JSON form"
+        ) from None
 
 
 @dataclass
@@ -302,6 +330,8 @@ class ExportState:
     intervals: dict[str, dict[str, str]] = field(default_factory=dict)
     last: dict[str, str] | None = None
     pending: dict[str, str] | None = None
+    #: The segment ids the stream was created with when its cuts were first recorded (StreamAdmin.origin).
+    origin: list[int] | None = None
 
 
 def apply_update(state: ExportState, op: dict[str, Any]) -> ExportState:
@@ -315,6 +345,8 @@ def apply_update(state: ExportState, op: dict[str, Any]) -> ExportState:
     elif kind == "done":
         state.last = cuts
         state.pending = None
+    elif kind == "origin":
+        state.origin = state.origin or list(op["origin"])
     return state
 
 
@@ -330,6 +362,34 @@ def open_export_state(client: Any, spec: ExportSpec) -> Any:
 
     scope, stream = state_location(spec)
     return StateSynchronizer(client, scope, stream, ExportState(), apply_update)
+
+
+def reset_export_state(client: Any, scope: str, stream: str, export_id: str) -> bool:
+    """Forget every cut export ``export_id`` of ``scope/stream`` recorded (intervals, where
+    ``previous`` continues): for a stream that was deleted and re-created. False when there was
+    nothing to forget."""
+    state_scope, state_stream = state_location(ExportSpec(scope, stream, "/unused", export_id=export_id))
+    return client.admin.delete_stream(state_scope, state_stream, seal=True)
+
+
+def check_export_origin(client: Any, sync: Any, spec: ExportSpec) -> None:
+    """ExportError when the export's recorded cuts belong to an earlier stream of this name (see
+    check_stream_origin of the ingest); the origin is recorded on first use."""
+    origin = client.admin.origin(spec.scope, spec.stream)
+    recorded = sync.fetch().origin
+    if recorded is None:
+        recorded = sync.update(lambda s: None if s.origin is not None else {"op": "origin", "origin": origin}).origin
+    if list(recorded) != origin:
+        state_scope, state_stream = state_location(spec)
+        raise ExportError(
+            f"the recorded cuts of export {spec.effective_export_id!r} ({state_scope}/{state_stream}) belong to an "
+            f"earlier stream {spec.scope}/{spec.stream}, deleted and re-created since (created with segment(s) "
+            f"{', '.join(map(str, recorded))}, the current one with {', '.join(map(str, origin))}): its intervals "
+            f"and where 'previous' continues point into the deleted stream. Forget them with reset_export_state("
+            f"client, {spec.scope!r}, {spec.stream!r}, {spec.effective_export_id!r}) "
+            f"(airflow_provider_pravega.spark.export_job), and reset_ingest_state for an ingest into the stream, or "
+            f"give the export another export_id."
+        )
 
 
 def interval_order(key: str) -> tuple[Any, ...]:
@@ -461,7 +521,7 @@ def ingest_interval_cuts(client: Any, spec: ExportSpec) -> tuple[_Decision, list
     """``from_ingest``: the ranges the ingest's runs of ``spec.interval_key`` committed, from its
     interval index. Returns the decision (start of the first range, end of the last, the segment
     ranges of every piece in commit order), the runs and each piece's cut texts."""
-    from airflow_provider_pravega.client.ingest import interval_pieces, open_state_store
+    from airflow_provider_pravega.client.ingest import check_stream_origin, interval_pieces, open_state_store
     from airflow_provider_pravega.client.ingest import state_location as ingest_state_location
 
     key, ingest = spec.interval_key, spec.from_ingest
@@ -472,6 +532,7 @@ def ingest_interval_cuts(client: Any, spec: ExportSpec) -> tuple[_Decision, list
             f"interval {key} was not ingested: {where} has no state (no run of it ever started; check the ingest id "
             f"— the operator's default is '<dag_id>.<task_id>')")
     with open_state_store(client, state_scope, state_stream, create=False) as store:
+        check_stream_origin(client, store, spec.scope, spec.stream, ingest, record=False)
         state = store.fetch()
     pieces = interval_pieces(state, key)
     if pieces is None:
@@ -919,6 +980,8 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
     pieces: list[tuple[str, str]] | None = None
     with (open_export_state(client, spec) if spec.from_ingest is None else contextlib.nullcontext()) as sync:
         if spec.from_ingest is None:
+            if spec.interval_key is not None or spec.continues_previous:  # the recorded cuts are used
+                check_export_origin(client, sync, spec)
             decision = fix_cuts(client, sync, spec, start_given, end_given)
         else:  # the ingest's index is the record: a re-run after a later range was added may replace
             decision, ingest_runs, pieces = ingest_interval_cuts(client, spec)

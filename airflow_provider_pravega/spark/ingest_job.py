@@ -189,6 +189,7 @@ def crash_point(step: str) -> None:
 
 
 GLOB_CHARS = "*?[{"
+EMPTY_FILE = "empty (0 bytes)"  # why an empty file is skipped (Spark's listing drops it)
 
 
 @dataclass(frozen=True)
@@ -238,23 +239,52 @@ def key_of(uri: str) -> str:
     return uri
 
 
+#: What Hadoop's glob patterns treat specially (GlobPattern): escaped with a backslash, a path is literal.
+_HADOOP_GLOB_SPECIAL = re.compile(r"([\\\[\]*?{}])")
+
+
+def escape_glob(path: str) -> str:
+    """``path`` with Hadoop's glob characters escaped, so Spark reads exactly that file."""
+    return _HADOOP_GLOB_SPECIAL.sub(r"\\\1", path)
+
+
+def _is_glob(item: str) -> bool:
+    return any(ch in item for ch in GLOB_CHARS) or "\\" in item
+
+
 def uri_of(key: str) -> str:
-    """What Spark is given to read a state key (local paths explicitly on ``file:``, whatever the
-    cluster's default filesystem is)."""
-    return f"file://{key}" if key.startswith("/") else key
+    """What Spark is given to read a state key: the file itself, whatever its name holds (glob
+    characters escaped), local paths explicitly on ``file:`` whatever the cluster's default
+    filesystem is."""
+    return f"file://{escape_glob(key)}" if key.startswith("/") else escape_glob(key)
 
 
-def precheck_sources(source: str | Sequence[str]) -> bool | None:
+@dataclass(frozen=True)
+class Precheck:
+    """What :func:`precheck_sources` learned without Spark."""
+
+    #: Every item is local and holds no file Spark would read: no SparkSession is needed.
+    empty: bool
+    #: Local files the listing skips although their names would be read: (path, reason).
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
+def precheck_sources(source: str | Sequence[str]) -> Precheck:
     """What can be known about local sources without Spark: a missing path is a SourceError at
-    once; False when every item is a local glob matching nothing (so no SparkSession is started for
-    an empty interval); None when Spark has to list (another filesystem, or a local match)."""
+    once; ``empty`` when every item is local and matches no file that could hold records (so no
+    SparkSession is started for an empty interval); empty files and dangling symbolic links among
+    the matches are logged with their path and reason (Spark's listing skips them silently).
+
+    A local item that exists as given is taken literally, whatever characters its name holds;
+    otherwise an item with ``*?[{`` or ``\\`` is a glob (Hadoop's syntax, ``\\`` escapes)."""
     definitely_empty = True
+    skipped: list[tuple[str, str]] = []
     for item in _items(source):
         path = _local_path(item)
         if path is None:
             definitely_empty = False
             continue
-        if not any(ch in path for ch in GLOB_CHARS):
+        if os.path.exists(path) or not _is_glob(path):
             if not os.path.exists(path):
                 raise SourceError(f"source path {item!r} does not exist")
             entries = [e.path for e in os.scandir(path)] if os.path.isdir(path) else [path]
@@ -262,19 +292,27 @@ def precheck_sources(source: str | Sequence[str]) -> bool | None:
             entries = [path]  # Hadoop glob syntax Python's glob does not share: let Spark decide
         else:
             entries = glob.glob(path)
-        if any(_may_hold_records(e) for e in entries):
-            definitely_empty = False
-    return False if definitely_empty else None
+        for entry in sorted(entries):
+            why = _skip_reason(entry)
+            if why is None:
+                definitely_empty = False
+            elif why:
+                log.warning("source %r: skipping %s: %s", item, entry, why)
+                skipped.append((entry, why))
+    return Precheck(definitely_empty, tuple(skipped))
 
 
-def _may_hold_records(path: str) -> bool:
-    """False only for what Spark's listing skips: hidden names (``_*``, ``.*``) and empty files."""
+def _skip_reason(path: str) -> str | None:
+    """Why Spark's listing skips ``path`` ("" for hidden names, Spark's rule for ``_*`` and
+    ``.*``: not worth a log line), or None when it may hold records."""
     if os.path.basename(path).startswith((".", "_")):
-        return False
+        return ""
     try:
-        return not os.path.isfile(path) or os.path.getsize(path) > 0
+        if os.path.islink(path) and not os.path.exists(path):
+            return f"a dangling symbolic link to {os.readlink(path)}, which does not exist"
+        return EMPTY_FILE if os.path.isfile(path) and os.path.getsize(path) == 0 else None
     except OSError:
-        return True
+        return None
 
 
 def list_sources(spark: Any, source: str | Sequence[str]) -> list[SourceFile]:
@@ -283,25 +321,34 @@ def list_sources(spark: Any, source: str | Sequence[str]) -> list[SourceFile]:
     on classic Spark and Spark Connect alike. ``binaryFile`` with only path, length and modification
     time selected reads no file content (Spark prunes that column): executors get each file's listed
     status, the driver a few numbers per file. A directory means the files in it; names starting
-    with ``_`` or ``.`` are skipped (Spark's hidden-file rule); a glob matching nothing, or an empty
-    directory, adds nothing; a path that does not exist is a SourceError."""
+    with ``_`` or ``.`` are skipped (Spark's hidden-file rule), and so are empty files; a glob
+    matching nothing, or an empty directory, adds nothing; a path that does not exist is a
+    SourceError. A path that exists as given is read literally, even with glob characters in its
+    name (local paths: checked here; other filesystems: the literal is tried first)."""
     from pyspark.sql import functions as F
 
     frames = []
     for item in _items(source):
         local = _local_path(item)
-        target = uri_of(local) if local is not None else item
-        try:
-            frame = spark.read.format("binaryFile").load(target)
-            frame.schema  # analysed now (Spark Connect analyses lazily): a missing path fails here
-            frames.append(frame.select("path", "length", F.unix_millis("modificationTime").alias("mtime")))
-        except Exception as exc:  # AnalysisException (classic and Connect) or a Hadoop error
-            text = str(exc)
-            if "PATH_NOT_FOUND" in text or "Path does not exist" in text:
-                if any(ch in item for ch in GLOB_CHARS):
-                    continue  # a glob matching nothing
-                raise SourceError(f"source path {item!r} does not exist") from None
-            raise SourceError(f"cannot list source {item!r}: {_listing_error(text)}") from None
+        if local is not None:
+            targets = [uri_of(local) if os.path.exists(local) else f"file://{local}"]
+        elif _is_glob(item) and "\\" not in item:
+            targets = [escape_glob(item), item]  # the file of that name if there is one, else the glob
+        else:
+            targets = [item]
+        for target in targets:
+            try:
+                frame = spark.read.format("binaryFile").load(target)
+                frame.schema  # analysed now (Spark Connect analyses lazily): a missing path fails here
+                frames.append(frame.select("path", "length", F.unix_millis("modificationTime").alias("mtime")))
+                break
+            except Exception as exc:  # AnalysisException (classic and Connect) or a Hadoop error
+                text = str(exc)
+                if "PATH_NOT_FOUND" in text or "Path does not exist" in text:
+                    if target != targets[-1] or _is_glob(item):
+                        continue  # not a file of that name / a glob matching nothing
+                    raise SourceError(f"source path {item!r} does not exist") from None
+                raise SourceError(f"cannot list source {item!r}: {_listing_error(text)}") from None
     if not frames:
         return []
     frame = frames[0]
@@ -730,8 +777,9 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     check_timing(spec.stale_after_s, lease_ms)  # before anything is written
     # Everything checkable without Spark comes first; the session starts only when there is work.
     get_spark = spark if callable(spark) else (lambda: spark)
-    if precheck_sources(spec.source) is False:
-        result = _nothing_to_ingest(spec)
+    precheck = precheck_sources(spec.source)
+    if precheck.empty:
+        result = _nothing_to_ingest(spec, precheck.skipped)
         _record_empty_interval(client, spec)
         return result
     admin = client.admin
@@ -754,7 +802,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     spark = get_spark()
     listed = list_sources(spark, spec.source)
     if not listed:
-        result = _nothing_to_ingest(spec)
+        result = _nothing_to_ingest(spec, precheck.skipped)
         if spec.interval_key is not None and spec.mode == "exactly_once":
             coord.record_empty_interval(spec.interval_key)
         return result
@@ -804,11 +852,19 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     return result
 
 
-def _nothing_to_ingest(spec: IngestSpec) -> IngestResult:
+def _nothing_to_ingest(spec: IngestSpec, skipped: Sequence[tuple[str, str]] = ()) -> IngestResult:
+    """``skipped``: (path, reason) of the matching files that hold nothing to read."""
+    what = "matches no file"
+    if skipped:
+        empty = all(why == EMPTY_FILE for _, why in skipped)
+        shown = [path if empty else f"{path}: {why}" for path, why in skipped[:5]]
+        shown += [f"and {len(skipped) - 5} more"] if len(skipped) > 5 else []
+        what = (f"matches {len(skipped)} file(s), {'all empty' if empty else 'none readable'}: "
+                f"{(', ' if empty else '; ').join(shown)}")
     if spec.on_empty == "succeed":
-        log.info("source %r matches no file: nothing to ingest", spec.source)
+        log.info("source %r %s: nothing to ingest", spec.source, what)
         return IngestResult(run_id=None)
-    raise SourceError(f"source {spec.source!r} matches no file (pass on_empty='succeed' to accept that)")
+    raise SourceError(f"source {spec.source!r} {what} (pass on_empty='succeed' to accept that)")
 
 
 def _tail_positions(client: Any, spec: IngestSpec) -> dict[str, int]:

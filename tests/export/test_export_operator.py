@@ -14,7 +14,7 @@ import pytest
 from pravega_clients import stream_writer
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.streamcut import StreamCut
+from airflow_provider_pravega.client.streamcut import StreamCut, StreamCutMismatchError
 
 DAYS = ["2026-11-20", "2026-11-21", "2026-11-22"]
 
@@ -165,8 +165,11 @@ def test_bad_input_fails_the_task_with_a_clear_message(tmp_path, spark, run_dag,
              default_args={"on_failure_callback": record, "retries": 0}) as dag:
         PravegaStreamCutExportOperator(task_id="missing_stream", scope=scope, stream="nope",
                                        output_path=str(tmp_path / "o1"), spark_conn_id=None)
-        PravegaStreamCutExportOperator(task_id="foreign_cut", scope=scope, stream="s", start_cut=other,
-                                       output_path=str(tmp_path / "o2"), spark_conn_id=None)
+        with pytest.raises(StreamCutMismatchError, match=f"the start_cut belongs to stream {scope}/other"):
+            PravegaStreamCutExportOperator(task_id="foreign_cut", scope=scope, stream="s", start_cut=other,
+                                           output_path=str(tmp_path / "o2"), spark_conn_id=None)  # at parse
+        PravegaStreamCutExportOperator(task_id="foreign_cut", scope=scope, stream="s", start_cut="{{ params.cut }}",
+                                       params={"cut": other}, output_path=str(tmp_path / "o2"), spark_conn_id=None)
         PravegaStreamCutExportOperator(task_id="unwritable", scope=scope, stream="s",
                                        output_path=str(tmp_path / "a-file" / "out"), spark_conn_id=None)
     run = run_dag(dag)
