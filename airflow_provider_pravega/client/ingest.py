@@ -117,14 +117,15 @@ class ChangedFileError(IngestError):
         self.path = path
         run = f"run {before['run']}" if before.get("run") else "an earlier run"
         if before.get("lines") is not None:
-            what = f"lines 1-{before['lines']}" if before["lines"] else "no line"
+            what = repeat = "line 1" if before["lines"] == 1 else f"lines 1-{before['lines']}"
+            by = f"the last of them by {run}"
         else:
-            what = f"every record of its {before['size']} bytes"
+            what, repeat, by = f"every record of its {before['size']} bytes as recorded", "those records", f"by {run}"
         reason = now.get("changed") or "its size or modification time differ from those recorded"
         super().__init__(
-            f"{path} changed since it was ingested: {reason}. {run} committed {what} "
-            f"({describe_identity(before)}; now {describe_identity(now)}). allow_changed_files=True would ingest "
-            f"the whole file again from its first line, writing {what} a second time. To add records without "
+            f"{path} changed since it was ingested: {reason}. Committed so far: {what} ({by}; recorded "
+            f"{describe_identity(before)}; now {describe_identity(now)}). allow_changed_files=True would ingest the "
+            f"whole file again from its first line, writing {repeat} a second time. To add records without "
             "duplicates, append them to a jsonl or text file (its new lines are ingested once) or write them to a "
             "new file."
         )

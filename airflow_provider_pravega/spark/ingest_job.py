@@ -385,7 +385,7 @@ def measure_pieces(spark: Any, requests: Mapping[str, Mapping[str, Any]]) -> dic
                     changed = (f"it grew or was rewritten (now {size} bytes), and its record holds no fingerprint "
                                f"of the {base} bytes committed, so an append cannot be told from a rewrite")
                 elif base and digest.hexdigest() != req["fp"]:
-                    changed = f"its first {base} bytes, committed, are not the bytes committed"
+                    changed = f"its first {base} bytes differ from the bytes committed"
                 elif base and req.get("open") and size > base and bytes(data[base:base + 1]) != b"\n":
                     changed = f"its last committed line, committed without a line end at byte {base}, was extended"
                 if changed:
@@ -433,21 +433,26 @@ def measure_pieces(spark: Any, requests: Mapping[str, Mapping[str, Any]]) -> dic
 def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]]) -> Any:
     """(f, b, value) of the lines of each file's piece ``[start, end)`` and nothing else, whatever
     the file holds by the time it is read: ``b`` is the line's number in the whole file (piece
-    ``line`` onwards), ``value`` its bytes without the line end (``\n``, or ``\r\n``). One Spark
-    task holds a whole file (``binaryFile``: files up to 2 GiB; a few hundred MB is the normal case)."""
+    ``line`` onwards), ``value`` its bytes without the line end (LF, or CR LF). The bytes before
+    ``end`` must still have the planned fingerprint ``fp``: a file rewritten between the measuring and
+    the reading fails the run, uncommitted. One Spark task holds a whole file (``binaryFile``: files
+    up to 2 GiB; a few hundred MB is the normal case)."""
     from pyspark.sql import functions as F
 
-    ranges = {k: (int(p["start"]), int(p["end"]), int(p["line"])) for k, p in pieces.items()}
+    ranges = {k: (int(p["start"]), int(p["end"]), int(p["line"]), p.get("fp")) for k, p in pieces.items()}
 
     def split(batches: Iterator[Any]) -> Iterator[Any]:
+        import hashlib
+
         import pyarrow as pa
 
         for batch in batches:
             for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
-                start, end, line = ranges[key_of(path)]
-                if len(content) < end:
-                    raise SourceError(f"{key_of(path)} is shorter ({len(content)} bytes) than when its piece "
-                                      f"[{start}, {end}) was planned: it was cut while the ingest ran")
+                start, end, line, fp = ranges[key_of(path)]
+                if fp is not None and hashlib.blake2b(memoryview(content)[:end], digest_size=20).hexdigest() != fp:
+                    raise SourceError(f"{key_of(path)} changed while the ingest read it (its first {end} bytes are "
+                                      f"not those planned, or it is shorter): nothing of this run is committed; "
+                                      f"run the ingest again")
                 lines = content[start:end].split(b"\n")
                 if content[end - 1:end] == b"\n" or end == start:
                     lines.pop()  # after the last line end: nothing
