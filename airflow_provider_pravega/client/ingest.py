@@ -118,7 +118,7 @@ class ChangedFileError(IngestError):
         run = f"run {before['run']}" if before.get("run") else "an earlier run"
         if before.get("lines") is not None:
             what = repeat = "line 1" if before["lines"] == 1 else f"lines 1-{before['lines']}"
-            by = f"the last of them by {run}"
+            by = f"by {run}" if before["lines"] == 1 else f"the last of them by {run}"
         else:
             what, repeat, by = f"every record of its {before['size']} bytes as recorded", "those records", f"by {run}"
         reason = now.get("changed") or "its size or modification time differ from those recorded"

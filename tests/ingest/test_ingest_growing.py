@@ -120,7 +120,8 @@ def test_a_grown_file_names_its_bad_line_by_its_number_in_the_whole_file(tmp_pat
     assert StreamCut.tail(client, scope, "s").positions == before
 
 
-def test_changed_files_are_refused_naming_the_lines_that_would_repeat(tmp_path, client, spark, unique_name):
+def test_changed_files_are_refused_naming_the_lines_that_would_repeat(tmp_path, client, spark, unique_name,
+                                                                     monkeypatch):
     scope = unique_name("chg")
     rows: list[tuple[str, str]] = []
 
@@ -145,6 +146,26 @@ def test_changed_files_are_refused_naming_the_lines_that_would_repeat(tmp_path, 
         return path
 
     three = "".join(line(n) + "\n" for n in range(1, 4))
+    # Growth is no error: appended while a run reads the file, then between runs.
+    grown = tmp_path / "grown" / "a.jsonl"
+    at_step(monkeypatch, {"after_listing": lambda: append(grown, line(4) + "\n" + line(5)[:10])})
+    grown.parent.mkdir()
+    grown.write_text(three)
+    first = run_ingest(client, spark, IngestSpec(scope=scope, stream="s", source=str(grown.parent),
+                                                 ingest_id="grown", create_stream=True))
+    assert first.events == 3
+    append(grown, line(5)[10:] + "\n")
+    second = run_ingest(client, spark, IngestSpec(scope=scope, stream="s", source=str(grown.parent),
+                                                  ingest_id="grown"))
+    assert second.events == 2
+    rows.append(("jsonl file appended while a run reads it, then between runs",
+                 f"no error: the run commits the whole lines up to the size it listed ({first.events} lines); the "
+                 f"next run the {second.events} lines appended after them, a line still being written once it has "
+                 "its line end"))
+    rows.append(("jsonl or text file whose last line has no line end",
+                 f"no error: that line waits until the file has not been modified for {TAIL_SETTLE_S:g} s, then is "
+                 "ingested once; the file may then grow only by a line end first (else the row 'settled last line "
+                 "… extended later')"))
     path = ingested("rewritten", three)
     path.write_text(three.replace('"n": 2', '"n": 9'))  # same size, a committed line rewritten
     expect("jsonl file rewritten in place after it was ingested", ChangedFileError,
@@ -157,12 +178,12 @@ def test_changed_files_are_refused_naming_the_lines_that_would_repeat(tmp_path, 
     path = ingested("prefixed", three)
     path.write_text(line(0) + "\n" + three)  # grew, but not at its end
     expect("jsonl file that grew at its start", ChangedFileError, r"its first 183 bytes differ", path)
-    path = ingested("extended", '{"v": 1}\n{"v": 2')
+    path = ingested("extended", '{"v": 1}\n{"v": 2}')
     settle(path)  # the unterminated last line is ingested once the file settles ...
     run_ingest(client, spark, IngestSpec(scope=scope, stream="s", source=str(path.parent), ingest_id="extended"))
-    append(path, '0}\n')  # ... and extending it would change a committed record
+    append(path, '{"v": 3}\n')  # ... and extending it would change a committed record
     expect("settled last line without line end, extended later", ChangedFileError,
-           r"its last committed line, committed without a line end at byte 16, was extended\. Committed so far: "
+           r"its last committed line, committed without a line end at byte 17, was extended\. Committed so far: "
            r"lines 1-2", path)
     # A record written before pieces (size and time, no fingerprint): an append cannot be told
     # from a rewrite, so growth is refused as before.
