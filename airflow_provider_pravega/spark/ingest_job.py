@@ -375,6 +375,8 @@ def measure_pieces(spark: Any, requests: Mapping[str, Mapping[str, Any]]) -> dic
                 req = requests[key_of(path)]
                 size, base = req["size"], req["base"]
                 data = memoryview(content)[:size]
+                if req.get("open") is None:  # a record from before pieces: was its last line terminated?
+                    req["open"] = bool(base) and bytes(data[base - 1:base]) != b"\n"
                 changed = None
                 digest = hashlib.blake2b(data[:base], digest_size=20)
                 if len(data) < size:
@@ -913,7 +915,10 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
         return result
     files = [f.key for f in listed]
     identities = {f.key: file_identity(f.size, f.mtime_ms) for f in listed}
+    early: tuple[list[str], list[str]] = ([], [])
     if spec.format in LINE_FORMATS:
+        # Earlier runs are finished or rolled back first, so pieces are measured against what is committed.
+        early = coord.recover()
         identities.update(_line_pieces(spark, store, listed, identities, listed_at_ms))
     else:
         unsure = needs_fingerprint(store.fetch(), identities, store)
@@ -941,8 +946,8 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
                         wait_for_commit=spec.wait_for_commit, transactional=spec.mode == "exactly_once",
                         interval=spec.interval_key)
     result = IngestResult(
-        run_id=outcome.run_id, files_skipped=sorted(outcome.plan.skipped), recovered_runs=outcome.recovered,
-        finished_runs=outcome.finished, state_scope=state_scope, state_stream=state_stream,
+        run_id=outcome.run_id, files_skipped=sorted(outcome.plan.skipped), recovered_runs=early[0] + outcome.recovered,
+        finished_runs=early[1] + outcome.finished, state_scope=state_scope, state_stream=state_stream,
         events=outcome.events, bytes=outcome.bytes,
         transactions=[{"id": t, "status": outcome.status} for t in outcome.txns],
     )
@@ -976,7 +981,9 @@ def _line_pieces(spark: Any, store: Any, listed: Sequence[SourceFile], identitie
         requests[f.key] = {"size": f.size, "mtime": f.mtime_ms, "tail": settled,
                            "base": 0 if before is None else committed_end(before),
                            "fp": None if before is None else before.get("fp"),
-                           "open": bool(before and before.get("open"))}
+                           # unknown (None) for a record from before pieces: measured
+                           "open": bool(before.get("open")) if before is not None and "end" in before else
+                           None if before is not None else False}
     if requests:
         log.info("measuring %d line file(s) in Spark tasks (the whole lines not committed yet)", len(requests))
     return measure_pieces(spark, requests)

@@ -37,9 +37,15 @@ def append(path: Path, text: str) -> None:
         fh.write(text)
 
 
+@pytest.fixture(autouse=True)
+def long_settle_time(monkeypatch):
+    """An hour: no file of these tests settles by itself, however slow the machine (settle() does it)."""
+    monkeypatch.setattr(ingest_job, "TAIL_SETTLE_S", 3600.0)
+
+
 def settle(path: Path) -> None:
-    """Mark a file as not modified for longer than TAIL_SETTLE_S (its unterminated last line is final)."""
-    past = time.time() - TAIL_SETTLE_S - 60
+    """Mark a file as not modified for longer than the settle time (its unterminated last line is final)."""
+    past = time.time() - ingest_job.TAIL_SETTLE_S - 60
     os.utime(path, (past, past))
 
 
