@@ -72,8 +72,8 @@ def test_an_object_replaced_by_a_longer_one_is_tailed_once(tmp_path: Path, objec
     third = run()
     assert third.returncode == 0, third.stderr[-4000:]
     assert json.loads(third.stdout.strip().splitlines()[-1])["events"] == 100
-    # Replaced by other bytes (a rotated log under the same key): refused, nothing written.
-    s3.client.put_object(Bucket="lake", Key="logs/app.jsonl", Body=lines(9001, 9700))
+    # Replaced by other, more bytes (a rotated log under the same key): refused, nothing written.
+    s3.client.put_object(Bucket="lake", Key="logs/app.jsonl", Body=lines(9001, 13000))
     changed = run()
     assert changed.returncode == 1
     assert ("s3a://lake/logs/app.jsonl changed since it was ingested: its first " in changed.stderr
