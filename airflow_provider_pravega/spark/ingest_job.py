@@ -47,10 +47,10 @@ from airflow_provider_pravega.client.ingest import (
     file_identity,
     known_files,
     needs_fingerprint,
-    same_file,
     open_ingest_state,
     open_state_store,
     register_txn,
+    same_file,
 )
 from airflow_provider_pravega.client.ingest import state_location as _state_location
 from airflow_provider_pravega.spark.connection_args import (
