@@ -157,6 +157,8 @@ def test_plan_of_line_file_pieces():
     assert plan_files(state, {"/d/log": waiting}, allow_changed_files=False).skipped == ["/d/log"]
     with pytest.raises(IngestError, match="committed by another run of this ingest while this run measured it"):
         plan_files(state, {"/d/log": dict(grown, base=100)}, allow_changed_files=False)
+    # Measured as new by a copy of the ingest while another copy committed the same piece: skipped.
+    assert plan_files(state, {"/d/log": first}, allow_changed_files=False).skipped == ["/d/log"]
     changed = dict(grown, base=0, start=0, line=1, changed="its first 250 bytes differ from the bytes committed")
     with pytest.raises(ChangedFileError, match=r"its first 250 bytes differ from the bytes committed\. Committed so "
                                                r"far: lines 1-5 \(the last of them by run r1; .* writing lines 1-5 a "
