@@ -14,6 +14,9 @@ every step; the caller (the Spark job) supplies only the files and the write sta
    otherwise (WRITING: every registered transaction is aborted).
 2. **Plan**: the files not yet committed (identity = path + size + modification time, see
    :func:`same_file`; a committed path that changed is an error unless re-ingesting is allowed).
+   A line file (jsonl, text) is committed as byte ranges: a file that grew past its committed end,
+   with the committed bytes unchanged, contributes only the piece after that end (see
+   :func:`plan_files`); one that changed in place is a :class:`ChangedFileError`.
    Files held by another *live* run are waited for, not taken.
 3. **Start** a run (conditional update). From here the run heartbeats; losing the run (another
    copy took it over) fences this driver and its tasks: their next update fails.
@@ -107,12 +110,24 @@ class FencedError(IngestError):
 
 
 class ChangedFileError(IngestError):
+    """A committed file whose committed bytes changed (or that can only be compared by size and
+    time): ingesting it again writes its committed records a second time, and the message says which."""
+
     def __init__(self, path: str, before: Mapping[str, Any], now: Mapping[str, Any]) -> None:
         self.path = path
+        run = f"run {before['run']}" if before.get("run") else "an earlier run"
+        if before.get("lines") is not None:
+            what = repeat = "line 1" if before["lines"] == 1 else f"lines 1-{before['lines']}"
+            by = f"by {run}" if before["lines"] == 1 else f"the last of them by {run}"
+        else:
+            what, repeat, by = f"every record of its {before['size']} bytes as recorded", "those records", f"by {run}"
+        reason = now.get("changed") or "its size or modification time differ from those recorded"
         super().__init__(
-            f"{path} was already ingested ({describe_identity(before)}) and has changed since "
-            f"({describe_identity(now)}). Ingesting it again would duplicate its unchanged records. Pass "
-            "allow_changed_files=True to ingest the new content anyway, or write changes to a new file."
+            f"{path} changed since it was ingested: {reason}. Committed so far: {what} ({by}; recorded "
+            f"{describe_identity(before)}; now {describe_identity(now)}). allow_changed_files=True would ingest the "
+            f"whole file again from its first line, writing {repeat} a second time. To add records without "
+            "duplicates, append them to a jsonl or text file (its new lines are ingested once) or write them to a "
+            "new file."
         )
 
 
@@ -330,7 +345,14 @@ class StateStore(Protocol):
 def file_identity(size: int, mtime_ms: int | None = None, fp: str | None = None) -> dict[str, Any]:
     """What the state records about a file: its size and modification time as the filesystem lists
     them (nothing is read), plus a content fingerprint when one was computed (BLAKE2b-160 of every
-    byte, hex; states written before listing through Spark hold only size and fingerprint)."""
+    byte, hex; states written before listing through Spark hold only size and fingerprint).
+
+    A line file's piece (measured in Spark tasks before planning) adds: ``base`` (the committed end
+    it continues, 0 for a new file), ``start``/``end`` (the byte range it writes: whole lines, the
+    bytes before ``end`` all committed once it is done), ``fp`` (BLAKE2b-160 of bytes ``[0, end)``),
+    ``line`` (the number of its first line in the whole file), ``lines`` (lines in ``[0, end)``),
+    ``open`` (its last line has no line end yet), and ``changed`` (why its committed bytes are not
+    what was committed: planning only, never recorded)."""
     ident: dict[str, Any] = {"size": int(size)}
     if mtime_ms is not None:
         ident["mtime"] = int(mtime_ms)
@@ -371,10 +393,15 @@ def describe_identity(ident: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def committed_end(before: Mapping[str, Any]) -> int:
+    """Where a committed file's committed bytes end (records written before pieces: its size)."""
+    return int(before.get("end", before["size"]))
+
+
 @dataclass(frozen=True)
 class FilePlan:
     to_ingest: dict[str, dict[str, Any]]  # path -> identity
-    skipped: list[str]  # already committed, unchanged
+    skipped: list[str]  # already committed, unchanged (or a line file without a new whole line)
 
 
 def plan_files(
@@ -385,12 +412,28 @@ def plan_files(
     skipped: list[str] = []
     for path, ident in identities.items():
         before = committed.get(path)
-        if before is None:
+        if "end" in ident and ident.get("base", 0) != (0 if before is None or ident.get("changed") else
+                                                       committed_end(before)):
+            if before is not None and before.get("fp") == ident["fp"] and committed_end(before) == ident["end"]:
+                skipped.append(path)  # this very piece, committed meanwhile by another copy of the ingest
+                continue
+            raise IngestError(f"{path} was committed by another run of this ingest while this run measured it "
+                              f"(committed up to byte {0 if before is None else committed_end(before)}, measured "
+                              f"from byte {ident.get('base', 0)}); nothing was written: run the ingest again")
+        if "end" in ident and not ident.get("changed") and ident["end"] <= ident["start"]:
+            skipped.append(path)  # no new whole line (yet): nothing to write, nothing to record
+        elif before is None:
             forgotten = state.get("forgotten_before_ms")
             if (forgotten is not None and ident.get("mtime") is not None and ident["mtime"] < forgotten
                     and not allow_changed_files):
                 raise ForgottenFileError(path, ident, forgotten)
-            to_ingest[path] = dict(ident)
+            to_ingest[path] = _recorded(ident)
+        elif ident.get("changed"):
+            if not allow_changed_files:
+                raise ChangedFileError(path, before, ident)
+            to_ingest[path] = _recorded(ident)
+        elif "end" in ident:  # a line file measured after its committed end: its new whole lines
+            to_ingest[path] = _recorded(ident)
         elif same_file(before, ident):
             skipped.append(path)
         elif allow_changed_files:
@@ -398,6 +441,10 @@ def plan_files(
         else:
             raise ChangedFileError(path, before, ident)
     return FilePlan(to_ingest, skipped)
+
+
+def _recorded(ident: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in ident.items() if k != "changed"}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 The driver runs the protocol of :mod:`airflow_provider_pravega.client.ingest`; Spark does the
 heavy lifting:
 
-* Spark's own readers parse the files (text/JSON lines, CSV with a header, Parquet); every record
-  carries its file and position so the source order is known without a Python pass;
+* line files (jsonl, text) are read as exact byte ranges (:func:`measure_pieces` fixes each file's
+  piece before the run starts, :func:`line_frame` reads exactly it), so a file that grows while it
+  is read, or between runs, has every line ingested once; Spark's own readers parse CSV (with a
+  header) and Parquet. Every record carries its file and position, so the source order is known;
 * with a routing key, records are shuffled by key and sorted by source position inside each
   partition, so *all* events of one key are written by one task in file order (readers then see
   each key's events in source order);
@@ -25,7 +27,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -41,11 +43,14 @@ from airflow_provider_pravega.client.ingest import (
     WriteResult,
     check_timing,
     check_write_access,
+    committed_end,
     file_identity,
+    known_files,
     needs_fingerprint,
     open_ingest_state,
     open_state_store,
     register_txn,
+    same_file,
 )
 from airflow_provider_pravega.client.ingest import state_location as _state_location
 from airflow_provider_pravega.spark.connection_args import (
@@ -58,6 +63,11 @@ from airflow_provider_pravega.spark.connection_args import (
 log = logging.getLogger(__name__)
 
 FORMATS = ("jsonl", "csv", "parquet", "text")
+#: Formats read as byte ranges of whole lines: a file of these that grows is tailed (see measure_pieces).
+LINE_FORMATS = ("jsonl", "text")
+#: A line file's last line without a line end is ingested only once the file has not been modified
+#: for this long (at listing): until then it may be a line still being written.
+TAIL_SETTLE_S = 60.0
 MODES = ("exactly_once", "at_least_once")
 # Fault injection for the crash-matrix tests only: SIGKILL the driver at a named step, or pause it.
 CRASH_ENV = "PRAVEGA_INGEST_CRASH_AT"
@@ -384,6 +394,129 @@ def fingerprint_files(spark: Any, keys: Sequence[str]) -> dict[str, str]:
     return {key_of(r["path"]): r["fp"] for r in rows}
 
 
+def measure_pieces(spark: Any, requests: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each line file's next piece, decided in Spark tasks (one file per row, never on the driver)
+    from its bytes up to its listed size: ``requests`` maps a file key to ``size`` (listed),
+    ``base`` (its committed end, 0 when new), ``fp``/``open`` (what the committed record says) and
+    ``tail`` (whether a last line without a line end may be ingested: the file has settled).
+
+    Rule: a piece is ``[start, end)`` where ``end`` follows the last line end before the listed size,
+    so a line still being written is left for a later run; when ``tail`` is set, the unterminated
+    last line is included and recorded ``open``: the file may then only grow by a line end first.
+    A committed file continues at its committed end when ``[0, base)`` still has the committed
+    fingerprint; else (rewritten, shrunk, an open last line extended, or no fingerprint recorded)
+    it is measured from byte 0 and marked ``changed`` with the reason (see ChangedFileError)."""
+    if not requests:
+        return {}
+    requests = {k: dict(v) for k, v in requests.items()}
+
+    def measure(batches: Iterator[Any]) -> Iterator[Any]:
+        import hashlib
+
+        import pyarrow as pa
+
+        for batch in batches:
+            out: dict[str, list[Any]] = {c: [] for c in ("path", "start", "end", "fp", "line", "lines", "open",
+                                                         "changed")}
+            for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
+                req = requests[key_of(path)]
+                size, base = req["size"], req["base"]
+                data = memoryview(content)[:size]
+                if req.get("open") is None:  # a record from before pieces: was its last line terminated?
+                    req["open"] = bool(base) and bytes(data[base - 1:base]) != b"\n"
+                changed = None
+                digest = hashlib.blake2b(data[:base], digest_size=20)
+                if len(data) < size:
+                    changed = f"it was cut to {len(data)} bytes after it was listed at {size} bytes"
+                elif base and size < base:
+                    changed = f"it shrank to {size} bytes, below the {base} bytes committed"
+                elif base and not req.get("fp"):
+                    changed = (f"it grew or was rewritten (now {size} bytes), and its record holds no fingerprint "
+                               f"of the {base} bytes committed, so an append cannot be told from a rewrite")
+                elif base and digest.hexdigest() != req["fp"]:
+                    changed = f"its first {base} bytes differ from the bytes committed"
+                elif base and req.get("open") and size > base and bytes(data[base:base + 1]) != b"\n":
+                    changed = f"its last committed line, committed without a line end at byte {base}, was extended"
+                if changed:
+                    base, digest = 0, hashlib.blake2b(digest_size=20)
+                start = base + 1 if base and req.get("open") and not changed and size > base else base
+                nl = content.rfind(b"\n", start, size)
+                end, is_open = (nl + 1 if nl >= 0 else start), False
+                if req["tail"] and end < size:
+                    end, is_open = size, True
+                if end > base:
+                    digest.update(data[base:end])
+                else:
+                    end = base
+                out["path"].append(path)
+                out["start"].append(start)
+                out["end"].append(end)
+                out["fp"].append(digest.hexdigest())
+                out["line"].append(content.count(b"\n", 0, start) + 1)
+                out["lines"].append(content.count(b"\n", 0, end) + (1 if is_open else 0))
+                out["open"].append(is_open or (end == base and bool(req.get("open")) and not changed))
+                out["changed"].append(changed)
+            yield pa.RecordBatch.from_pydict(out)
+
+    schema = ("path string, start long, end long, fp string, line long, lines long, open boolean, "
+              "changed string")
+    rows = (spark.read.format("binaryFile").load([uri_of(k) for k in requests]).select("path", "content")
+            .mapInArrow(measure, schema).collect())
+    found = {key_of(r["path"]): r for r in rows}
+    missing = sorted(set(requests) - set(found))
+    if missing:
+        raise SourceError(f"{missing[0]} was listed but is gone: it was deleted or renamed while the ingest ran")
+    pieces = {}
+    for key, r in found.items():
+        req = requests[key]
+        piece = {"size": req["size"], "base": 0 if r["changed"] else req["base"], "start": r["start"],
+                 "end": r["end"], "fp": r["fp"], "line": r["line"], "lines": r["lines"], "open": r["open"]}
+        if req.get("mtime") is not None:
+            piece["mtime"] = req["mtime"]
+        if r["changed"]:
+            piece["changed"] = r["changed"]
+        pieces[key] = piece
+    return pieces
+
+
+def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]]) -> Any:
+    """(f, b, value) of the lines of each file's piece ``[start, end)`` and nothing else, whatever
+    the file holds by the time it is read: ``b`` is the line's number in the whole file (piece
+    ``line`` onwards), ``value`` its bytes without the line end (LF, or CR LF). The bytes before
+    ``end`` must still have the planned fingerprint ``fp``: a file rewritten between the measuring and
+    the reading fails the run, uncommitted. One Spark task holds a whole file (``binaryFile``: files
+    up to 2 GiB; a few hundred MB is the normal case)."""
+    from pyspark.sql import functions as F
+
+    ranges = {k: (int(p["start"]), int(p["end"]), int(p["line"]), p.get("fp")) for k, p in pieces.items()}
+
+    def split(batches: Iterator[Any]) -> Iterator[Any]:
+        import hashlib
+
+        import pyarrow as pa
+
+        for batch in batches:
+            for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
+                start, end, line, fp = ranges[key_of(path)]
+                if fp is not None and hashlib.blake2b(memoryview(content)[:end], digest_size=20).hexdigest() != fp:
+                    raise SourceError(f"{key_of(path)} changed while the ingest read it (its first {end} bytes are "
+                                      f"not those planned, or it is shorter): nothing of this run is committed; "
+                                      f"run the ingest again")
+                lines = content[start:end].split(b"\n")
+                if content[end - 1:end] == b"\n" or end == start:
+                    lines.pop()  # after the last line end: nothing
+                lines = [x[:-1] if x.endswith(b"\r") else x for x in lines]
+                for i in range(0, len(lines), 10_000):
+                    chunk = lines[i:i + 10_000]
+                    yield pa.RecordBatch.from_pydict({
+                        "f": [path] * len(chunk), "b": list(range(line + i, line + i + len(chunk))), "value": chunk,
+                    }, schema=pa.schema([("f", pa.string()), ("b", pa.int64()), ("value", pa.binary())]))
+
+    frame = (spark.read.format("binaryFile").load([uri_of(k) for k in pieces]).select("path", "content")
+             .mapInArrow(split, "f string, b long, value binary"))
+    return frame.select("f", "b", F.col("value").cast("string").alias("value"))
+
+
 def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), text)[:500]
 
@@ -453,10 +586,6 @@ def _record_columns(df: Any, spec: IngestSpec, header: Sequence[str] | None = No
 
 
 def _read(spark: Any, uris: Sequence[str], spec: IngestSpec, header: Sequence[str] | None) -> Any:
-    if spec.format in ("jsonl", "text"):
-        from pyspark.sql import functions as F
-
-        return spark.read.text(list(uris)).filter(F.length(F.trim("value")) > 0)
     if spec.format == "csv":
         from pyspark.sql.types import StringType, StructField, StructType
 
@@ -467,11 +596,18 @@ def _read(spark: Any, uris: Sequence[str], spec: IngestSpec, header: Sequence[st
     return spark.read.parquet(*uris)
 
 
-def record_frame(spark: Any, files: Sequence[str], spec: IngestSpec) -> Any:
+def record_frame(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: IngestSpec) -> Any:
     """A DataFrame of (f, b, m, payload, k, bad, why) in source order, not yet partitioned:
-    ``bad`` marks a record no mode may write (malformed, no routing key, over the event limit)."""
+    ``bad`` marks a record no mode may write (malformed, no routing key, over the event limit).
+    ``files``: the plan's files (key -> identity; a line file's identity is its piece)."""
     from pyspark.sql import functions as F
 
+    if spec.format in LINE_FORMATS:
+        lines = line_frame(spark, files).filter(F.length(F.trim("value")) > 0)
+        payload, key, reason = _record_columns(lines, spec)
+        return lines.select("f", "b", F.lit(0).cast("long").alias("m"), payload.alias("payload"), key.alias("k"),
+                            reason.isNotNull().alias("bad"))
+    files = sorted(files)
     uris = [uri_of(f) for f in files]
     header = _csv_header(spark, uris[0]) if spec.format == "csv" else None
     df = _read(spark, uris, spec, header)
@@ -510,7 +646,7 @@ def writers_of(spark: Any, spec: IngestSpec) -> int:
     return CONNECT_DEFAULT_WRITERS  # not the SQL shuffle default (200 transactions per run)
 
 
-def build_frame(spark: Any, files: Sequence[str], spec: IngestSpec) -> Any:
+def build_frame(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: IngestSpec) -> Any:
     """The record frame of ``files`` partitioned for writing."""
     return partition_for_writing(spark, record_frame(spark, files, spec), spec)
 
@@ -523,17 +659,19 @@ def partition_for_writing(spark: Any, df: Any, spec: IngestSpec) -> Any:
     return df.coalesce(writers)  # never more partitions than there are (coalesce only merges)
 
 
-def validate_records(spark: Any, frame: Any, spec: IngestSpec) -> None:
+def validate_records(spark: Any, frame: Any, spec: IngestSpec,
+                     pieces: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """Fail with file and line on the first bad record before anything is written (the writes of
     ``at_least_once`` are visible at once); one Spark pass that stops at the first bad record."""
     bad = frame.where("bad").select("f").limit(1).collect()
     if bad:
-        raise bad_record_error(spark, bad[0]["f"], spec)
+        raise bad_record_error(spark, bad[0]["f"], spec, pieces)
 
 
-def bad_record_error(spark: Any, file_uri: str, spec: IngestSpec) -> BadRecordError:
+def bad_record_error(spark: Any, file_uri: str, spec: IngestSpec,
+                     pieces: Mapping[str, Mapping[str, Any]] | None = None) -> BadRecordError:
     key = key_of(file_uri)
-    line, reason = first_bad_line(spark, key, spec)
+    line, reason = first_bad_line(spark, key, spec, (pieces or {}).get(key))
     where = f"{key}, {'record' if spec.format == 'parquet' else 'line'} {line}" if line else key
     return BadRecordError(f"{where}: {reason}. Nothing of this run was committed; fix the file and re-run.")
 
@@ -548,13 +686,24 @@ def _csv_header(spark: Any, uri: str) -> list[str]:
     return next(csv.reader([first[0]["value"]]))
 
 
-def first_bad_line(spark: Any, key: str, spec: IngestSpec) -> tuple[int, str]:
+def first_bad_line(spark: Any, key: str, spec: IngestSpec, piece: Mapping[str, Any] | None = None
+                   ) -> tuple[int, str]:
     """(1-based line number — record number for Parquet —, reason) of the first bad record of one
-    file; only on errors. Read through Spark, so it works on every filesystem: each line carries
-    its split's start offset and an id rising within the split, so its number is the count of lines
-    in earlier splits plus its position in its own split."""
+    file; only on errors. Read through Spark, so it works on every filesystem. A line file's
+    ``piece`` (the run's byte range) carries its lines' numbers in the whole file; otherwise each
+    line carries its split's start offset and an id rising within the split, so its number is the
+    count of lines in earlier splits plus its position in its own split."""
     from pyspark.sql import functions as F
 
+    if spec.format in LINE_FORMATS and piece is not None:
+        lines = line_frame(spark, {key: piece})
+        _payload, _key, reason = _record_columns(lines, spec)
+        found = (lines.withColumn("why", reason).where((F.length(F.trim("value")) > 0) & F.col("why").isNotNull())
+                 .select("b", "why", F.when(F.length("value") <= 65536, F.col("value")).alias("text"))
+                 .orderBy("b").limit(1).collect())
+        if not found:
+            return 0, "bad record"
+        return found[0]["b"], _explain(found[0]["why"], found[0]["text"], spec, None)
     uri = uri_of(key)
     pos = [F.input_file_block_start().alias("b"), F.monotonically_increasing_id().alias("m")]
     header = None
@@ -589,18 +738,22 @@ def first_bad_line(spark: Any, key: str, spec: IngestSpec) -> tuple[int, str]:
             before += split["n"]
         else:
             start = split["m0"]
-    why = bad["why"]
-    if why == "not valid JSON" and bad["text"] is not None:
+    return before + (bad["m"] - start) + 1, _explain(bad["why"], bad["text"], spec, header)
+
+
+def _explain(why: str, text: str | None, spec: IngestSpec, header: Sequence[str] | None) -> str:
+    """The reason of a bad record in full (the JSON parser's own words, the CSV field count)."""
+    if why == "not valid JSON" and text is not None:
         try:
-            json.loads(bad["text"])
+            json.loads(text)
         except ValueError as exc:
             why = f"not valid JSON ({exc.msg})"
-    elif spec.format == "csv" and why.startswith("the number of fields") and bad["text"] is not None:
+    elif spec.format == "csv" and why.startswith("the number of fields") and text is not None:
         import csv
 
-        n = len(next(csv.reader([bad["text"]])))
+        n = len(next(csv.reader([text])))
         why = f"{n} fields where the header has {len(header or ())}"
-    return before + (bad["m"] - start) + 1, why
+    return why
 
 
 # ---------------------------------------------------------------------------------------------
@@ -801,6 +954,8 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     )
     spark = get_spark()
     listed = list_sources(spark, spec.source)
+    listed_at_ms = int(time.time() * 1000)
+    crash_point("after_listing")
     if not listed:
         result = _nothing_to_ingest(spec, precheck.skipped)
         if spec.interval_key is not None and spec.mode == "exactly_once":
@@ -808,24 +963,30 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
         return result
     files = [f.key for f in listed]
     identities = {f.key: file_identity(f.size, f.mtime_ms) for f in listed}
-    unsure = needs_fingerprint(store.fetch(), identities, store)
-    if unsure:  # recorded with a content fingerprint only (older states): compare contents
-        log.info("fingerprinting %d file(s) in Spark tasks", len(unsure))
-        for key, fp in fingerprint_files(spark, unsure).items():
-            identities[key]["fp"] = fp
+    early: tuple[list[str], list[str]] = ([], [])
+    if spec.format in LINE_FORMATS:
+        # Earlier runs are finished or rolled back first, so pieces are measured against what is committed.
+        early = coord.recover()
+        identities.update(_line_pieces(spark, store, listed, identities, listed_at_ms))
+    else:
+        unsure = needs_fingerprint(store.fetch(), identities, store)
+        if unsure:  # recorded with a content fingerprint only (older states): compare contents
+            log.info("fingerprinting %d file(s) in Spark tasks", len(unsure))
+            for key, fp in fingerprint_files(spark, unsure).items():
+                identities[key]["fp"] = fp
 
     def write(run_id: str, plan: FilePlan) -> WriteResult:
-        to_ingest = sorted(plan.to_ingest)
-        log.info("run %s: ingesting %d file(s) (%d already ingested)", run_id, len(to_ingest), len(plan.skipped))
+        log.info("run %s: ingesting %d file(s) (%d already ingested)", run_id, len(plan.to_ingest),
+                 len(plan.skipped))
         ctx = TaskContext(config_of(client), spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
-        records = record_frame(spark, to_ingest, spec)
+        records = record_frame(spark, plan.to_ingest, spec)
         if spec.mode == "at_least_once":
-            validate_records(spark, records, spec)  # its writes are visible at once: check first
+            validate_records(spark, records, spec, plan.to_ingest)  # its writes are visible at once: check first
         frame = partition_for_writing(spark, records, spec)
         rows = frame.mapInArrow(make_writer(ctx), RESULT_SCHEMA).collect()
         bad = [r for r in rows if r["error"]]
         if bad:
-            raise bad_record_error(spark, bad[0]["bad_file"], spec)
+            raise bad_record_error(spark, bad[0]["bad_file"], spec, plan.to_ingest)
         return WriteResult([r["txn"] for r in rows if r["txn"]], sum(r["events"] for r in rows),
                            sum(r["bytes"] for r in rows))
 
@@ -833,8 +994,8 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
                         wait_for_commit=spec.wait_for_commit, transactional=spec.mode == "exactly_once",
                         interval=spec.interval_key)
     result = IngestResult(
-        run_id=outcome.run_id, files_skipped=sorted(outcome.plan.skipped), recovered_runs=outcome.recovered,
-        finished_runs=outcome.finished, state_scope=state_scope, state_stream=state_stream,
+        run_id=outcome.run_id, files_skipped=sorted(outcome.plan.skipped), recovered_runs=early[0] + outcome.recovered,
+        finished_runs=early[1] + outcome.finished, state_scope=state_scope, state_stream=state_stream,
         events=outcome.events, bytes=outcome.bytes,
         transactions=[{"id": t, "status": outcome.status} for t in outcome.txns],
     )
@@ -850,6 +1011,30 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     log.info("run %s: %d events (%d bytes) from %d file(s) in %.1f s (%.0f events/s)", outcome.run_id,
              result.events, result.bytes, len(result.files_ingested), result.seconds, result.events_per_second)
     return result
+
+
+def _line_pieces(spark: Any, store: Any, listed: Sequence[SourceFile], identities: Mapping[str, Mapping[str, Any]],
+                 listed_at_ms: int) -> dict[str, dict[str, Any]]:
+    """The next piece of every listed line file that may hold lines not committed yet (new, grown,
+    changed, or with an unterminated last line that has settled since), measured in Spark tasks;
+    files listed exactly as committed are left to planning (skipped) without being read."""
+    committed = known_files(store, store.fetch(), identities)
+    requests = {}
+    for f in listed:
+        before = committed.get(f.key)
+        settled = listed_at_ms - f.mtime_ms >= TAIL_SETTLE_S * 1000
+        if before is not None and same_file(before, identities[f.key]) and not (
+                settled and committed_end(before) < before["size"]):
+            continue
+        requests[f.key] = {"size": f.size, "mtime": f.mtime_ms, "tail": settled,
+                           "base": 0 if before is None else committed_end(before),
+                           "fp": None if before is None else before.get("fp"),
+                           # unknown (None) for a record from before pieces: measured
+                           "open": bool(before.get("open")) if before is not None and "end" in before else
+                           None if before is not None else False}
+    if requests:
+        log.info("measuring %d line file(s) in Spark tasks (the whole lines not committed yet)", len(requests))
+    return measure_pieces(spark, requests)
 
 
 def _nothing_to_ingest(spec: IngestSpec, skipped: Sequence[tuple[str, str]] = ()) -> IngestResult:

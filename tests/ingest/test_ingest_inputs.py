@@ -89,8 +89,10 @@ def test_identity_from_the_listing_and_states_recorded_with_fingerprints(tmp_pat
     st = f.stat()
     jsonl(f, [{"v": 3}, {"v": 4}])  # same size, new content
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
-    with pytest.raises(ChangedFileError, match=r"a\.jsonl was already ingested \(size 18, modified .*\) and has "
-                                               r"changed since \(size 18, modified"):
+    with pytest.raises(ChangedFileError, match=r"a\.jsonl changed since it was ingested: its first 18 bytes differ "
+                                               r"from the bytes committed\. Committed so far: lines 1-2 \(the last "
+                                               r"of them by run run-\w+; recorded size 18, modified .*; now size 18, "
+                                               r"modified"):
         run_ingest(client, spark, spec)
 
     # A state written before identities came from the listing: {size, fp} (BLAKE2b of the bytes).
@@ -151,6 +153,7 @@ def test_bad_inputs_fail_before_writing_and_make_the_readme_table(tmp_path, clie
             run_ingest(client, spark_arg, spec)
         message = str(info.value).replace(str(tmp_path), "/data").replace(scope, "myscope")
         message = re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+Z", "<time>", message)
+        message = re.sub(r"run-[0-9a-f]{12}", "run-…", message)
         rows.append((what, f"`{type(info.value).__name__}`: {message}"))
         assert nothing_written(client, scope, "s"), what
 
@@ -207,8 +210,8 @@ def test_bad_inputs_fail_before_writing_and_make_the_readme_table(tmp_path, clie
     # A file changed after it was ingested.
     run_ingest(client, spark, IngestSpec(scope=scope, stream="ok", source=str(tmp_path / "ok"), create_stream=True,
                                          ingest_id="changed"))
-    (tmp_path / "ok" / "a.jsonl").write_text('{"k": "a"}\n{"k": "b"}\n')
-    expect("file changed since it was ingested", ChangedFileError, "allow_changed_files=True",
+    (tmp_path / "ok" / "a.jsonl").write_text('{"k": "b"}\n{"k": "c"}\n')  # rewritten (appending is tailing)
+    expect("file changed since it was ingested", ChangedFileError, "writing line 1 a second time",
            source=str(tmp_path / "ok"), ingest_id="changed", stream="ok")
 
     check_section("ingest", "Ingest: sources, records, files", "tests/ingest/test_ingest_inputs.py", rows,

@@ -65,14 +65,21 @@ def test_changed_file_is_refused_unless_allowed(tmp_path, client, spark, unique_
     write_jsonl(tmp_path / "in", files=1, per_file=10)
     spec = IngestSpec(scope=scope, stream="s", source=str(tmp_path / "in"), create_stream=True)
     run_ingest(client, spark, spec)
-    with open(tmp_path / "in" / "part-0.jsonl", "a") as fh:
+    path = tmp_path / "in" / "part-0.jsonl"
+    with open(path, "a") as fh:  # appended: only the new line is ingested
         fh.write('{"sensor_id": "late"}\n')
+    tailed = run_ingest(client, spark, spec)
+    assert tailed.events == 1
+    path.write_text('{"sensor_id": "early"}\n' + path.read_text())  # rewritten in place: refused
     started = time.monotonic()
-    with pytest.raises(ChangedFileError, match="allow_changed_files=True"):
+    with pytest.raises(ChangedFileError, match=r"its first \d+ bytes differ from the bytes committed\. Committed so "
+                                               rf"far: lines 1-11 \(the last of them by run {tailed.run_id}; .*"
+                                               r"allow_changed_files=True would ingest the whole file again from its "
+                                               r"first line, writing lines 1-11 a second time"):
         run_ingest(client, spark, spec)
     assert time.monotonic() - started < 10
     allowed = IngestSpec(scope=scope, stream="s", source=str(tmp_path / "in"), allow_changed_files=True)
-    assert run_ingest(client, spark, allowed).events == 11
+    assert run_ingest(client, spark, allowed).events == 12
 
 
 def test_malformed_record_names_file_and_line_and_nothing_is_visible(tmp_path, client, spark, read_stream,

@@ -138,3 +138,31 @@ def test_prune_forgets_old_files_and_a_forgotten_file_listed_again_is_refused():
     plan = plan_files(state, {"/d/fresh": {"size": 3, "mtime": 4000}, "/d/new": {"size": 2, "mtime": 5000}},
                       allow_changed_files=False)
     assert list(plan.to_ingest) == ["/d/fresh"] and plan.skipped == ["/d/new"]
+
+
+def test_plan_of_line_file_pieces():
+    """A measured piece (see measure_pieces) continues the committed end; an empty one is skipped,
+    a stale one (another run committed the file meanwhile) stops the run, a changed one is refused
+    naming the lines that would repeat; what planning learnt (``changed``) is never recorded."""
+    from airflow_provider_pravega.client.ingest import IngestError
+
+    first = {"size": 300, "mtime": 1, "base": 0, "start": 0, "end": 250, "fp": "f1", "line": 1, "lines": 5,
+             "open": False}
+    state = fold({"op": "start", "run": "r1", "files": {"/d/log": first}, "owner": "o", "ts": 1},
+                 {"op": "done", "run": "r1"})
+    grown = {"size": 400, "mtime": 2, "base": 250, "start": 250, "end": 400, "fp": "f2", "line": 6, "lines": 8,
+             "open": False}
+    assert plan_files(state, {"/d/log": grown}, allow_changed_files=False).to_ingest == {"/d/log": grown}
+    waiting = dict(grown, end=250, start=250)  # only a line still being written after the committed end
+    assert plan_files(state, {"/d/log": waiting}, allow_changed_files=False).skipped == ["/d/log"]
+    with pytest.raises(IngestError, match="committed by another run of this ingest while this run measured it"):
+        plan_files(state, {"/d/log": dict(grown, base=100)}, allow_changed_files=False)
+    # Measured as new by a copy of the ingest while another copy committed the same piece: skipped.
+    assert plan_files(state, {"/d/log": first}, allow_changed_files=False).skipped == ["/d/log"]
+    changed = dict(grown, base=0, start=0, line=1, changed="its first 250 bytes differ from the bytes committed")
+    with pytest.raises(ChangedFileError, match=r"its first 250 bytes differ from the bytes committed\. Committed so "
+                                               r"far: lines 1-5 \(the last of them by run r1; .* writing lines 1-5 a "
+                                               r"second time"):
+        plan_files(state, {"/d/log": changed}, allow_changed_files=False)
+    allowed = plan_files(state, {"/d/log": changed}, allow_changed_files=True).to_ingest["/d/log"]
+    assert allowed["start"] == 0 and "changed" not in allowed
