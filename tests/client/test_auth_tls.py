@@ -38,7 +38,7 @@ from airflow_provider_pravega.client.synchronizer import StateSynchronizer
 from airflow_provider_pravega.client.transactions import TxnStatus
 from airflow_provider_pravega.protocol import naming
 
-FAST_S = 10.0  # "within seconds": far below the official client's ~61 s of retries
+from hang_guard import HANG_GUARD_S as FAST_S  # "within seconds": well below the official client's ~61 s of retries
 
 
 def config_for(

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
@@ -41,7 +42,7 @@ def test_unreachable_controller_closed_port_fails_fast_naming_the_uri():
     with pytest.raises(ControllerUnreachableError) as info:
         client.admin.create_scope("anything")
     elapsed = time.monotonic() - started
-    assert elapsed < 10, elapsed
+    assert elapsed < HANG_GUARD_S, elapsed
     assert uri in str(info.value)
     assert info.value.uri == uri
     assert "Check that the controller is running" in str(info.value)
@@ -54,7 +55,7 @@ def test_unreachable_controller_closed_port_fails_fast_naming_the_uri():
         started = time.monotonic()
         with pytest.raises(ConnectionError):
             call()
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < HANG_GUARD_S
 
 
 def test_unreachable_controller_from_a_config_names_its_uri():
@@ -89,7 +90,7 @@ def test_controller_that_accepts_but_never_answers_hits_the_deadline():
         started = time.monotonic()
         with pytest.raises(ControllerUnreachableError) as info:
             controller.list_scopes()
-        assert time.monotonic() - started < 6
+        assert time.monotonic() - started < HANG_GUARD_S
         assert uri in str(info.value)
         controller.close()
     finally:
@@ -126,7 +127,7 @@ def test_missing_scope_and_stream(client, unique_name):
     with pytest.raises(StreamNotFoundError):
         client.admin.truncate_stream(scope, "nope", {0: 0})
     assert client.admin.delete_stream(scope, "nope") is False
-    assert time.monotonic() - started < 10  # no minute-long retry loops anywhere
+    assert time.monotonic() - started < HANG_GUARD_S  # no minute-long retry loops anywhere
 
 
 def test_exists_and_invalid_names(client, unique_name):
@@ -163,7 +164,7 @@ def test_unknown_transaction_id(client, unique_name):
             call()
         assert info.value.txn_id == bogus
         assert f"{bogus:032x}" in str(info.value) and "unknown" in str(info.value)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < HANG_GUARD_S
     client.transactions.abort(scope, "st", real.txn_id)
 
 
