@@ -278,7 +278,10 @@ def test_dag_block_imports_as_a_dag_file(block: Block, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("block", _blocks("embedded"))
-def test_embedded_block_runs_against_pravega(block: Block, pravega_controller_uri: str, spark) -> None:
+def test_embedded_block_runs_against_pravega(block: Block, pravega_embedded, spark) -> None:
+    """On the embedded server only, as the marker says: what the snippets show is the provider's
+    API, which the backend-neutral tests already run against real Pravega too."""
+    pravega_controller_uri = pravega_embedded.controller_uri
     code = block.code
     assert any(uri in code for uri in EXAMPLE_URIS), (
         f"{block.where} is marked '<!-- run: embedded -->' but names no controller {EXAMPLE_URIS[0]}")
