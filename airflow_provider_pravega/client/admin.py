@@ -8,7 +8,7 @@ of this but retries errors for a minute and cannot scale, truncate or report pos
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from dataclasses import dataclass
 from itertools import pairwise
@@ -370,6 +370,21 @@ class StreamAdmin:
         a stream from a re-created namesake, whose segment numbers start after the deleted one's
         (Pravega's safe starting segment number). Scaling and truncation leave it unchanged."""
         return sorted(s.segment_id for s in self.controller.get_epoch_segments(scope, stream, 0))
+
+    def origin_changed(self, scope: str, stream: str, recorded: Sequence[int] | None,
+                       record: Callable[[list[int]], Sequence[int] | None] | None = None
+                       ) -> tuple[list[int], list[int]] | None:
+        """(recorded, current) origins when a state that ``recorded`` an origin of ``scope/stream``
+        belongs to an earlier stream of that name (deleted and re-created since); None when it is
+        this one's. A state with no origin yet records the current one through ``record`` (which
+        returns the origin the state then holds: another writer's may have come first), or, without
+        ``record``, has nothing to compare."""
+        origin = self.origin(scope, stream)
+        if recorded is None and record is not None:
+            recorded = record(origin)
+        if recorded is None or list(recorded) == origin:
+            return None
+        return list(recorded), origin
 
     def _length(self, scope: str, stream: str, segment_id: int) -> int:
         return self._info(scope, stream, segment_id).length

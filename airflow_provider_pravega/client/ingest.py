@@ -1234,13 +1234,13 @@ def check_stream_origin(client: Any, store: Any, scope: str, stream: str, ingest
     has nothing to compare."""
     if not client.admin.stream_exists(scope, stream):
         return
-    origin = client.admin.origin(scope, stream)
-    recorded = store.fetch().get("origin")
-    if recorded is None and record:
-        recorded = store.update(lambda s: None if s.get("origin") is not None else
-                                {"op": "origin", "origin": origin}).get("origin")
-    if recorded is None or list(recorded) == origin:
+    changed = client.admin.origin_changed(
+        scope, stream, store.fetch().get("origin"),
+        (lambda origin: store.update(lambda s: None if s.get("origin") is not None else
+                                     {"op": "origin", "origin": origin}).get("origin")) if record else None)
+    if changed is None:
         return
+    recorded, origin = changed
     state_scope, state_stream = state_location(scope, stream, ingest_id)
     raise RecreatedStreamError(
         f"the state of ingest {ingest_id!r} ({state_scope}/{state_stream}) belongs to an earlier stream "

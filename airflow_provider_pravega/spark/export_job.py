@@ -375,11 +375,11 @@ def reset_export_state(client: Any, scope: str, stream: str, export_id: str) -> 
 def check_export_origin(client: Any, sync: Any, spec: ExportSpec) -> None:
     """ExportError when the export's recorded cuts belong to an earlier stream of this name (see
     check_stream_origin of the ingest); the origin is recorded on first use."""
-    origin = client.admin.origin(spec.scope, spec.stream)
-    recorded = sync.fetch().origin
-    if recorded is None:
-        recorded = sync.update(lambda s: None if s.origin is not None else {"op": "origin", "origin": origin}).origin
-    if list(recorded) != origin:
+    changed = client.admin.origin_changed(
+        spec.scope, spec.stream, sync.fetch().origin,
+        lambda origin: sync.update(lambda s: None if s.origin is not None else {"op": "origin", "origin": origin}).origin)
+    if changed is not None:
+        recorded, origin = changed
         state_scope, state_stream = state_location(spec)
         raise ExportError(
             f"the recorded cuts of export {spec.effective_export_id!r} ({state_scope}/{state_stream}) belong to an "

@@ -27,7 +27,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -373,6 +373,12 @@ def list_sources(spark: Any, source: str | Sequence[str]) -> list[SourceFile]:
     return [files[k] for k in sorted(files)]
 
 
+def file_contents(spark: Any, keys: Iterable[str]) -> Any:
+    """(path, content) of each file, one row a file, read in Spark tasks through Hadoop (never on
+    the driver): what fingerprinting, measuring and reading line files start from."""
+    return spark.read.format("binaryFile").load([uri_of(k) for k in keys]).select("path", "content")
+
+
 def fingerprint_files(spark: Any, keys: Sequence[str]) -> dict[str, str]:
     """BLAKE2b-160 content fingerprints (the form states recorded before listing went through
     Spark), computed inside Spark tasks — one file per row, never on the driver."""
@@ -389,7 +395,7 @@ def fingerprint_files(spark: Any, keys: Sequence[str]) -> dict[str, str]:
             fps = [hashlib.blake2b(c, digest_size=20).hexdigest() for c in batch.column("content").to_pylist()]
             yield pa.RecordBatch.from_pydict({"path": paths, "fp": fps})
 
-    rows = (spark.read.format("binaryFile").load([uri_of(k) for k in keys]).select("path", "content")
+    rows = (file_contents(spark, keys)
             .mapInArrow(digest, "path string, fp string").collect())
     return {key_of(r["path"]): r["fp"] for r in rows}
 
@@ -460,7 +466,7 @@ def measure_pieces(spark: Any, requests: Mapping[str, Mapping[str, Any]]) -> dic
 
     schema = ("path string, start long, end long, fp string, line long, lines long, open boolean, "
               "changed string")
-    rows = (spark.read.format("binaryFile").load([uri_of(k) for k in requests]).select("path", "content")
+    rows = (file_contents(spark, requests)
             .mapInArrow(measure, schema).collect())
     found = {key_of(r["path"]): r for r in rows}
     missing = sorted(set(requests) - set(found))
@@ -512,7 +518,7 @@ def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]]) -> Any:
                         "f": [path] * len(chunk), "b": list(range(line + i, line + i + len(chunk))), "value": chunk,
                     }, schema=pa.schema([("f", pa.string()), ("b", pa.int64()), ("value", pa.binary())]))
 
-    frame = (spark.read.format("binaryFile").load([uri_of(k) for k in pieces]).select("path", "content")
+    frame = (file_contents(spark, pieces)
              .mapInArrow(split, "f string, b long, value binary"))
     return frame.select("f", "b", F.col("value").cast("string").alias("value"))
 
