@@ -267,6 +267,8 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
     elif kind == "committing":
         run["phase"] = COMMITTING
         run["commit"] = list(op["txns"])
+        if op.get("holds") is not None:  # what each transaction holds: how a lapsed one is healed
+            run["holds"] = decode_holds(op["holds"], run["files"])
         run["heartbeat_ms"] = max(run["heartbeat_ms"], op["ts"])
         state["commit_points"] = state.get("commit_points", 0) + 1
         if op.get("before") is not None:
@@ -275,10 +277,21 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
         if run["phase"] == COMMITTING:
             run["phase"] = REQUESTED
             run["requested_ms"] = op.get("ts")
+    elif kind == "lost":  # transactions past the commit point that were aborted (their leases lapsed)
+        lost = set(op["txns"])
+        holds = run.get("holds") or {}
+        for txn in lost:
+            for unit in holds.pop(txn, ()):
+                run["files"].pop(unit, None)  # not committed: planned again by the next run
+        run["commit"] = [t for t in run["commit"] if t not in lost]
+        run["txns"] = [t for t in run["txns"] if t not in lost]
+        if not run["commit"]:
+            del runs[op["run"]]  # nothing of it was committed: as if abandoned
     elif kind == "done":
+        files = _run_units(run)
         if state.get("keyed"):  # its files go to the committed-file table next (see index_done_runs)
-            state.setdefault("unindexed", {})[op["run"]] = {"files": run["files"], "at": op.get("ts")}
-        for path, ident in ({} if state.get("keyed") else run["files"]).items():
+            state.setdefault("unindexed", {})[op["run"]] = {"files": files, "at": op.get("ts")}
+        for path, ident in ({} if state.get("keyed") else files).items():
             at = {"at": op["ts"]} if op.get("ts") is not None else {}  # when (remember_files_for)
             state["committed"][path] = {**ident, "run": op["run"], **at}
         if run.get("interval") is not None and run.get("before") is not None:
@@ -294,6 +307,54 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
         if "ti" in op:
             run["ti"], run["try"] = op.get("ti"), op.get("try")
     return state
+
+
+def _run_units(run: Mapping[str, Any]) -> dict[str, Any]:
+    """What a done run committed: its files, plus the units its committed transactions hold that
+    were not planned up front (a data-source write's input partitions, see encode_holds)."""
+    files = dict(run["files"])
+    holds = run.get("holds") or {}
+    for txn in run["commit"]:
+        for unit in holds.get(txn, ()):
+            files.setdefault(unit, {})
+    return files
+
+
+def encode_holds(holds: Mapping[str, Sequence[str]], files: Iterable[str]) -> dict[str, list[Any]]:
+    """``txn -> units`` for the commit record, compactly: a run of consecutive files (in the order
+    of the run's sorted file list) is ``[first index, end index]``, anything else its name. Each
+    transaction holds whole units (files), so the files of an aborted one can be written again."""
+    order = {path: i for i, path in enumerate(sorted(files))}
+    out: dict[str, list[Any]] = {}
+    for txn, units in holds.items():
+        items: list[Any] = []
+        for unit in sorted(units, key=lambda u: (order.get(u, len(order)), u)):
+            i = order.get(unit)
+            last = items[-1] if items else None
+            if i is not None and isinstance(last, list) and last[1] == i:
+                last[1] = i + 1
+            elif i is not None and isinstance(last, str) and order.get(last) == i - 1:
+                items[-1] = [i - 1, i + 1]
+            else:
+                items.append(unit)
+        out[txn] = items
+    return out
+
+
+def decode_holds(encoded: Mapping[str, Sequence[Any]], files: Iterable[str]) -> dict[str, list[str]]:
+    """The inverse of :func:`encode_holds` against the same file list."""
+    order: list[str] | None = None
+    holds: dict[str, list[str]] = {}
+    for txn, items in encoded.items():
+        units: list[str] = []
+        for item in items:
+            if isinstance(item, str):
+                units.append(item)
+            else:
+                order = sorted(files) if order is None else order
+                units.extend(order[item[0]:item[1]])
+        holds[txn] = units
+    return holds
 
 
 def _drop_stale_staged(state: dict[str, Any], now_ms: int) -> None:
@@ -533,6 +594,10 @@ class WriteResult:
     txns: list[str]
     events: int = 0
     bytes: int = 0
+    #: txn -> the units (files) it holds, whole: each unit in one transaction only. With it, a
+    #: transaction aborted after the commit point (its lease lapsed) is healed: its files are
+    #: planned again instead of failing the ingest with LostCommitError.
+    holds: dict[str, list[str]] | None = None
 
 
 @dataclass
@@ -545,6 +610,9 @@ class RunOutcome:
     status: str | None = None  # COMMITTED (awaited) or COMMITTING (requested, acknowledged)
     events: int = 0
     bytes: int = 0
+    #: files of this run whose transactions were aborted after the commit point: not committed,
+    #: planned again by the next run (run_ingest runs again at once)
+    returned: list[str] = field(default_factory=list)
 
 
 class IngestCoordinator:
@@ -600,6 +668,8 @@ class IngestCoordinator:
             raise IngestError(f"keep_intervals must be at least 1, got {keep_intervals!r}")
         self.keep_intervals = keep_intervals
         self.commit_timeout_s = 300.0
+        self.returned: dict[str, list[str]] = {}  # run -> files whose transactions were lost (healed)
+        self.lost: dict[str, list[str]] = {}  # run -> its transactions found aborted after the commit point
 
     # the whole protocol --------------------------------------------------------------------
 
@@ -643,18 +713,24 @@ class IngestCoordinator:
             txns = list(written.txns)
             orphans = [t for t in self.registered_txns(run_id) if t not in set(txns)]
             if interval is None:
-                self.mark_committing(run_id, txns)
+                self.mark_committing(run_id, txns, holds=written.holds)
             else:  # one run of the ingest commits at a time: its pieces hold no other run's events
                 while True:
                     seen, before = self.await_commit_turn(run_id, keeper)
                     try:
-                        self.mark_committing(run_id, txns, before=before, commit_points=seen)
+                        self.mark_committing(run_id, txns, holds=written.holds, before=before, commit_points=seen)
                         break
                     except _Skip:
                         continue
             committing = True
             self._abort_quietly(orphans)  # task attempts that failed and were retried
-            self.request_commits(run_id, txns)
+            alive = self.request_commits(run_id, txns)
+            out.returned = self.returned.pop(run_id, [])
+            if not alive:  # every transaction was aborted after the commit point: nothing committed
+                keeper.stop()
+                out.status = "LOST"
+                return out
+            txns = [t for t in txns if t not in set(self.lost.pop(run_id, ()))]
             self.record_requested(run_id)
         except BaseException:
             keeper.stop()
@@ -717,10 +793,14 @@ class IngestCoordinator:
             log.warning("recovering ingest run %s: it reached its commit point; committing its %d transaction(s)",
                         run_id, len(run["commit"]))
             if not self.request_commits(run_id, run["commit"], run=run):
-                return  # resolved as never committed: abandoned
+                return  # resolved as never committed, or every transaction lost: abandoned
+            self.lost.pop(run_id, None)
+            self.returned.pop(run_id, None)
             self._abort_quietly(t for t in run["txns"] if t not in set(run["commit"]))
             self.record_requested(run_id)
-            self.resolve_requested(run_id, run)
+            now = self.store.fetch()["runs"].get(run_id)  # without the transactions found lost
+            if now is not None:
+                self.resolve_requested(run_id, now)
         else:
             log.warning("recovering ingest run %s: it died while writing; aborting its %d transaction(s)",
                         run_id, len(run["txns"]))
@@ -846,11 +926,13 @@ class IngestCoordinator:
             raise FencedError(run_id)
         return list(run["txns"])
 
-    def mark_committing(self, run_id: str, txns: Sequence[str], *, before: Mapping[str, int] | None = None,
-                        commit_points: int | None = None) -> None:
+    def mark_committing(self, run_id: str, txns: Sequence[str], *, holds: Mapping[str, Sequence[str]] | None = None,
+                        before: Mapping[str, int] | None = None, commit_points: int | None = None) -> None:
         """The commit point: from here on the run's transactions will be committed, crash or not.
 
-        With ``before`` (the tail read by :meth:`await_commit_turn`, when ``commit_points`` commit
+        ``holds`` (txn -> the files it holds, whole) is recorded with it: a transaction that is
+        aborted after this point (its lease lapsed while no driver renewed it) then costs only a
+        rewrite of its files by the next run (see :meth:`heal_lost`). With ``before`` (the tail read by :meth:`await_commit_turn`, when ``commit_points`` commit
         points had been recorded): recorded only if no other run reached its commit point since,
         else ``_Skip`` (read the tail again)."""
         def fn(state: dict[str, Any]) -> dict:
@@ -861,6 +943,8 @@ class IngestCoordinator:
             if missing:
                 raise IngestError(f"transactions {missing} were never registered in run {run_id}")
             op = {"op": "committing", "run": run_id, "txns": list(txns), "ts": _now_ms()}
+            if holds is not None:
+                op["holds"] = encode_holds({t: holds.get(t, ()) for t in txns}, run["files"])
             if before is not None:
                 if state.get("commit_points", 0) != commit_points or _committing_others(state, run_id):
                     raise _Skip()
@@ -875,15 +959,15 @@ class IngestCoordinator:
         request is acknowledged. False when UNKNOWN transactions were resolved as never committed
         (``unknown_commits="not_committed"``: the run is then abandoned)."""
         states = {hex_id: _state_name(self.txns.status(self.scope, self.stream, int(hex_id, 16))) for hex_id in txns}
-        for hex_id, state in states.items():
-            if state in ("ABORTED", "ABORTING"):
-                raise LostCommitError(
-                    f"transaction {hex_id} of ingest run {run_id} is {state} although the run reached its commit "
-                    f"point: its events cannot be committed any more (was the task down longer than the "
-                    f"transaction lease?). The run's files{' (' + _files_text(run) + ')' if run else ''} stay "
-                    f"uncommitted; re-running the ingest will write them again, so events of this run's other, "
-                    f"committed transactions would be duplicated — inspect the stream before re-running."
-                )
+        aborted = [t for t, state in states.items() if state in ("ABORTED", "ABORTING")]
+        if aborted:
+            if run is None:
+                run = self.store.fetch()["runs"].get(run_id) or {}
+            self.returned[run_id] = self.heal_lost(run_id, run, aborted)
+            self.lost[run_id] = aborted
+            states = {t: state for t, state in states.items() if t not in set(aborted)}
+            if not states:
+                return False  # the whole run was lost: its files are planned again
         unknown = [t for t, state in states.items() if state == "UNKNOWN"]
         if unknown:
             if self.unknown_commits is None:
@@ -911,6 +995,46 @@ class IngestCoordinator:
                 self._crash("after_first_commit")
         self._crash("after_commit_acks")
         return True
+
+    def heal_lost(self, run_id: str, run: Mapping[str, Any], aborted: Sequence[str]) -> list[str]:
+        """Transactions of a run past its commit point were aborted (their leases lapsed: the
+        driver was down longer than the lease). Each holds whole files, recorded at the commit
+        point, so their files are taken out of the run (``lost``) and the next run writes them
+        again; the run's other transactions are committed as promised. Returns those files.
+
+        Only when the run does not say what an aborted transaction held (recorded by an older
+        version, or a unit shared by several transactions) is the outcome undecidable:
+        :class:`LostCommitError`."""
+        holds = run.get("holds")
+        unknown = [t for t in aborted if holds is None or t not in holds]
+        kept = {u for t, units in (holds or {}).items() if t not in set(aborted) for u in units}
+        shared = sorted({u for t in aborted for u in (holds or {}).get(t, ()) if u in kept})
+        if unknown or shared:
+            why = (f"the run's record does not say which files transaction(s) {', '.join(unknown)} held (it was "
+                   f"recorded by an older version of the provider)" if unknown else
+                   f"{shared[0]} was written partly by an aborted and partly by a committed transaction")
+            raise LostCommitError(
+                f"transaction(s) {', '.join(aborted)} of ingest run {run_id} are ABORTED although the run reached its "
+                f"commit point (the task was down longer than the transaction lease), and {why}: writing the "
+                f"files again would duplicate what the run's committed transactions hold, skipping them would lose "
+                f"the rest. The run's files: {_files_text(run)}. Inspect the stream for their records; "
+                f"reset_ingest_state(...) then re-ingests every file of the source."
+            )
+        returned = sorted({u for t in aborted for u in holds[t]})
+
+        def fn(state: dict[str, Any]) -> dict | None:
+            now = state["runs"].get(run_id)
+            if now is None or now["phase"] != COMMITTING or now["owner"] != self.owner:
+                raise FencedError(run_id, "its record changed while its lost transactions were recorded")
+            still = [t for t in aborted if t in now["commit"]]
+            return {"op": "lost", "run": run_id, "txns": still, "ts": _now_ms()} if still else None
+
+        self.store.update(fn)
+        log.warning("ingest run %s: %d of its transactions were aborted after its commit point (their leases "
+                    "lapsed); their %d file(s) are written again by the next run: %s", run_id, len(aborted),
+                    len(returned), ", ".join(returned[:5]) + (f" and {len(returned) - 5} more" if len(returned) > 5
+                                                              else ""))
+        return returned
 
     def record_requested(self, run_id: str) -> None:
         """Every commit request of the run was acknowledged: from here UNKNOWN means committed."""

@@ -485,16 +485,19 @@ def measure_pieces(spark: Any, requests: Mapping[str, Mapping[str, Any]]) -> dic
     return pieces
 
 
-def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]]) -> Any:
+def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]], labels: Mapping[str, int] | None = None) -> Any:
     """(f, b, value) of the lines of each file's piece ``[start, end)`` and nothing else, whatever
     the file holds by the time it is read: ``b`` is the line's number in the whole file (piece
     ``line`` onwards), ``value`` its bytes without the line end (LF, or CR LF). The bytes before
     ``end`` must still have the planned fingerprint ``fp``: a file rewritten between the measuring and
     the reading fails the run, uncommitted. One Spark task holds a whole file (``binaryFile``: files
-    up to 2 GiB; a few hundred MB is the normal case)."""
+    up to 2 GiB; a few hundred MB is the normal case). With ``labels`` (file key -> its write
+    task's label, see :func:`writer_labels`) each line also carries its file's label as ``w``."""
     from pyspark.sql import functions as F
 
     ranges = {k: (int(p["start"]), int(p["end"]), int(p["line"]), p.get("fp")) for k, p in pieces.items()}
+    labels = dict(labels) if labels is not None else None
+    schema_text = "f string, b long, value binary" + (", w long" if labels is not None else "")
 
     def split(batches: Iterator[Any]) -> Iterator[Any]:
         import hashlib
@@ -512,15 +515,21 @@ def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]]) -> Any:
                 if content[end - 1:end] == b"\n" or end == start:
                     lines.pop()  # after the last line end: nothing
                 lines = [x[:-1] if x.endswith(b"\r") else x for x in lines]
+                fields = [("f", pa.string()), ("b", pa.int64()), ("value", pa.binary())]
+                if labels is not None:
+                    fields.append(("w", pa.int64()))
                 for i in range(0, len(lines), 10_000):
                     chunk = lines[i:i + 10_000]
-                    yield pa.RecordBatch.from_pydict({
-                        "f": [path] * len(chunk), "b": list(range(line + i, line + i + len(chunk))), "value": chunk,
-                    }, schema=pa.schema([("f", pa.string()), ("b", pa.int64()), ("value", pa.binary())]))
+                    columns = {"f": [path] * len(chunk), "b": list(range(line + i, line + i + len(chunk))),
+                               "value": chunk}
+                    if labels is not None:
+                        columns["w"] = [labels[key_of(path)]] * len(chunk)
+                    yield pa.RecordBatch.from_pydict(columns, schema=pa.schema(fields))
 
     frame = (file_contents(spark, pieces)
-             .mapInArrow(split, "f string, b long, value binary"))
-    return frame.select("f", "b", F.col("value").cast("string").alias("value"))
+             .mapInArrow(split, schema_text))
+    return frame.select("f", "b", F.col("value").cast("string").alias("value"),
+                        *(["w"] if labels is not None else []))
 
 
 def _first_line(text: str) -> str:
@@ -602,32 +611,45 @@ def _read(spark: Any, uris: Sequence[str], spec: IngestSpec, header: Sequence[st
     return spark.read.parquet(*uris)
 
 
-def record_frame(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: IngestSpec) -> Any:
-    """A DataFrame of (f, b, m, payload, k, bad, why) in source order, not yet partitioned:
+def record_frame(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: IngestSpec,
+                 labels: Mapping[str, int] | None = None) -> Any:
+    """A DataFrame of (f, b, m, payload, k, bad) in source order, not yet partitioned:
     ``bad`` marks a record no mode may write (malformed, no routing key, over the event limit).
-    ``files``: the plan's files (key -> identity; a line file's identity is its piece)."""
+    ``files``: the plan's files (key -> identity; a line file's identity is its piece). With
+    ``labels`` (see :func:`writer_labels`) a column ``w``: the record's write task."""
     from pyspark.sql import functions as F
 
     if spec.format in LINE_FORMATS:
-        lines = line_frame(spark, files).filter(F.length(F.trim("value")) > 0)
+        lines = line_frame(spark, files, labels).filter(F.length(F.trim("value")) > 0)
         payload, key, reason = _record_columns(lines, spec)
         return lines.select("f", "b", F.lit(0).cast("long").alias("m"), payload.alias("payload"), key.alias("k"),
-                            reason.isNotNull().alias("bad"))
+                            reason.isNotNull().alias("bad"), *(["w"] if labels is not None else []))
     files = sorted(files)
     uris = [uri_of(f) for f in files]
     header = _csv_header(spark, uris[0]) if spec.format == "csv" else None
-    df = _read(spark, uris, spec, header)
+    if labels is not None:  # one read per write task's files, each labelled: a file is never split between tasks
+        by_label: dict[int, list[str]] = {}
+        for f in files:
+            by_label.setdefault(labels[f], []).append(uri_of(f))
+        parts = [_read(spark, group, spec, header).withColumn("w", F.lit(label).cast("long"))
+                 for label, group in sorted(by_label.items())]
+        df = parts[0]
+        for part in parts[1:]:
+            df = df.unionByName(part)
+    else:
+        df = _read(spark, uris, spec, header)
     if spec.format in ("csv", "parquet"):  # a field no record can have: say so before any write
         columns = list(header) if header is not None else df.columns
         for what, name in (("routing_key_field", spec.routing_key_field), ("payload_field", spec.payload_field)):
             if name and name not in columns:
                 raise BadRecordError(f"{what} {name!r} is not a column of {files[0]} (columns: "
                                      f"{', '.join(columns)}). Nothing of this run was committed.")
-    payload, key, reason = _record_columns(df, spec, header)
+    payload, key, reason = _record_columns(df.drop("w") if labels is not None else df, spec, header)
     return df.select(
         F.input_file_name().alias("f"), F.input_file_block_start().alias("b"),
         F.monotonically_increasing_id().alias("m"),
         payload.alias("payload"), key.alias("k"), reason.isNotNull().alias("bad"),
+        *(["w"] if labels is not None else []),
     )
 
 
@@ -654,15 +676,66 @@ def writers_of(spark: Any, spec: IngestSpec) -> int:
 
 def build_frame(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: IngestSpec) -> Any:
     """The record frame of ``files`` partitioned for writing."""
-    return partition_for_writing(spark, record_frame(spark, files, spec), spec)
+    labels = writer_labels(spark, files, spec)
+    return partition_for_writing(spark, record_frame(spark, files, spec, labels), spec, labels)
 
 
-def partition_for_writing(spark: Any, df: Any, spec: IngestSpec) -> Any:
-    """With a routing key, all events of one key go to one task, in source order."""
-    writers = writers_of(spark, spec)
-    if spec.routing_key_field:
-        return df.repartition(writers, "k").sortWithinPartitions("f", "b", "m")
-    return df.coalesce(writers)  # never more partitions than there are (coalesce only merges)
+def needs_labels(spec: IngestSpec) -> bool:
+    """Whether files must be assigned to write tasks explicitly: a line file is one Spark task's
+    input whole (``binaryFile``), so merging input partitions keeps it whole; a CSV or Parquet file
+    may be split between input partitions, and a routing key would spread every file over all tasks."""
+    return bool(spec.routing_key_field) or spec.format not in LINE_FORMATS
+
+
+def file_groups(files: Mapping[str, Mapping[str, Any]], writers: int) -> dict[str, int]:
+    """Each file's write task (0..n-1): whole files, consecutive in path order, about the same
+    bytes per task. Whole: a transaction lost after the commit point costs a rewrite of exactly its
+    files (``IngestCoordinator.heal_lost``). Consecutive: with a routing key, the transactions are
+    committed in path order of their files, so a key's events keep the source order across files."""
+    keys = sorted(files)
+    sizes = [max(1, _planned_bytes(files[k])) for k in keys]
+    total, n = sum(sizes), max(1, min(writers, len(keys)))
+    groups: dict[str, int] = {}
+    before = 0
+    for key, size in zip(keys, sizes):
+        groups[key] = min(n - 1, before * n // total)
+        before += size
+    return groups
+
+
+def _planned_bytes(ident: Mapping[str, Any]) -> int:
+    if ident.get("end") is not None:
+        return int(ident["end"]) - int(ident.get("start") or 0)
+    return int(ident.get("size") or 0)
+
+
+def writer_labels(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: IngestSpec) -> dict[str, int] | None:
+    """File key -> a label whose hash partition (``repartition(n, "w")``) is the file's write task
+    (:func:`file_groups`), so that task *i* gets exactly group *i*; None where files stay whole
+    without it (:func:`needs_labels`). The labels come from Spark's own hash, so they match the
+    partitioner of whichever Spark runs the job."""
+    if not needs_labels(spec):
+        return None
+    groups = file_groups(files, writers_of(spark, spec))
+    n = max(groups.values()) + 1
+    rows = spark.sql(f"SELECT id, pmod(hash(id), {n}) AS p FROM range({64 * n})").collect()
+    label: dict[int, int] = {}
+    for row in rows:
+        label.setdefault(int(row["p"]), int(row["id"]))
+    fallback = [i for i in range(n) if i not in label]  # a task no label reached: share one (still whole files)
+    for i in fallback:
+        label[i] = label[min(label)]
+    return {key: label[g] for key, g in groups.items()}
+
+
+def partition_for_writing(spark: Any, df: Any, spec: IngestSpec, labels: Mapping[str, int] | None = None) -> Any:
+    """One partition per write task, each holding whole files (see :func:`file_groups`); with a
+    routing key, every key's events in source order within each file."""
+    if labels is None:
+        return df.coalesce(writers_of(spark, spec))  # line files stay whole (coalesce only merges partitions)
+    tasks = len(set(labels.values()))
+    df = df.repartition(tasks, "w")
+    return df.sortWithinPartitions("f", "b", "m") if spec.routing_key_field else df
 
 
 def validate_records(spark: Any, frame: Any, spec: IngestSpec,
@@ -766,7 +839,7 @@ def _explain(why: str, text: str | None, spec: IngestSpec, header: Sequence[str]
 # Spark tasks
 # ---------------------------------------------------------------------------------------------
 
-RESULT_SCHEMA = "txn string, events long, bytes long, error string, bad_file string"
+RESULT_SCHEMA = "txn string, events long, bytes long, error string, bad_file string, files array<string>"
 
 _WORKER_CLIENTS: dict[tuple[int, PravegaConnectionConfig], Any] = {}
 
@@ -803,10 +876,16 @@ def make_writer(ctx: TaskContext):
 
     def write_partition(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
+        import pyarrow.compute as pc
 
-        def result(txn: str | None, events: int, size: int, error: str | None = None, bad_file: str | None = None):
+        def result(txn: str | None, events: int, size: int, error: str | None = None, bad_file: str | None = None,
+                   files: Iterable[str] = ()):
             return pa.RecordBatch.from_pydict(
-                {"txn": [txn], "events": [events], "bytes": [size], "error": [error], "bad_file": [bad_file]}
+                {"txn": [txn], "events": [events], "bytes": [size], "error": [error], "bad_file": [bad_file],
+                 "files": [sorted(files)]},
+                schema=pa.schema([("txn", pa.string()), ("events", pa.int64()), ("bytes", pa.int64()),
+                                  ("error", pa.string()), ("bad_file", pa.string()),
+                                  ("files", pa.list_(pa.string()))]),
             )
 
         batches = iter(batches)
@@ -830,10 +909,12 @@ def make_writer(ctx: TaskContext):
         keeper = client.lease_keeper(max(1.0, ctx.lease_ms / 3000))
         keeper.add(spec.scope, spec.stream, info.txn_id)
         events = size = 0
+        held: set[str] = set()  # the files this transaction holds (whole: see file_groups)
         try:
             writer = txns.writer(spec.scope, spec.stream, info, check_open=False)
             try:
                 for batch in _chain(first, batches):
+                    held.update(pc.unique(batch.column("f")).to_pylist())
                     bad_file = _first_bad_file(batch)
                     if bad_file is not None:  # nothing of this transaction will be committed
                         txns.abort(spec.scope, spec.stream, info.txn_id)
@@ -855,7 +936,7 @@ def make_writer(ctx: TaskContext):
                 writer.close()
         finally:
             keeper.close()
-        yield result(hex_id, events, size)
+        yield result(hex_id, events, size, files=held)
 
     return write_partition
 
@@ -985,20 +1066,43 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
         log.info("run %s: ingesting %d file(s) (%d already ingested)", run_id, len(plan.to_ingest),
                  len(plan.skipped))
         ctx = TaskContext(config_of(client), spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
-        records = record_frame(spark, plan.to_ingest, spec)
+        labels = writer_labels(spark, plan.to_ingest, spec)
+        records = record_frame(spark, plan.to_ingest, spec, labels)
         if spec.mode == "at_least_once":
             validate_records(spark, records, spec, plan.to_ingest)  # its writes are visible at once: check first
-        frame = partition_for_writing(spark, records, spec)
+        frame = partition_for_writing(spark, records, spec, labels)
         rows = frame.mapInArrow(make_writer(ctx), RESULT_SCHEMA).collect()
         bad = [r for r in rows if r["error"]]
         if bad:
             raise bad_record_error(spark, bad[0]["bad_file"], spec, plan.to_ingest)
-        return WriteResult([r["txn"] for r in rows if r["txn"]], sum(r["events"] for r in rows),
-                           sum(r["bytes"] for r in rows))
+        holds = whole_file_holds({r["txn"]: r["files"] or () for r in rows if r["txn"]})
+        # Committed in path order of their files: with a routing key, a key's events keep source order.
+        txns = sorted(holds, key=lambda t: (holds[t][:1], t))
+        return WriteResult(txns, sum(r["events"] for r in rows), sum(r["bytes"] for r in rows), holds)
 
     outcome = coord.run(identities, write, allow_changed_files=spec.allow_changed_files,
                         wait_for_commit=spec.wait_for_commit, transactional=spec.mode == "exactly_once",
                         interval=spec.interval_key)
+    ingested = set(outcome.plan.to_ingest) - set(outcome.returned)
+    for _again in range(RETURNED_RUNS):
+        if not outcome.returned:
+            break
+        # Transactions of this run were aborted after its commit point (leases lapsed while the
+        # driver stalled): their files were taken back out of the run; write them again now.
+        log.warning("run %s: writing again the %d file(s) of its lapsed transactions", outcome.run_id,
+                    len(outcome.returned))
+        earlier = outcome
+        outcome = coord.run(identities, write, allow_changed_files=spec.allow_changed_files,
+                            wait_for_commit=spec.wait_for_commit, transactional=True, interval=spec.interval_key)
+        outcome.recovered = earlier.recovered + outcome.recovered
+        outcome.finished = earlier.finished + outcome.finished
+        outcome.events += earlier.events
+        outcome.bytes += earlier.bytes
+        ingested |= set(outcome.plan.to_ingest) - set(outcome.returned)
+    if outcome.returned:
+        raise IngestError(f"the transactions of {len(outcome.returned)} file(s) lapsed after the commit point "
+                          f"{RETURNED_RUNS + 1} times in a row ({', '.join(outcome.returned[:3])}...): the driver "
+                          f"stalls longer than the transaction lease; they stay uncommitted, the next run writes them")
     result = IngestResult(
         run_id=outcome.run_id, files_skipped=sorted(outcome.plan.skipped), recovered_runs=early[0] + outcome.recovered,
         finished_runs=early[1] + outcome.finished, state_scope=state_scope, state_stream=state_stream,
@@ -1010,13 +1114,31 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
         result.tail_cut = _tail_text(client, spec)
         result.seconds = time.monotonic() - started
         return result
-    result.files_ingested = sorted(outcome.plan.to_ingest)
+    result.files_ingested = sorted(ingested)
     committed = spec.wait_for_commit or spec.mode != "exactly_once"
     result.tail_cut = _tail_text(client, spec) if committed else None
     result.seconds = time.monotonic() - started
     log.info("run %s: %d events (%d bytes) from %d file(s) in %.1f s (%.0f events/s)", outcome.run_id,
              result.events, result.bytes, len(result.files_ingested), result.seconds, result.events_per_second)
     return result
+
+
+RETURNED_RUNS = 3  # runs again at once for files whose transactions lapsed after the commit point
+
+
+def whole_file_holds(reported: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
+    """txn -> the file keys it holds, from the write tasks' reports; a file in two transactions
+    would make a lapsed transaction impossible to heal, so it is refused before the commit point."""
+    holds = {txn: sorted({key_of(f) for f in files}) for txn, files in reported.items()}
+    owner: dict[str, str] = {}
+    for txn, keys in holds.items():
+        for key in keys:
+            if key in owner:
+                raise IngestError(f"{key} was written by two transactions ({owner[key]} and {txn}); a file must lie "
+                                  f"wholly in one transaction. Nothing of this run was committed; this is a bug of "
+                                  f"the provider's partitioning (file_groups): please report it")
+            owner[key] = txn
+    return holds
 
 
 def _line_pieces(spark: Any, store: Any, listed: Sequence[SourceFile], identities: Mapping[str, Mapping[str, Any]],

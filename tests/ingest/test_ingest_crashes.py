@@ -134,3 +134,47 @@ def test_job_paused_past_several_leases_commits_everything(tmp_path, pravega_emb
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["transactions"] and all(t["status"] == "COMMITTED" for t in summary["transactions"])
     assert_exactly_once(read_stream(server.controller_uri, scope, "s", expected=len(lines)), lines)
+
+
+def _abort_what_is_open(uri: str, scope: str, ingest_id: str) -> tuple[list[str], list[str]]:
+    """What a lapsed lease does, deterministically: the controller aborts every transaction of the
+    killed run that is still OPEN. Returns (its transactions at the commit point, those aborted)."""
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.client.ingest import open_ingest_state
+
+    with PravegaClient(uri) as c:
+        store = open_ingest_state(c, scope, "s", ingest_id)
+        try:
+            (run_record,) = store.fetch()["runs"].values()
+        finally:
+            store.close()
+        assert run_record["phase"] == "COMMITTING", run_record["phase"]
+        assert sorted(u for units in run_record["holds"].values() for u in units) == sorted(run_record["files"])
+        aborted = []
+        for hex_id in run_record["commit"]:
+            if c.transactions.status(scope, "s", int(hex_id, 16)).name == "OPEN":
+                c.transactions.abort(scope, "s", int(hex_id, 16))
+                aborted.append(hex_id)
+        return run_record["commit"], aborted
+
+
+@pytest.mark.parametrize("step", ["after_commit_record", "after_first_commit"])
+def test_transactions_lapsed_after_the_commit_point_are_written_again_by_the_retry(step, tmp_path, pravega_controller_uri,
+                                                                                  unique_name, read_stream):
+    """The driver dies right after its commit point (or after its first commit request); the retry
+    comes after the leases lapsed. It heals by itself: the committed transactions' files are
+    recorded done, the aborted ones' files are written again; every record once."""
+    scope = unique_name("lapse")
+    lines = make_source(tmp_path / "in", files=6, per_file=300)
+    cmd = ingest_cmd(pravega_controller_uri, scope, tmp_path / "in", "--num-writers", "3")
+    first = run(cmd, {CRASH_ENV: step})
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    txns, aborted = _abort_what_is_open(pravega_controller_uri, scope, f"{scope}-ingest")
+    assert len(txns) == 3 and len(aborted) == (3 if step == "after_commit_record" else 2)
+    second = run(cmd)
+    assert second.returncode == 0, second.stderr[-3000:]
+    summary = json.loads(second.stdout.strip().splitlines()[-1])
+    assert summary["recovered_runs"], summary
+    assert len(summary["files_ingested"]) == 2 * len(aborted)  # two whole files per transaction
+    assert "lapsed" in second.stderr or "were aborted after its commit point" in second.stderr
+    assert_exactly_once(read_stream(pravega_controller_uri, scope, "s", expected=len(lines)), lines)

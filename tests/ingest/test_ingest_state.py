@@ -10,6 +10,8 @@ from airflow_provider_pravega.client.ingest import (
     WRITING,
     ChangedFileError,
     apply_update,
+    decode_holds,
+    encode_holds,
     file_identity,
     initial_state,
     needs_fingerprint,
@@ -60,6 +62,45 @@ def test_a_run_goes_from_start_to_done():
     assert state["runs"] == {} and set(state["committed"]) == set(FILES)
     assert state["committed"]["/d/a.jsonl"] == {"size": 3, "fp": "aa", "run": "r1"}
     assert state["completed_runs"] == 1
+
+
+def test_holds_are_recorded_compactly_and_decode_to_the_same_files():
+    files = [f"/d/{i:03d}.jsonl" for i in range(10)]
+    holds = {"t1": files[0:4], "t2": [files[4], files[7]], "t3": files[8:] + ["partition-00001"], "t4": []}
+    encoded = encode_holds(holds, files)
+    assert encoded["t1"] == [[0, 4]] and encoded["t2"] == [files[4], files[7]]
+    assert decode_holds(encoded, reversed(files)) == {t: sorted(u) for t, u in holds.items()}
+
+
+def test_lost_transactions_take_their_files_out_of_the_run_and_the_rest_is_committed():
+    """A transaction aborted after the commit point (a lapsed lease) held whole files: ``lost``
+    takes them out of the run, so ``done`` records only the committed ones' files, and the next
+    plan writes the others again. A run that lost every transaction is gone, as if abandoned."""
+    files = {f"/d/{c}.jsonl": {"size": 1} for c in "abcd"}
+    holds = {"t1": ["/d/a.jsonl", "/d/b.jsonl"], "t2": ["/d/c.jsonl"], "t3": ["/d/d.jsonl"]}
+    start = [{"op": "start", "run": "r1", "files": files, "owner": "o", "ts": 1},
+             *({"op": "register", "run": "r1", "txn": t} for t in holds),
+             {"op": "committing", "run": "r1", "txns": list(holds), "ts": 2,
+              "holds": encode_holds(holds, files)}]
+    state = fold(*start, {"op": "lost", "run": "r1", "txns": ["t2", "t3"], "ts": 3})
+    assert state["runs"]["r1"]["commit"] == ["t1"] and sorted(state["runs"]["r1"]["files"]) == holds["t1"]
+    state = apply_update(state, {"op": "done", "run": "r1"})
+    assert sorted(state["committed"]) == holds["t1"]
+    plan = plan_files(state, files, allow_changed_files=False)
+    assert sorted(plan.to_ingest) == ["/d/c.jsonl", "/d/d.jsonl"]
+    state = fold(*start, {"op": "lost", "run": "r1", "txns": ["t1", "t2", "t3"], "ts": 3})
+    assert state["runs"] == {} and state["committed"] == {}
+
+
+def test_units_held_but_not_planned_are_committed_with_their_transaction():
+    """A data-source write plans no files up front: its input partitions, held by the committed
+    transactions, are what its done record commits."""
+    state = fold({"op": "start", "run": "r1", "files": {}, "owner": "o", "ts": 1},
+                 {"op": "register", "run": "r1", "txn": "t1"}, {"op": "register", "run": "r1", "txn": "t2"},
+                 {"op": "committing", "run": "r1", "txns": ["t1"], "ts": 2,
+                  "holds": encode_holds({"t1": ["partition-00000"]}, {})},
+                 {"op": "done", "run": "r1"})
+    assert set(state["committed"]) == {"partition-00000"}
 
 
 def test_updates_for_a_gone_run_are_moot():
