@@ -76,7 +76,7 @@ def test_lost_transactions_take_their_files_out_of_the_run_and_the_rest_is_commi
     """A transaction aborted after the commit point (a lapsed lease) held whole files: ``lost``
     takes them out of the run, so ``done`` records only the committed ones' files, and the next
     plan writes the others again. A run that lost every transaction is gone, as if abandoned."""
-    files = {f"/d/{c}.jsonl": {"size": 1} for c in "abcd"}
+    files = {f"/d/{c}.jsonl": file_identity(1, 1000) for c in "abcd"}
     holds = {"t1": ["/d/a.jsonl", "/d/b.jsonl"], "t2": ["/d/c.jsonl"], "t3": ["/d/d.jsonl"]}
     start = [{"op": "start", "run": "r1", "files": files, "owner": "o", "ts": 1},
              *({"op": "register", "run": "r1", "txn": t} for t in holds),
