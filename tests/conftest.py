@@ -23,9 +23,6 @@ os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME /
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_AIRFLOW_HOME / "dags")
 os.environ.pop("AIRFLOW_CONFIG", None)
-# Transactions' lease keepers that Spark write tasks start (client/lease_handoff.py) spool here and
-# are stopped at the end of the run.
-os.environ["PRAVEGA_LEASE_KEEPER_DIR"] = str(_AIRFLOW_HOME / "lease-keepers")
 
 if "airflow" in sys.modules:  # pragma: no cover - guards the ordering this module relies on
     raise RuntimeError("tests/conftest.py must run before anything imports airflow")
@@ -39,9 +36,6 @@ pytest_plugins = ["airflow_provider_pravega.testing.pytest_plugin"]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from airflow_provider_pravega.client.lease_handoff import stop_keepers
-
-    stop_keepers(_AIRFLOW_HOME / "lease-keepers")
     shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
 
 

@@ -698,18 +698,35 @@ class IngestCoordinator:
             if interval is not None and transactional:
                 self.record_empty_interval(interval)
             return out
-        keeper = _RunKeeper(self, run_id)
+        keeper = RunKeeper(self, run_id)
         keeper.start()
-        committing = False
         try:
             written = write(run_id, plan)
             self._crash("after_tasks")
             keeper.check()
-            out.events, out.bytes = written.events, written.bytes
-            if not transactional:
-                keeper.stop()
-                self.finish(run_id)
-                return out
+        except BaseException:
+            keeper.stop()
+            self.abandon(run_id)
+            raise
+        out.events, out.bytes = written.events, written.bytes
+        if not transactional:
+            keeper.stop()
+            self.finish(run_id)
+            return out
+        out.txns, out.status, out.returned = self.commit_written(run_id, written, keeper=keeper, interval=interval,
+                                                                 wait_for_commit=wait_for_commit)
+        return out
+
+    def commit_written(self, run_id: str, written: WriteResult, *, keeper: Any = None, interval: str | None = None,
+                       wait_for_commit: bool = True) -> tuple[list[str], str, list[str]]:
+        """The driver's side of the transactional stage, once the write tasks are done: the commit
+        point (``written.txns``, the successful task attempts, with what each holds), aborting
+        every other registered transaction (failed, retried or losing speculative attempts), the
+        commit requests, and done. Returns (transactions committed, COMMITTED / COMMITTING / LOST,
+        files of transactions found aborted, which the next run writes again). ``keeper``, if
+        given, is stopped once the commits are acknowledged (leases no longer matter then)."""
+        committing = False
+        try:
             txns = list(written.txns)
             orphans = [t for t in self.registered_txns(run_id) if t not in set(txns)]
             if interval is None:
@@ -723,28 +740,25 @@ class IngestCoordinator:
                     except _Skip:
                         continue
             committing = True
-            self._abort_quietly(orphans)  # task attempts that failed and were retried
+            self._abort_quietly(orphans)  # task attempts that failed, were retried or lost a speculative race
             alive = self.request_commits(run_id, txns)
-            out.returned = self.returned.pop(run_id, [])
+            returned = self.returned.pop(run_id, [])
             if not alive:  # every transaction was aborted after the commit point: nothing committed
-                keeper.stop()
-                out.status = "LOST"
-                return out
+                return [], "LOST", returned
             txns = [t for t in txns if t not in set(self.lost.pop(run_id, ()))]
             self.record_requested(run_id)
         except BaseException:
-            keeper.stop()
             if not committing:
                 self.abandon(run_id)
             raise
-        keeper.stop()  # leases no longer matter: every commit is acknowledged and recorded
-        out.txns = txns
-        out.status = "COMMITTING"
-        if wait_for_commit:
-            self.wait_committed(run_id, txns, timeout_s=commit_timeout_s)
-            self.finish(run_id)
-            out.status = "COMMITTED"
-        return out
+        finally:
+            if keeper is not None:
+                keeper.stop()  # leases no longer matter: every commit is acknowledged and recorded
+        if not wait_for_commit:
+            return txns, "COMMITTING", returned
+        self.wait_committed(run_id, txns, timeout_s=self.commit_timeout_s)
+        self.finish(run_id)
+        return txns, "COMMITTED", returned
 
     # recovery --------------------------------------------------------------------------------
 
@@ -891,6 +905,28 @@ class IngestCoordinator:
             self._crash("after_run_record")
             return run_id, plan
 
+    def start_open_run(self, *, wait_for_others_s: float | None = 3600.0, poll_s: float = 1.0) -> str:
+        """A run whose units are not planned up front but held by the transactions its tasks
+        write (a data-source write: its input partitions, named at the commit point). Earlier runs
+        are finished or recovered first; with ``wait_for_others_s``, runs of another live copy are
+        waited for (a rerun with the same write id waits out a crashed job's ``stale_after_s``),
+        with None they are left alone (independent writes sharing one state)."""
+        deadline = time.monotonic() + (wait_for_others_s or 0)
+        while True:
+            self.recover()
+            others = sorted(self.store.fetch()["runs"])
+            if not others or wait_for_others_s is None:
+                break
+            if time.monotonic() > deadline:
+                raise IngestError(f"run(s) {', '.join(others)} of another live job with this id still write after "
+                                  f"{wait_for_others_s:.0f} s; stop that job or wait for it")
+            log.info("waiting for run(s) %s of another job with this id to finish or be presumed dead", ", ".join(others))
+            time.sleep(poll_s)
+        run_id = f"run-{uuid.uuid4().hex[:12]}"
+        self.store.update(lambda _s: {"op": "start", "run": run_id, "owner": self.owner, "ts": _now_ms(), "files": {},
+                                      "stale_ms": self.stale_after_ms})
+        return run_id
+
     def _stage(self, run_id: str, files: Mapping[str, Any]) -> set[str]:
         """Record ``files`` for ``run_id`` in parts, each one state record (see INLINE_FILES_BYTES)."""
         parts: list[dict[str, Any]] = [{}]
@@ -1006,12 +1042,13 @@ class IngestCoordinator:
         version, or a unit shared by several transactions) is the outcome undecidable:
         :class:`LostCommitError`."""
         holds = run.get("holds")
-        unknown = [t for t in aborted if holds is None or t not in holds]
+        unknown = [t for t in aborted if not (holds or {}).get(t)]
         kept = {u for t, units in (holds or {}).items() if t not in set(aborted) for u in units}
         shared = sorted({u for t in aborted for u in (holds or {}).get(t, ()) if u in kept})
         if unknown or shared:
-            why = (f"the run's record does not say which files transaction(s) {', '.join(unknown)} held (it was "
-                   f"recorded by an older version of the provider)" if unknown else
+            why = (f"the run's record does not say which files transaction(s) {', '.join(unknown)} held (a run "
+                   f"recorded by an older version of the provider, or a data-source write without write_id)"
+                   if unknown else
                    f"{shared[0]} was written partly by an aborted and partly by a committed transaction")
             raise LostCommitError(
                 f"transaction(s) {', '.join(aborted)} of ingest run {run_id} are ABORTED although the run reached its "
@@ -1160,9 +1197,11 @@ class IngestCoordinator:
                 log.debug("abort of %s: %s", hex_id, exc)
 
 
-class _RunKeeper(threading.Thread):
-    """Driver-side upkeep while the write stage runs: heartbeat the run and keep every registered
-    transaction's lease alive, until the commit requests are recorded."""
+class RunKeeper(threading.Thread):
+    """Upkeep while the write stage runs: heartbeat the run and keep every registered transaction's
+    lease alive (following the run's registry in the state), until the commit requests are
+    recorded. The driver runs one; so does every data-source write task while it writes, so a
+    finished task's transaction stays alive while any task of its job still runs."""
 
     def __init__(self, coord: IngestCoordinator, run_id: str) -> None:
         super().__init__(name="pravega-ingest-keeper", daemon=True)

@@ -11,15 +11,17 @@ Register it once per session with :func:`register` (classic PySpark or Spark Con
   Rows: ``event`` (binary, or UTF-8 text with ``decode=text``; with ``decode=json`` the
   columns of the given schema instead, parsed by Arrow), ``scope``, ``stream``,
   ``segment_id``, ``offset`` (where the event's header starts in its segment).
-* **batch write**, exactly once: each task attempt writes its rows into one Pravega transaction
-  (:class:`~airflow_provider_pravega.client.transactions.TransactionalWriter`, routed by the
-  optional ``routing_key`` column, so one key's rows keep their order within a task), flushes it
-  (every event acknowledged), and hands its transaction id to the driver in its commit message
-  and its lease to the host's lease keeper (:mod:`~airflow_provider_pravega.client.lease_handoff`),
-  which renews it until the job commits or aborts it, however long the job's other tasks take.
-  The driver's ``commit`` renews every transaction, then commits them all; ``abort`` (a failed job)
-  aborts them. A failed task attempt's transaction is aborted by the attempt itself, or, when its
-  process died, is never committed and expires with its lease.
+* **batch write**, exactly once, through the provider's transactional stage (the ingest's run
+  protocol, :class:`~airflow_provider_pravega.client.ingest.IngestCoordinator`): ``save()`` starts
+  a run in a state keyed by the target stream and ``write_id``; each task attempt begins a Pravega
+  transaction, registers it in the run (fenced), writes its rows (routed by the optional
+  ``routing_key`` column, so one key's rows keep their order within a task) and flushes them, and
+  while it writes it renews every transaction registered in the run. The driver's ``commit``
+  records the commit point (the winning attempts' transactions, each holding its input
+  partition), aborts every other registered transaction (failed and losing speculative
+  attempts), commits, and records the run done; ``abort`` aborts them all. Nothing runs on an
+  executor host after its tasks: no helper process, nothing on disk. With ``write_id``, a rerun
+  after a crash skips the partitions whose transactions committed and writes the rest.
 
 Options (all strings, as Spark passes them): ``OPTION_SPECS``, also the README's "Spark data source".
 Every one is checked (:func:`check_options`) on the driver as soon as Spark shows it to the data
@@ -60,7 +62,6 @@ try:
     )
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
     from airflow_provider_pravega.client.errors import PravegaError, SegmentStoreError
-    from airflow_provider_pravega.client.lease_handoff import DEFAULT_KEEP_S, hand_over
     from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
 except ImportError as _missing:
     # Spark imports this module in its Python workers too (on a cluster or a Connect server): a
@@ -225,9 +226,6 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("transaction_lease_ms", WRITES, _positive_whole,
                "lease of each task's transaction; Pravega's controller accepts "
                f"{MIN_LEASE_MS}..{MAX_LEASE_MS} ms unless configured otherwise (the embedded server: up to 120000)", "90000", _EXACTLY_ONCE),
-    OptionSpec("lease_keep_s", WRITES, _positive_seconds,
-               "how long after its task ended a transaction's lease is renewed while it waits for the job's commit "
-               "(then it expires, e.g. after a driver crash)", str(DEFAULT_KEEP_S), _EXACTLY_ONCE),
     OptionSpec("start_stream_cut", READS, _text,
                "head/earliest, tail/latest, or a stream-cut text (a streaming read: where a new query starts)", "head"),
     OptionSpec("end_stream_cut", frozenset({BATCH_READ}), _text,
@@ -254,9 +252,14 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("writer_id", frozenset({STREAM_WRITE}), _text,
                "names the query's record of committed micro-batches (required; keep it with the checkpoint "
                "location: a new checkpoint needs a new writer_id)", None, _EXACTLY_ONCE),
-    OptionSpec("stale_after_s", frozenset({STREAM_WRITE}), _positive_seconds,
-               "after a driver crash, how long a restarted query waits before it finishes or rolls back the "
-               "crashed commit", "60", _EXACTLY_ONCE),
+    OptionSpec("write_id", frozenset({BATCH_WRITE}), _text,
+               "names this write's record of committed input partitions (like Delta's txnAppId): a rerun of the "
+               "same job with the same write_id after a crash skips the partitions already committed and writes "
+               "the rest, exactly once when the job's input partitions are deterministic. Without it each save() "
+               "is independent", None, _EXACTLY_ONCE),
+    OptionSpec("stale_after_s", WRITES, _positive_seconds,
+               "after a driver crash, how long a restarted query (or a rerun with the same write_id) waits before "
+               "it finishes or rolls back the crashed commit", "60", _EXACTLY_ONCE),
     OptionSpec("create_stream", WRITES, _flag,
                "true creates the scope and the stream when missing, with the policy options below (false: a "
                "missing stream is an error)", "false"),
@@ -840,6 +843,7 @@ class PravegaCommitMessage(WriterCommitMessage):
     stream: str
     txn_id: int | None
     events: int
+    unit: str | None = None  # the input partition it holds (a write with write_id)
 
 
 class _TaskWrites:
@@ -854,7 +858,10 @@ class _TaskWrites:
         self.stream = _required(options, "stream", "the stream to write")
         self.mode = _value(options, "mode")
         self.event_text, self.has_key = _check_columns(schema)
-        self.keep_s = _value(options, "lease_keep_s")
+        self.stale_after_s = _value(options, "stale_after_s")
+        self.write_id = _option(options, "write_id")
+        self.run_id: str | None = None  # the run of a batch write (see PravegaBatchWriter)
+        self.owner: str | None = None
         create = _value(options, "create_stream")
         with _client(self.config) as client:
             if create:
@@ -869,27 +876,43 @@ class _TaskWrites:
     def write(self, iterator: Iterator[Any]) -> PravegaCommitMessage:
         if self.mode == "at_least_once":
             return self._write_at_least_once(iterator)
+        from pyspark import TaskContext
+
+        from airflow_provider_pravega.client.ingest import RunKeeper, known_files, register_txn
+
+        if self.run_id is None:
+            return self._write_micro_batch(iterator)
+        task = TaskContext.get()
+        unit = f"partition-{task.partitionId():05d}" if self.write_id is not None and task is not None else None
         client = _client(self.config)
         manager = client.transactions
+        store = None
         try:
+            store = _write_state(client, self.scope, self.stream, self.write_id, create=False)
+            if unit is not None and known_files(store, store.fetch(), [unit]):
+                log.info("write %s: input partition %s was committed by an earlier job: skipped", self.write_id,
+                         unit)
+                return PravegaCommitMessage(self.scope, self.stream, None, 0, unit)
             txn = _begin(manager, self.scope, self.stream, self.config.transaction_lease_ms)
         except BaseException:
+            if store is not None:
+                store.close()
             client.close()
             raise
-        keeper = client.lease_keeper()
-        keeper.add(self.scope, self.stream, txn.txn_id)
+        hex_id = f"{txn.txn_id:032x}"
+        keeper = None
         writer = manager.writer(self.scope, self.stream, txn, check_open=False)
         try:
+            register_txn(store, self.run_id, hex_id, self.owner)  # fenced: refused once the job committed
+            _crash_point("task_registered")
+            # While this task writes it renews every transaction registered in the run: a finished
+            # task's transaction stays alive while any task of the job still runs, on no host of its own.
+            keeper = RunKeeper(self._coordinator(client, store), self.run_id)
+            keeper.start()
             count = self._write_rows(iterator, writer.write_event)
             writer.flush()
             keeper.check()
-            # From here until the driver commits, this host's lease keeper renews the lease.
-            manager.ping(self.scope, self.stream, txn.txn_id)
-            try:
-                hand_over(self.config, self.scope, self.stream, txn.txn_id, self.keep_s)
-            except OSError as exc:  # the job still commits if it ends within the lease
-                log.warning("no lease keeper for transaction %032x (%s): it must be committed within %d ms",
-                            txn.txn_id, exc, self.config.transaction_lease_ms)
+            manager.ping(self.scope, self.stream, txn.txn_id)  # a full lease from here to the job's commit
         except BaseException:
             try:
                 manager.abort(self.scope, self.stream, txn.txn_id)
@@ -897,10 +920,42 @@ class _TaskWrites:
                 log.warning("could not abort transaction %032x of a failed write task: %s", txn.txn_id, exc)
             raise
         finally:
-            keeper.close()
+            if keeper is not None:
+                keeper.stop()
             writer.close()
+            store.close()
             client.close()
+        return PravegaCommitMessage(self.scope, self.stream, txn.txn_id, count, unit)
+
+    def _write_micro_batch(self, iterator: Iterator[Any]) -> PravegaCommitMessage:
+        """A streaming write's task: its transaction is registered by the driver at the batch's
+        commit (the run of a micro-batch starts there); this task renews it while it writes."""
+        with _client(self.config) as client:
+            manager = client.transactions
+            txn = _begin(manager, self.scope, self.stream, self.config.transaction_lease_ms)
+            keeper = client.lease_keeper()
+            keeper.add(self.scope, self.stream, txn.txn_id)
+            writer = manager.writer(self.scope, self.stream, txn, check_open=False)
+            try:
+                count = self._write_rows(iterator, writer.write_event)
+                writer.flush()
+                keeper.check()
+                manager.ping(self.scope, self.stream, txn.txn_id)  # a full lease from here to the batch's commit
+            except BaseException:
+                _abort_quietly(manager, self.scope, self.stream, txn.txn_id)
+                raise
+            finally:
+                keeper.close()
+                writer.close()
         return PravegaCommitMessage(self.scope, self.stream, txn.txn_id, count)
+
+    def _coordinator(self, client: Any, store: Any) -> Any:
+        """The transactional stage's coordinator for this write's run (driver and tasks alike)."""
+        from airflow_provider_pravega.client.ingest import IngestCoordinator
+
+        return IngestCoordinator(store, client.transactions, self.scope, self.stream, owner=self.owner,
+                                 stale_after_s=self.stale_after_s, lease_ms=self.config.transaction_lease_ms,
+                                 lease_keeper=client.lease_keeper, crash_hook=_crash_point)
 
     def _write_at_least_once(self, iterator: Iterator[Any]) -> PravegaCommitMessage:
         """Plain appends (the provider's EventWriter, routed like the official writer): visible at
@@ -931,25 +986,68 @@ class _TaskWrites:
 
 
 class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
-    """Exactly once by default: one transaction per task attempt, committed by the driver;
-    ``mode=at_least_once``: plain appends, nothing to commit."""
+    """Exactly once by default: a run of the transactional stage (see the module doc), started
+    at ``save()``, one transaction per task attempt, committed by the driver; ``mode=at_least_once``:
+    plain appends, nothing to commit."""
+
+    def __init__(self, options: Mapping[str, str], schema: Any, overwrite: bool) -> None:
+        super().__init__(options, schema, overwrite)
+        if self.mode != "exactly_once":
+            return
+        import uuid
+
+        from airflow_provider_pravega.client.ingest import IngestError, check_timing
+
+        try:
+            check_timing(self.stale_after_s, self.config.transaction_lease_ms)
+        except IngestError as exc:
+            raise PravegaDataSourceError(f"option stale_after_s: {exc}") from None
+        self.owner = f"spark-write:{self.write_id or '-'}:{uuid.uuid4().hex[:12]}"
+        with _client(self.config) as client:
+            store = _write_state(client, self.scope, self.stream, self.write_id)
+            try:
+                # A rerun with the same write_id first finishes or rolls back the crashed job's run.
+                self.run_id = self._coordinator(client, store).start_open_run(
+                    wait_for_others_s=None if self.write_id is None else 2 * self.stale_after_s + 60)
+            finally:
+                store.close()
 
     def commit(self, messages: Sequence[PravegaCommitMessage | None]) -> None:
-        txns = [m.txn_id for m in messages if m is not None and m.txn_id is not None]
-        if not txns:
+        if self.mode != "exactly_once":
             return
-        with _client(self.config) as client:
-            from airflow_provider_pravega.client.transactions import TxnStatus
+        from airflow_provider_pravega.client.ingest import WriteResult
 
-            manager = client.transactions
-            _renew_all_or_abort(manager, self.scope, self.stream, txns, self.config)
-            for t in txns:
-                manager.commit(self.scope, self.stream, t, wait=False)
-            for t in txns:
-                manager.wait_for(self.scope, self.stream, t, (TxnStatus.COMMITTED,))
+        done = [m for m in messages if m is not None and m.txn_id is not None]
+        hex_ids = [f"{m.txn_id:032x}" for m in done]
+        holds = {f"{m.txn_id:032x}": [m.unit] if m.unit else [] for m in done}
+        with _client(self.config) as client:
+            store = _write_state(client, self.scope, self.stream, self.write_id, create=False)
+            try:
+                coord = self._coordinator(client, store)
+                _, status, returned = coord.commit_written(
+                    self.run_id, WriteResult(hex_ids, sum(m.events for m in done), holds=holds))
+            finally:
+                store.close()
+        if returned or status == "LOST":
+            raise PravegaDataSourceError(
+                f"the transactions of {len(returned) or len(done)} write task(s) on {self.scope}/{self.stream} were "
+                f"aborted before the job committed (their leases of {self.config.transaction_lease_ms} ms lapsed: "
+                f"no task of the job ran to renew them, and the job's commit came later than that); the others "
+                f"were committed. "
+                + (f"Run the job again with the same write_id={self.write_id!r}: it writes only the input partitions "
+                   f"not committed ({', '.join(returned[:5])})." if self.write_id else
+                   "Without option write_id a rerun would write the committed rows again; give each job a write_id "
+                   "so a rerun writes only what is missing, or raise transaction_lease_ms."))
 
     def abort(self, messages: Sequence[PravegaCommitMessage | None]) -> None:
-        _abort_all(self.config, self.scope, self.stream, messages)
+        if self.mode != "exactly_once":
+            return
+        with _client(self.config) as client:
+            store = _write_state(client, self.scope, self.stream, self.write_id, create=False)
+            try:
+                self._coordinator(client, store).abandon(self.run_id)  # aborts every registered transaction
+            finally:
+                store.close()
 
 
 class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
@@ -1020,6 +1118,33 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
 
     def abort(self, messages: Sequence[PravegaCommitMessage | None], batchId: int) -> None:
         _abort_all(self.config, self.scope, self.stream, messages)
+
+
+#: Fault points of the batch write for tests (the ingest's CRASH_ENV convention): at the named
+#: step the process writes ``<PRAVEGA_WRITE_HOLD_DIR>/<step>`` and waits there to be killed.
+WRITE_HOLD_ENV = "PRAVEGA_WRITE_HOLD_AT"
+WRITE_HOLD_DIR_ENV = "PRAVEGA_WRITE_HOLD_DIR"
+
+
+def _crash_point(step: str) -> None:
+    if os.environ.get(WRITE_HOLD_ENV) != step or not os.environ.get(WRITE_HOLD_DIR_ENV):
+        return
+    from pathlib import Path
+
+    Path(os.environ[WRITE_HOLD_DIR_ENV], f"{step}.{os.getpid()}").touch()
+    while True:  # held here until the test kills the process
+        time.sleep(1)
+
+
+def _write_state(client: Any, scope: str, stream: str, write_id: str | None, *, create: bool = True) -> Any:
+    """The state of batch writes into ``scope/stream``: one per ``write_id``, one shared by writes
+    without one (independent runs: their units are never recorded)."""
+    from airflow_provider_pravega.client.ingest import open_ingest_state, open_state_store, state_location
+
+    ingest_id = f"spark-write:{write_id}" if write_id is not None else "spark-write"
+    if create:
+        return open_ingest_state(client, scope, stream, ingest_id)
+    return open_state_store(client, *state_location(scope, stream, ingest_id), create=False)
 
 
 def _begin(manager: Any, scope: str, stream: str, lease_ms: int) -> Any:
