@@ -1,5 +1,5 @@
 """Stream positions for the Airflow layer: cut values given by DAG authors, XCom-friendly stream info,
-and "has new data arrived since this cut?".
+"has new data arrived since this cut?" and "is it enough to announce?".
 
 Shared by the admin operators, the sensors and the triggers, and free of Airflow imports so the
 triggers stay light. Cut *values* are what a DAG author writes or pulls from XCom: ``"head"``,
@@ -10,11 +10,18 @@ segment id -> offset, or any object with ``scope``/``stream``/``positions`` (the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow_provider_pravega.client.errors import InvalidStreamCutError, NoSuchSegmentError
+from airflow_provider_pravega.client.errors import (
+    InvalidStreamCutError,
+    NoSuchSegmentError,
+    SegmentTruncatedError,
+    TruncatedStreamCutError,
+)
 from airflow_provider_pravega.protocol import naming
 from airflow_provider_pravega.protocol.streamcut import streamcut_to_text
 
@@ -24,7 +31,9 @@ if TYPE_CHECKING:
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
 
 __all__ = [
+    "Batching",
     "NewData",
+    "PendingBatch",
     "Positions",
     "cut_text",
     "find_new_data",
@@ -224,3 +233,118 @@ def find_new_data(client: PravegaClient, scope: str, stream: str, previous: Mapp
         if end > start:
             grown[segment] = (start, end)
     return NewData(scope, stream, previous, tail, grown)
+
+
+# -------------------------------------------------------------------------------------- batching
+
+
+@dataclass(frozen=True)
+class Batching:
+    """When new data is worth announcing (the stream sensor's and trigger's parameters), so that a
+    busy stream does not start a DAG run per poll.
+
+    Neither minimum set (both 0, the default): any new data, at once. Otherwise: when the data
+    after the last announced cut reaches ``min_bytes`` (segment bytes, 8-byte event headers
+    included) or ``min_events``, or ``max_wait_s`` seconds after data was first seen there,
+    whichever comes first. Without ``max_wait_s`` a batch below the minimums waits for more data.
+    """
+
+    min_bytes: int = 0
+    min_events: int = 0
+    max_wait_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("min_bytes", "min_events"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an integer (0: no minimum), got {type(value).__name__} {value!r}")
+            if value < 0:
+                raise ValueError(f"{name} must be 0 (no minimum) or more, got {value}")
+        wait = self.max_wait_s
+        if wait is None:
+            return
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)):
+            raise TypeError(f"max_wait_s must be a number of seconds or None, got {type(wait).__name__} {wait!r}")
+        if not (0 < wait < math.inf):
+            raise ValueError(f"max_wait_s must be a positive, finite number of seconds or None, got {wait!r}")
+        if not self.batches:
+            raise ValueError(
+                f"max_wait_s={wait!r} bounds the wait for min_bytes or min_events, and neither is set "
+                f"(without them new data is announced at once): set one, or drop max_wait_s"
+            )
+        object.__setattr__(self, "max_wait_s", float(wait))
+
+    @property
+    def batches(self) -> bool:
+        """Whether data may wait for more (a minimum is set)."""
+        return bool(self.min_bytes or self.min_events)
+
+
+class PendingBatch:
+    """The data after the last announced cut, judged against a :class:`Batching` poll after poll.
+
+    For ``min_events`` the events are counted by reading the bytes added since the previous poll
+    (only the 8-byte headers are parsed; the read costs the new data's size once). ``clock``
+    (monotonic seconds) times ``max_wait_s``; tests pass their own.
+    """
+
+    def __init__(self, batching: Batching, clock: Callable[[], float] = time.monotonic) -> None:
+        self.batching = batching
+        self._clock = clock
+        self._first_seen: float | None = None
+        self._counted: dict[int, int] = {}  # segment id -> offset up to which events were counted
+        self.events = 0
+
+    def ready(self, client: PravegaClient, found: NewData) -> bool:
+        """Whether ``found`` (all the data after the last announced cut) is to be announced now."""
+        if not found:
+            return False
+        rule = self.batching
+        if not rule.batches:
+            return True
+        if self._first_seen is None:
+            self._first_seen = self._clock()
+        if rule.min_events:
+            self._count_events(client, found)
+        if rule.min_bytes and found.new_bytes >= rule.min_bytes:
+            return True
+        if rule.min_events and self.events >= rule.min_events:
+            return True
+        return self.wait_left() == 0.0
+
+    def wait_left(self) -> float | None:
+        """Seconds until ``max_wait_s`` ends the wait for the minimums; None while there is no data
+        waiting or no ``max_wait_s``."""
+        if self._first_seen is None or self.batching.max_wait_s is None:
+            return None
+        return max(0.0, self._first_seen + self.batching.max_wait_s - self._clock())
+
+    def event(self, found: NewData) -> dict[str, Any]:
+        """The announcement of ``found``: :meth:`NewData.to_event`, plus ``new_events`` when counted."""
+        event = found.to_event()
+        if self.batching.min_events:
+            event["new_events"] = self.events
+        return event
+
+    def reset(self) -> None:
+        """Start a new batch (after ``found`` was announced)."""
+        self._first_seen = None
+        self._counted.clear()
+        self.events = 0
+
+    def _count_events(self, client: PravegaClient, found: NewData) -> None:
+        from airflow_provider_pravega.client.batch import SegmentRange, read_segment_range_batches
+
+        for segment, (start, end) in sorted(found.grown.items()):
+            begin = max(start, self._counted.get(segment, start))
+            if begin >= end:
+                continue
+            count = 0  # added only once the range is read: a failed read is retried whole at the next poll
+            try:
+                for batch in read_segment_range_batches(client, SegmentRange(found.scope, found.stream, segment,
+                                                                             begin, end)):
+                    count += len(batch.offsets)
+            except (NoSuchSegmentError, SegmentTruncatedError, TruncatedStreamCutError):
+                pass  # truncated away (retention) meanwhile: the rest of this range stays uncounted
+            self.events += count
+            self._counted[segment] = end

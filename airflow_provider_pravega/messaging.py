@@ -6,8 +6,9 @@
 
 Either becomes a :class:`~airflow_provider_pravega.triggers.stream.PravegaStreamTrigger` (other
 keyword arguments go to it: ``pravega_conn_id``, ``after_cut``, ``poll_interval``,
-``sample_events`` ...); a queue URI also names the controller, with credentials and TLS from the
-connection. Needs ``apache-airflow-providers-common-messaging``.
+``sample_events``, ``min_bytes``, ``min_events``, ``max_wait_s`` ...); a queue URI also names the
+controller, with credentials and TLS from the connection. Needs
+``apache-airflow-providers-common-messaging``.
 """
 
 from __future__ import annotations

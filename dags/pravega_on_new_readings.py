@@ -32,13 +32,16 @@ with DAG(dag_id="pravega_on_new_readings", schedule=[readings], tags=["pravega",
 
     @task
     def export_new_range(**context) -> dict:
-        """Export the events between the asset event's cuts (head → tail when run by hand)."""
+        """Export the events between the asset events' cuts (head → tail when run by hand)."""
         from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
         from airflow_provider_pravega.spark.session import get_spark_session
 
+        # One run gets every event since the previous run, in order: from the first one's start to
+        # the last one's end (reading only the last would skip the ranges before it).
         events = context.get("triggering_asset_events", {}).get(readings) or []
-        payload = events[-1].extra.get("payload", {}) if events else {}
-        start, end = payload.get("previous_cut", "head"), payload.get("cut", "tail")
+        first = events[0].extra.get("payload", {}) if events else {}
+        last = events[-1].extra.get("payload", {}) if events else {}
+        start, end = first.get("previous_cut", "head"), last.get("cut", "tail")
         run_id = context["run_id"].replace(":", "_").replace("+", "_")
         spec = ExportSpec(scope=SCOPE, stream=STREAM, start_cut=start, end_cut=end,
                           output_path=f"{DATA}/export/on-new-readings/{run_id}", format="jsonl",

@@ -3,13 +3,14 @@
 Usable two ways:
 
 * with ``AssetWatcher``, so that a DAG runs whenever the stream's tail moves (event-driven
-  scheduling; the trigger keeps running and fires once per poll that finds new data);
+  scheduling; the trigger keeps running and fires once per poll that finds enough new data);
 * by :class:`~airflow_provider_pravega.sensors.stream.PravegaStreamSensor` in deferrable mode
   (the first event resumes the sensor).
 
-"New data" is judged segment by segment against the last seen cut, across scaling (see
+"New data" is judged segment by segment against the last announced cut, across scaling (see
 ``find_new_data``): a segment's larger offset, data in a successor segment, or data a sealed
-predecessor received before the scale.
+predecessor received before the scale. ``min_bytes`` / ``min_events`` / ``max_wait_s`` gather it
+into batches (``Batching``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from airflow_provider_pravega._streams import (
+    Batching,
     NewData,
+    PendingBatch,
     cut_text,
     find_new_data,
     parse_stream_cut,
@@ -53,7 +56,8 @@ _RETRIED = (
 
 
 class PravegaStreamTrigger(BaseEventTrigger):
-    """Fires ``{"status": "success", "previous_cut", "cut", ...}`` each time the stream's tail moves.
+    """Fires ``{"status": "success", "previous_cut", "cut", ...}`` each time enough new data follows
+    the last cut it announced.
 
     :param stream: The stream to watch.
     :param scope: Its scope (default: the connection's default scope).
@@ -61,8 +65,8 @@ class PravegaStreamTrigger(BaseEventTrigger):
     :param after_cut: Where the watch starts when it has no saved cut: ``"tail"`` (the default:
         only data written after the first successful start), ``"head"`` (everything in the stream,
         including what was written before the trigger first started) or a stream-cut text. When
-        run by an AssetWatcher, the last cut it reported is kept in Airflow's asset state store and
-        wins over ``after_cut``, so a restarted triggerer neither repeats nor misses data.
+        run by an AssetWatcher, the last cut it announced is kept in Airflow's asset state store and
+        wins over ``after_cut``, so a restarted triggerer carries on from there.
     :param poll_interval: Seconds between polls (one controller call plus one segment-store call
         per segment each).
     :param end_time: Epoch seconds after which the trigger gives up with one ``timeout`` event
@@ -74,9 +78,21 @@ class PravegaStreamTrigger(BaseEventTrigger):
         and TLS still come from the connection); set from a ``pravega://`` queue URI.
     :param sample_events: Put up to this many of the new events (UTF-8 text) in each event's
         ``sample``; 0 (the default) reads no event data.
+    :param min_bytes: Fire only once the data after the last announced cut holds this many bytes
+        (segment bytes, event headers included); 0 (the default): no minimum.
+    :param min_events: Fire only once it holds this many events (counted by reading the new data
+        once); 0 (the default): no minimum. With both minimums, whichever is reached first.
+    :param max_wait_s: With a minimum set, fire anyway this many seconds after new data was first
+        seen, if the minimums are not reached by then. None (the default): wait for the minimums.
 
     Each event carries ``previous_cut`` and ``cut`` (Pravega texts: export exactly the new data
-    between them), ``tail_positions``, ``grown_segments`` ({segment: [from, to]}) and ``new_bytes``.
+    between them), ``tail_positions``, ``grown_segments`` ({segment: [from, to]}), ``new_bytes``
+    and, with ``min_events``, ``new_events``.
+
+    Delivery is at least once: after a triggerer crash a range may be announced again, never
+    skipped. The cut is saved only once the triggerer has taken the event (it asked for the next
+    one) and a poll interval has passed (the triggerer stores an event in its database about a
+    second after taking it); a crash before the save repeats the range.
 
     A DAG that runs when new events arrive::
 
@@ -94,8 +110,8 @@ class PravegaStreamTrigger(BaseEventTrigger):
 
             @task
             def new_range(**context):
-                event = context["triggering_asset_events"][orders][-1]
-                return event.extra["payload"]["previous_cut"], event.extra["payload"]["cut"]
+                events = context["triggering_asset_events"][orders]  # in order; one run may get several
+                return events[0].extra["payload"]["previous_cut"], events[-1].extra["payload"]["cut"]
 
             new_range()
     """
@@ -112,6 +128,9 @@ class PravegaStreamTrigger(BaseEventTrigger):
         max_retry_interval: float = 60.0,
         controller: str | None = None,
         sample_events: int = 0,
+        min_bytes: int = 0,
+        min_events: int = 0,
+        max_wait_s: float | None = None,
     ) -> None:
         super().__init__()
         self.stream = stream
@@ -129,9 +148,11 @@ class PravegaStreamTrigger(BaseEventTrigger):
             raise ValueError(
                 f"poll_interval ({poll_interval}) and max_retry_interval ({max_retry_interval}) must be positive"
             )
+        self.batching = Batching(min_bytes, min_events, max_wait_s)
         if scope:  # a bad start is a DAG author's mistake: say so when the DAG is parsed
             parse_stream_cut(self.after_cut, scope, stream, "after_cut")
         self._condition: str | None = None
+        self._clock = time.monotonic  # times max_wait_s; tests drive their own
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -146,6 +167,9 @@ class PravegaStreamTrigger(BaseEventTrigger):
                 "max_retry_interval": self.max_retry_interval,
                 "controller": self.controller,
                 "sample_events": self.sample_events,
+                "min_bytes": self.batching.min_bytes,
+                "min_events": self.batching.min_events,
+                "max_wait_s": self.batching.max_wait_s,
             },
         )
 
@@ -164,14 +188,18 @@ class PravegaStreamTrigger(BaseEventTrigger):
             return None
         return value if isinstance(value, str) and value else None
 
-    async def _store_cut(self, text: str) -> None:
+    async def _store_cut(self, text: str) -> bool:
+        """Save ``text`` as the last announced cut (only when run by an AssetWatcher); False if that failed."""
         store = getattr(self, "asset_state_store", None)
         if store is None:
-            return
+            return True
         try:
             await store.aset(STATE_KEY, text)
-        except Exception as exc:  # noqa: BLE001 - losing the mark repeats an event later; stopping loses all
-            self.log.warning("Cannot save the last seen cut to the asset state store: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - an unsaved mark repeats an event later; stopping loses all
+            self.log.warning("Cannot save the last seen cut to the asset state store (retrying at the next poll): %s",
+                             exc)
+            return False
+        return True
 
     def _enter(self, condition: str, level: int, message: str, *args: Any) -> None:
         """Log ``message`` only when the watch's condition changes (not on every retry)."""
@@ -196,7 +224,9 @@ class PravegaStreamTrigger(BaseEventTrigger):
         parse_stream_cut(self.after_cut, scope, self.stream, "after_cut")
         where = f"{scope}/{self.stream}"
         client = PravegaClient(config)
-        previous: dict[int, int] | None = None
+        previous: dict[int, int] | None = None  # the last announced cut
+        unsaved: str | None = None  # ... as text, when the triggerer has taken its event but it is not saved yet
+        batch = PendingBatch(self.batching, self._clock)
         failures = 0
         try:
             while True:
@@ -205,7 +235,10 @@ class PravegaStreamTrigger(BaseEventTrigger):
                         start = await self._stored_cut() or self.after_cut
                         previous = await self._start_positions(client, scope, start)
                         await self._store_cut(cut_text(scope, self.stream, previous))
+                    elif unsaved is not None and await self._store_cut(unsaved):
+                        unsaved = None
                     found: NewData = await asyncio.to_thread(find_new_data, client, scope, self.stream, previous)
+                    ready = await asyncio.to_thread(batch.ready, client, found)
                 except PravegaTLSError:
                     raise  # a TLS mismatch does not heal by waiting
                 except _RETRIED as exc:
@@ -218,15 +251,21 @@ class PravegaStreamTrigger(BaseEventTrigger):
                     failures = 0
                     self._enter("watching", logging.INFO, "Watching %s for data after %s", where,
                                 cut_text(scope, self.stream, previous))
-                    if found:
-                        event = found.to_event()
+                    if ready:
+                        event = batch.event(found)
                         if self.sample_events:
                             event["sample"] = await asyncio.to_thread(_sample, client, found, self.sample_events)
                         self.log.info("New data in %s: %s", where, event["grown_segments"])
-                        previous = found.tail
-                        await self._store_cut(event["cut"])
                         yield TriggerEvent({"status": "success", **event})
+                        # Only reached when the triggerer asks for the next event, having taken this one.
+                        # Saving the cut before the yield lost the range to a crash in between; now a
+                        # crash repeats it. The save itself waits for the next poll (see the docstring).
+                        previous, unsaved = found.tail, event["cut"]
+                        batch.reset()
                     delay = self.poll_interval
+                    left = batch.wait_left()
+                    if left is not None:  # wake up when max_wait_s ends, not up to a poll later
+                        delay = min(delay, left)
                 if self.end_time is not None and time.time() >= self.end_time:
                     after = "its start" if previous is None else cut_text(scope, self.stream, previous)
                     yield TriggerEvent(

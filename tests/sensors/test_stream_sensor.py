@@ -1,5 +1,6 @@
 """PravegaStreamSensor through ``dag.test()`` against the embedded server: deferred until events are
-written, poke mode with a cut from XCom, timeout while deferred, and a sealed stream."""
+written, poke mode with a cut from XCom, timeout while deferred, and a sealed stream; its pokes
+with min_bytes, and the batching it hands to its trigger."""
 
 from __future__ import annotations
 
@@ -114,8 +115,40 @@ def test_stream_sensor_modes(
     assert errors["sealed"][0] == "AirflowFailException" and "sealed" in errors["sealed"][1]
 
 
-def test_reschedule_mode_needs_a_fixed_cut() -> None:
+def test_reschedule_mode_needs_a_fixed_cut_and_no_max_wait() -> None:
     from airflow_provider_pravega.sensors import PravegaStreamSensor
 
     with pytest.raises(ValueError, match="reschedule mode"):
         PravegaStreamSensor(task_id="s", stream="x", mode="reschedule")
+    with pytest.raises(ValueError, match="max_wait_s cannot be used in reschedule mode"):
+        PravegaStreamSensor(task_id="s", stream="x", after_cut="head", mode="reschedule", min_bytes=10, max_wait_s=5)
+    with pytest.raises(TypeError, match="min_bytes must be an integer"):
+        PravegaStreamSensor(task_id="s", stream="x", min_bytes="1k")
+
+
+def test_stream_sensor_pokes_until_min_bytes_and_defers_with_its_batching(
+    pravega_conn: None, pravega_controller_uri: str, client: PravegaClient, unique_name: Callable[[str], str]
+) -> None:
+    """Pokes wait below min_bytes and succeed at it; a sealed stream ends the wait with what it
+    holds (nothing more can arrive); the deferred trigger gets the same batching."""
+    from airflow_provider_pravega.sensors import PravegaStreamSensor
+
+    scope, stream = unique_name("sns"), unique_name("batch")
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, stream, 1)
+    one = write_events(pravega_controller_uri, scope, stream, 2)
+    sensor = PravegaStreamSensor(task_id="batch", scope=scope, stream=stream, after_cut="head", min_bytes=2 * one,
+                                 max_wait_s=600)
+    assert sensor.poke({}) is False
+    two = write_events(pravega_controller_uri, scope, stream, 2)
+    done = sensor.poke({})
+    assert done and done.xcom_value["new_bytes"] == one + two
+    assert sum(streamcut_from_text(done.xcom_value["previous_cut"]).positions.values()) == 0
+
+    kwargs = sensor.deferred_trigger().serialize()[1]
+    assert (kwargs["min_bytes"], kwargs["min_events"], kwargs["max_wait_s"]) == (2 * one, 0, 600.0)
+
+    client.admin.seal_stream(scope, stream)
+    sealed = PravegaStreamSensor(task_id="sealed", scope=scope, stream=stream, after_cut="head", min_events=100)
+    done = sealed.poke({})
+    assert done and done.xcom_value["new_events"] == 4 and done.xcom_value["new_bytes"] == one + two

@@ -3,8 +3,9 @@
 
 The DAG folder, metadata DB (SQLite) and triggerer are this test's own; the triggerer runs the
 watcher stored by DAG parsing (``airflow dags reserialize``), and the test reads what it recorded in
-the metadata DB: the asset event (with the new cut and a sample of the events) and the queued run
-of the consuming DAG.
+the metadata DB: the asset event (with the new cut, the event count min_events asked for and a
+sample of the events), the queued run of the consuming DAG, and the cut the watcher saved after
+the triggerer took its event.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTr
 readings = Asset(
     "pravega://{host}:{port}/{scope}/readings",
     watchers=[AssetWatcher(name="readings_queue", trigger=MessageQueueTrigger(
-        {how}, after_cut="head", poll_interval=0.5, max_retry_interval=1, sample_events=2))],
+        {how}, after_cut="head", poll_interval=0.5, max_retry_interval=1, sample_events=2, min_events=3))],
 )
 
 with DAG("{dag_id}", schedule=[readings], is_paused_upon_creation=False):
@@ -49,14 +50,24 @@ def _airflow(env: dict[str, str], *args: str) -> None:
     assert done.returncode == 0, f"airflow {' '.join(args)}: {done.stdout[-2000:]}\n{done.stderr[-3000:]}"
 
 
-def _asset_events(db: Path, dag_id: str) -> tuple[list[dict[str, Any]], bool]:
-    """(payloads of the asset events of the DAG's asset, whether a run of the DAG is queued)."""
+def _asset_events(db: Path, dag_id: str) -> tuple[list[dict[str, Any]], bool, str]:
+    """(payloads of the asset events of the DAG's asset, whether a run of the DAG is queued, the
+    cut the watcher saved in the asset state store)."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
         rows = conn.execute(
             "SELECT e.extra FROM asset_event e JOIN dag_schedule_asset_reference r ON r.asset_id = e.asset_id "
             "WHERE r.dag_id = ? ORDER BY e.id", (dag_id,)).fetchall()
         queued = conn.execute("SELECT count(*) FROM asset_dag_run_queue WHERE target_dag_id = ?", (dag_id,)).fetchone()
-    return [json.loads(extra)["payload"] for (extra,) in rows], bool(queued[0])
+        saved = conn.execute(
+            "SELECT s.value FROM asset_state_store s JOIN dag_schedule_asset_reference r ON r.asset_id = s.asset_id "
+            "WHERE r.dag_id = ? AND s.key = 'pravega_last_seen_cut'", (dag_id,)).fetchone()
+    return [json.loads(extra)["payload"] for (extra,) in rows], bool(queued[0]), saved[0] if saved else ""
+
+
+def _done(seen: tuple[list[dict[str, Any]], bool, str]) -> bool:
+    """The asset event is stored, the run queued, and then the event's cut saved (at least once)."""
+    payloads, queued, saved = seen
+    return bool(payloads and queued) and payloads[-1]["cut"] in saved
 
 
 def test_dags_on_pravega_message_queues_run_when_events_arrive_under_a_real_triggerer(
@@ -84,7 +95,7 @@ def test_dags_on_pravega_message_queues_run_when_events_arrive_under_a_real_trig
     triggerer = subprocess.Popen([sys.executable, "-m", "airflow", "triggerer", "--skip-serve-logs"], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     events = [json.dumps({"reading": n}).encode() for n in range(3)]
-    seen: dict[str, tuple[list[dict[str, Any]], bool]] = {}
+    seen: dict[str, tuple[list[dict[str, Any]], bool, str]] = {}
     try:
         # The streams do not exist yet when the triggerer starts: the watchers wait for them.
         with PravegaClient(pravega_embedded.controller_uri) as client:
@@ -97,7 +108,7 @@ def test_dags_on_pravega_message_queues_run_when_events_arrive_under_a_real_trig
                     writer.flush()
                 client.transactions.commit(scope, "readings", txn)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (seen and all(p and q for p, q in seen.values())):
+        while time.monotonic() < deadline and not (seen and all(map(_done, seen.values()))):
             assert triggerer.poll() is None, f"the triggerer exited: {triggerer.stdout.read()[-3000:]}"
             time.sleep(1)
             seen = {form: _asset_events(db, f"on_pravega_{form}") for form in scopes}
@@ -109,10 +120,12 @@ def test_dags_on_pravega_message_queues_run_when_events_arrive_under_a_real_trig
             triggerer.kill()
             output, _ = triggerer.communicate()
     for form, scope in scopes.items():
-        payloads, queued = seen.get(form, ([], False))
+        payloads, queued, saved = seen.get(form, ([], False, ""))
         assert payloads and queued, f"{form}: no asset event or queued run from the triggerer:\n{output[-4000:]}"
         (payload,) = payloads
         assert payload["status"] == "success" and (payload["scope"], payload["stream"]) == (scope, "readings")
         assert payload["new_bytes"] == sum(8 + len(e) for e in events)  # everything since the head
+        assert payload["new_events"] == 3  # min_events=3 went through MessageQueueTrigger
         assert payload["sample"] == [e.decode() for e in events[:2]]
+        assert payload["cut"] in saved, f"{form}: the announced cut was not saved: {saved!r}"
     assert "Traceback" not in output, output[-4000:]

@@ -1,11 +1,13 @@
 """The triggers' serialize() round trips and their run() driven directly with asyncio, against the
 embedded server: the transaction trigger fires after the commit (one controller call per poll per
 pending transaction, without blocking the event loop), and the stream trigger fires exactly when
-new events arrive, across scaling, and resumes from the cut it last reported."""
+new events arrive, across scaling, in batches when asked, and resumes from the cut it last
+announced without losing one to a crash."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -81,10 +83,12 @@ def test_stream_trigger_serialize_round_trip_and_stable_identity() -> None:
 
     from airflow_provider_pravega.triggers import PravegaStreamTrigger
 
-    trigger = PravegaStreamTrigger(stream="orders", scope="shop", after_cut="head", poll_interval=2)
+    trigger = PravegaStreamTrigger(stream="orders", scope="shop", after_cut="head", poll_interval=2,
+                                   min_bytes=1 << 20, min_events=1000, max_wait_s=300)
     assert isinstance(trigger, BaseEventTrigger)
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_provider_pravega.triggers.stream.PravegaStreamTrigger"
+    assert (kwargs["min_bytes"], kwargs["min_events"], kwargs["max_wait_s"]) == (1 << 20, 1000, 300.0)
     again = round_trip(trigger)
     assert again.serialize() == (classpath, kwargs)
     # AssetWatcher triggers are identified by this hash: it must not change across a round trip.
@@ -271,55 +275,174 @@ def test_new_data_is_found_across_scaling(
     assert lengths == total_after + sealed_length
 
 
-def test_stream_trigger_resumes_from_the_cut_it_last_reported(
+class StateStore:
+    """Airflow's asset state store as the triggerer injects it into an AssetWatcher's trigger. The
+    real one talks to the triggerer's supervisor, which a test has not got; this one keeps values
+    in a dict behind the same async ``aget``/``aset`` methods."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    async def aget(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    async def aset(self, key: str, value: Any) -> None:
+        self.values[key] = value
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    """Wait (without blocking the trigger's event loop) until ``condition()`` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        await asyncio.sleep(0.02)
+
+
+def test_stream_trigger_saves_its_cut_only_after_the_triggerer_took_the_event(
     pravega_conn: None, pravega_controller_uri: str, stream_of: Callable[[int], tuple[str, str]]
 ) -> None:
-    """Under an AssetWatcher the trigger keeps its last reported cut in Airflow's asset state store.
-
-    The real store talks to the triggerer's supervisor, which a test has not got; this stand-in
-    keeps values in a dict behind the same async ``aget``/``aset`` methods.
-    """
+    """At least once under an AssetWatcher: a triggerer that dies holding an event (the generator
+    is closed where it yielded, never resumed) has not saved that event's cut, so the restarted
+    trigger announces the same range again; once the triggerer came back for the next event the
+    cut is saved, and the next start announces only what came after it."""
     from airflow_provider_pravega.triggers import PravegaStreamTrigger
     from airflow_provider_pravega.triggers.stream import STATE_KEY
-
-    class StateStore:
-        def __init__(self) -> None:
-            self.values: dict[str, Any] = {}
-
-        async def aget(self, key: str, default: Any = None) -> Any:
-            return self.values.get(key, default)
-
-        async def aset(self, key: str, value: Any) -> None:
-            self.values[key] = value
 
     scope, stream = stream_of(1)
     store = StateStore()
 
     def watcher() -> PravegaStreamTrigger:  # from the head, unless a saved cut says otherwise
-        trigger = PravegaStreamTrigger(stream=stream, scope=scope, after_cut="head", poll_interval=0.1)
-        trigger.asset_state_store = store  # what the triggerer injects for an AssetWatcher's trigger
+        trigger = PravegaStreamTrigger(stream=stream, scope=scope, after_cut="head", poll_interval=0.05)
+        trigger.asset_state_store = store
         return trigger
 
-    async def next_event(trigger: PravegaStreamTrigger, write: int = 0) -> Any:
-        events = trigger.run()
+    async def first_event(resume: bool) -> Any:
+        events = watcher().run()
         try:
-            pending = asyncio.create_task(anext(events))
-            await asyncio.sleep(0.5)
-            if write:
-                await asyncio.to_thread(write_events, pravega_controller_uri, scope, stream, write)
-            return await asyncio.wait_for(pending, 10)
+            event = await asyncio.wait_for(anext(events), 20)
+            if resume:  # the triggerer took the event and asks for the next one
+                following = asyncio.create_task(anext(events))
+                await until(lambda: store.values[STATE_KEY] == event.payload["cut"], "the cut saved")
+                assert not following.done()
+                following.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await following
+            return event.payload
         finally:
             await events.aclose()
 
     before = write_events(pravega_controller_uri, scope, stream, 3)  # before the first start: announced
-    first = asyncio.run(next_event(watcher())).payload
-    assert sum(streamcut_from_text(first["previous_cut"]).positions.values()) == 0
-    assert first["new_bytes"] == before and store.values[STATE_KEY] == first["cut"]
-    # Written while no triggerer ran: the next watcher reports exactly these bytes, from the stored cut
+    lost = asyncio.run(first_event(resume=False))
+    assert sum(streamcut_from_text(lost["previous_cut"]).positions.values()) == 0 and lost["new_bytes"] == before
+    assert store.values[STATE_KEY] == lost["previous_cut"], "the cut moved before the triggerer took the event"
+
+    again = asyncio.run(first_event(resume=True))
+    assert (again["previous_cut"], again["cut"], again["new_bytes"]) == (lost["previous_cut"], lost["cut"], before)
+    # Written while no triggerer ran: the next start announces exactly these bytes, from the saved cut
     # (which wins over after_cut='head').
     missed = write_events(pravega_controller_uri, scope, stream, 7)
-    resumed = asyncio.run(next_event(watcher())).payload
-    assert resumed["previous_cut"] == first["cut"] and resumed["new_bytes"] == missed
+    resumed = asyncio.run(first_event(resume=False))
+    assert resumed["previous_cut"] == again["cut"] and resumed["new_bytes"] == missed
+
+
+@pytest.fixture
+def polls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What each poll of a stream trigger found (its real ``find_new_data``, observed)."""
+    from airflow_provider_pravega.triggers import stream as stream_module
+
+    found: list[Any] = []
+    real_find = stream_module.find_new_data
+
+    def observed(*args: Any) -> Any:
+        found.append(real_find(*args))
+        return found[-1]
+
+    monkeypatch.setattr(stream_module, "find_new_data", observed)
+    return found
+
+
+def test_stream_trigger_batches_a_busy_stream_until_min_bytes_or_max_wait_s(
+    pravega_conn: None, pravega_controller_uri: str, stream_of: Callable[[int], tuple[str, str]], polls: list[Any]
+) -> None:
+    """Small appends seen by many polls make one event when min_bytes is reached, not one per poll;
+    a smaller batch is announced once max_wait_s has passed since it was first seen (on the
+    trigger's clock, which the test moves: nothing here depends on the machine's speed)."""
+    from airflow_provider_pravega.triggers import PravegaStreamTrigger
+
+    scope, stream = stream_of(1)
+    size = 8 + len("event-00000")
+    now = [1000.0]
+    trigger = PravegaStreamTrigger(stream=stream, scope=scope, poll_interval=0.02, min_bytes=5 * size, max_wait_s=60)
+    trigger._clock = lambda: now[0]
+    writer = stream_writer(pravega_controller_uri, scope, stream)
+
+    def write(i: int) -> None:
+        writer.write_event(f"event-{i:05d}", routing_key="k")
+        writer.flush()
+
+    async def append(i: int, batched: int) -> None:
+        """Event ``i``, then two polls that found the ``batched`` events after the last announced
+        cut (so the first poll's verdict is in)."""
+        mark = len(polls)
+        await asyncio.to_thread(write, i)
+        await until(lambda: [f.new_bytes for f in polls[mark:]].count(batched * size) >= 2, f"polls of {batched}")
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        events = trigger.run()
+        try:
+            pending = asyncio.create_task(anext(events))
+            await until(lambda: bool(polls), "watching from the tail")
+            for i in range(4):
+                await append(i, batched=i + 1)
+                assert not pending.done(), f"fired with {i + 1} of 5 events' bytes"
+            await asyncio.to_thread(write, 4)
+            batch = (await asyncio.wait_for(pending, 20)).payload
+            pending = asyncio.create_task(anext(events))
+            await append(5, batched=1)
+            assert not pending.done(), "a batch below min_bytes fired before max_wait_s"
+            now[0] += 60
+            small = (await asyncio.wait_for(pending, 20)).payload
+            return batch, small
+        finally:
+            await events.aclose()
+
+    batch, small = asyncio.run(scenario())
+    assert len(polls) > 10  # many polls saw the stream grow ...
+    assert batch["new_bytes"] == 5 * size  # ... and one event announced all of it
+    assert sum(streamcut_from_text(batch["previous_cut"]).positions.values()) == 0
+    assert small["previous_cut"] == batch["cut"] and small["new_bytes"] == size
+
+
+def test_stream_trigger_counts_events_for_min_events(
+    monkeypatch: pytest.MonkeyPatch, pravega_controller_uri: str, stream_of: Callable[[int], tuple[str, str]],
+    polls: list[Any],
+) -> None:
+    """min_events counts the events after the last announced cut, over several segments and each
+    event once across polls (3 events wait; 2 more make the 5), on every backend."""
+    from airflow_provider_pravega.triggers import PravegaStreamTrigger
+
+    host, port = pravega_controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
+    monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_DEFAULT", json.dumps({"conn_type": "pravega", "host": host,
+                                                                   "port": int(port)}))
+    scope, stream = stream_of(2)
+    trigger = PravegaStreamTrigger(stream=stream, scope=scope, after_cut="head", poll_interval=0.02, min_events=5)
+
+    async def scenario() -> tuple[Any, int]:
+        events = trigger.run()
+        try:
+            pending = asyncio.create_task(anext(events))
+            first = await asyncio.to_thread(write_events, pravega_controller_uri, scope, stream, 3)
+            mark = len(polls)
+            await until(lambda: [f.new_bytes for f in polls[mark:]].count(first) >= 2, "polls of 3 events")
+            assert not pending.done(), "fired with 3 of 5 events"
+            assert len(polls[-1].grown) == 2  # the events went to both segments
+            more = await asyncio.to_thread(write_events, pravega_controller_uri, scope, stream, 2)
+            return await asyncio.wait_for(pending, 20), first + more
+        finally:
+            await events.aclose()
+
+    event, size = asyncio.run(scenario())
+    assert event.payload["new_events"] == 5 and event.payload["new_bytes"] == size
 
 
 def test_stream_trigger_in_an_asset_watcher_is_registered_by_dag_parsing(unique_name: Callable[[str], str]) -> None:
@@ -477,3 +600,15 @@ def test_stream_trigger_refuses_a_bad_start_when_built() -> None:
         PravegaStreamTrigger(scope="iot", stream="readings", after_cut="yesterday")
     with pytest.raises(ValueError, match="poll_interval"):
         PravegaStreamTrigger(scope="iot", stream="readings", poll_interval=0)
+    for bad, error, message in (
+        ({"min_bytes": -1}, ValueError, "min_bytes must be 0"),
+        ({"min_events": "100"}, TypeError, "min_events must be an integer.*str '100'"),
+        ({"min_bytes": 1.5}, TypeError, "min_bytes must be an integer"),
+        ({"min_events": True}, TypeError, "min_events must be an integer"),
+        ({"min_bytes": 10, "max_wait_s": 0}, ValueError, "max_wait_s must be a positive"),
+        ({"min_bytes": 10, "max_wait_s": float("nan")}, ValueError, "max_wait_s must be a positive"),
+        ({"min_bytes": 10, "max_wait_s": "60"}, TypeError, "max_wait_s must be a number"),
+        ({"max_wait_s": 60}, ValueError, "neither is set"),
+    ):
+        with pytest.raises(error, match=message):
+            PravegaStreamTrigger(scope="iot", stream="readings", **bad)
