@@ -1017,6 +1017,7 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
             return
         from airflow_provider_pravega.client.ingest import WriteResult
 
+        _crash_point("job_commit")
         done = [m for m in messages if m is not None and m.txn_id is not None]
         hex_ids = [f"{m.txn_id:032x}" for m in done]
         holds = {f"{m.txn_id:032x}": [m.unit] if m.unit else [] for m in done}
@@ -1120,8 +1121,10 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
         _abort_all(self.config, self.scope, self.stream, messages)
 
 
-#: Fault points of the batch write for tests (the ingest's CRASH_ENV convention): at the named
-#: step the process writes ``<PRAVEGA_WRITE_HOLD_DIR>/<step>`` and waits there to be killed.
+#: Hold points of the batch write for tests (like the ingest's fault points): at the named step
+#: (``job_commit``: the driver's commit starts; ``task_registered``; the coordinator's steps such
+#: as ``after_first_commit``) the process creates ``<PRAVEGA_WRITE_HOLD_DIR>/<step>.<pid>`` and
+#: waits there until ``<PRAVEGA_WRITE_HOLD_DIR>/release`` exists (or it is killed).
 WRITE_HOLD_ENV = "PRAVEGA_WRITE_HOLD_AT"
 WRITE_HOLD_DIR_ENV = "PRAVEGA_WRITE_HOLD_DIR"
 
@@ -1131,9 +1134,10 @@ def _crash_point(step: str) -> None:
         return
     from pathlib import Path
 
-    Path(os.environ[WRITE_HOLD_DIR_ENV], f"{step}.{os.getpid()}").touch()
-    while True:  # held here until the test kills the process
-        time.sleep(1)
+    hold = Path(os.environ[WRITE_HOLD_DIR_ENV])
+    (hold / f"{step}.{os.getpid()}").touch()
+    while not (hold / "release").exists():
+        time.sleep(0.2)
 
 
 def _write_state(client: Any, scope: str, stream: str, write_id: str | None, *, create: bool = True) -> Any:
