@@ -11,12 +11,18 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="pravega-test-airflow-home-"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from leftovers import leftover_processes, mark_session, secrets_on_disk  # noqa: E402
+
+_SESSION_MARK = mark_session()  # inherited by every process the tests start (tests/leftovers.py)
+_SESSION_START = time.time()
 
 os.environ["AIRFLOW_HOME"] = str(_AIRFLOW_HOME)
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME / 'airflow.db'}"
@@ -33,6 +39,28 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # accepts pytest_plugins in this top-level conftest, and it is imported after the Airflow
 # environment above is set.
 pytest_plugins = ["airflow_provider_pravega.testing.pytest_plugin"]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Nothing left behind (tests/leftovers.py): no process the session started, no test password
+    in a file under the temporary directory outside the tests' own directories."""
+    if getattr(session.config.option, "collectonly", False) or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from airflow_provider_pravega.testing.pytest_plugin import SECURE_USERS
+
+    processes = leftover_processes(_SESSION_MARK)
+    files = secrets_on_disk([pw for pw, _acl in SECURE_USERS.values()], _SESSION_START,
+                            exclude=[_AIRFLOW_HOME, Path(__file__).resolve().parents[1]])
+    if processes or files:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["LEFT BEHIND by this test session:"]
+        lines += [f"  process still running: {p}" for p in processes]
+        lines += [f"  a test password in plain text on disk: {f}" for f in files]
+        if reporter is not None:
+            reporter.write_line("\n".join(lines), red=True)
+        else:
+            print("\n".join(lines))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -62,3 +62,30 @@ def test_layers_import_only_what_the_table_allows() -> None:
             if wrong:
                 violations.append(f"{path.relative_to(REPO)} imports {sorted(wrong)}")
     assert not violations, "\n".join(violations)
+
+
+def test_every_exactly_once_write_goes_through_the_one_transactional_stage() -> None:
+    """The ingest's Spark job and the data source's batch and streaming writes register and commit
+    their transactions only through client/ingest.py's stage: no other module commits a Pravega
+    transaction or registers one itself (so a fix to the stage reaches every path)."""
+    import ast
+
+    package = REPO / "airflow_provider_pravega"
+    committers = []
+    for path in package.rglob("*.py"):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith("airflow_provider_pravega/embedded/") or rel in (
+                "airflow_provider_pravega/client/ingest.py", "airflow_provider_pravega/client/transactions.py",
+                "airflow_provider_pravega/client/controller.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "commit"
+                    and "session" not in ast.unparse(node.func.value) and "conn" not in ast.unparse(node.func.value)):
+                committers.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert committers == []
+    stage = {"register_txn", "IngestCoordinator"}
+    for rel in ("airflow_provider_pravega/spark/ingest_job.py", "airflow_provider_pravega/spark/datasource.py"):
+        tree = ast.parse((REPO / rel).read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and node.module == "airflow_provider_pravega.client.ingest" for alias in node.names}
+        assert stage <= imported, f"{rel} imports {sorted(imported)} from the stage"
