@@ -745,7 +745,8 @@ class IngestCoordinator:
             returned = self.returned.pop(run_id, [])
             if not alive:  # every transaction was aborted after the commit point: nothing committed
                 return [], "LOST", returned
-            txns = [t for t in txns if t not in set(self.lost.pop(run_id, ()))]
+            lost = set(self.lost.pop(run_id, ()))
+            txns = [t for t in txns if t not in lost]
             self.record_requested(run_id)
         except BaseException:
             if not committing:
@@ -907,15 +908,15 @@ class IngestCoordinator:
 
     def start_open_run(self, *, wait_for_others_s: float | None = 3600.0, poll_s: float = 1.0) -> str:
         """A run whose units are not planned up front but held by the transactions its tasks
-        write (a data-source write: its input partitions, named at the commit point). Earlier runs
-        are finished or recovered first; with ``wait_for_others_s``, runs of another live copy are
-        waited for (a rerun with the same write id waits out a crashed job's ``stale_after_s``),
-        with None they are left alone (independent writes sharing one state)."""
+        write (a data-source write: its input partitions, named at the commit point). With
+        ``wait_for_others_s`` (one job id: a rerun), earlier runs are finished or recovered first
+        and live ones waited for (a rerun waits out a crashed job's ``stale_after_s``); with None
+        (independent writes sharing one state) other runs are left alone."""
         deadline = time.monotonic() + (wait_for_others_s or 0)
-        while True:
+        while wait_for_others_s is not None:
             self.recover()
             others = sorted(self.store.fetch()["runs"])
-            if not others or wait_for_others_s is None:
+            if not others:
                 break
             if time.monotonic() > deadline:
                 raise IngestError(f"run(s) {', '.join(others)} of another live job with this id still write after "
@@ -926,6 +927,33 @@ class IngestCoordinator:
         self.store.update(lambda _s: {"op": "start", "run": run_id, "owner": self.owner, "ts": _now_ms(), "files": {},
                                       "stale_ms": self.stale_after_ms})
         return run_id
+
+    def drop_dead_runs(self, older_than_s: float) -> list[str]:
+        """Independent runs sharing one state (data-source writes without a write id) are never
+        recovered by each other; a run whose driver stopped heartbeating ``older_than_s`` ago is
+        dropped here (its open transactions aborted) so the state does not keep dead runs."""
+        cutoff = _now_ms() - int(older_than_s * 1000)
+        dropped = []
+        for run_id, run in self.store.fetch()["runs"].items():
+            if run["heartbeat_ms"] >= cutoff:
+                continue
+
+            def take(state: dict[str, Any], run_id: str = run_id) -> dict:
+                now = state["runs"].get(run_id)
+                if now is None or now["heartbeat_ms"] >= cutoff:
+                    raise _Skip()
+                return {"op": "takeover", "run": run_id, "owner": self.owner, "ts": _now_ms()}
+
+            try:
+                taken = self.store.update(take)["runs"][run_id]
+            except _Skip:
+                continue
+            log.warning("dropping run %s: its driver stopped %.0f s ago or more (phase %s)", run_id, older_than_s,
+                        taken["phase"])
+            self._abort_quietly(taken["txns"])
+            self.store.update(self._owned(run_id, lambda r=run_id: {"op": "abandon", "run": r}))
+            dropped.append(run_id)
+        return dropped
 
     def _stage(self, run_id: str, files: Mapping[str, Any]) -> set[str]:
         """Record ``files`` for ``run_id`` in parts, each one state record (see INLINE_FILES_BYTES)."""

@@ -1006,9 +1006,12 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
         with _client(self.config) as client:
             store = _write_state(client, self.scope, self.stream, self.write_id)
             try:
-                # A rerun with the same write_id first finishes or rolls back the crashed job's run.
-                self.run_id = self._coordinator(client, store).start_open_run(
-                    wait_for_others_s=None if self.write_id is None else 2 * self.stale_after_s + 60)
+                coord = self._coordinator(client, store)
+                if self.write_id is None:  # independent jobs: none recovers another's run, dead ones are dropped
+                    coord.drop_dead_runs(DEAD_WRITE_AFTER_S)
+                    self.run_id = coord.start_open_run(wait_for_others_s=None)
+                else:  # a rerun first finishes or rolls back the crashed job's run
+                    self.run_id = coord.start_open_run(wait_for_others_s=2 * self.stale_after_s + 60)
             finally:
                 store.close()
 
@@ -1126,6 +1129,8 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
 #: as ``after_first_commit``) the process creates ``<PRAVEGA_WRITE_HOLD_DIR>/<step>.<pid>`` and
 #: waits there until ``<PRAVEGA_WRITE_HOLD_DIR>/release`` exists (or it is killed).
 WRITE_HOLD_ENV = "PRAVEGA_WRITE_HOLD_AT"
+#: A run of a write without write_id whose driver stopped heartbeating this long ago is dropped.
+DEAD_WRITE_AFTER_S = 24 * 3600
 WRITE_HOLD_DIR_ENV = "PRAVEGA_WRITE_HOLD_DIR"
 
 

@@ -329,3 +329,29 @@ def test_remember_files_for_bounds_the_state(client, unique_name):
         with pytest.raises(ForgottenFileError, match="/d/old"):
             coord.run({**old, **new}, write, transactional=False)
         assert written == [["/d/old"], ["/d/new"]]
+
+
+def test_independent_writes_never_recover_each_other_and_a_dead_one_is_dropped_a_day_later(client, unique_name):
+    """Data-source writes without a write_id share one state: a job never takes another's run over
+    (a slow live job would be fenced off), and a run whose driver stopped a day ago is dropped, its
+    open transactions aborted, so dead runs do not pile up in the state."""
+    from airflow_provider_pravega.client.ingest import IngestCoordinator, open_ingest_state, register_txn
+
+    scope = unique_name("drop")
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, "s", 1)
+    store = open_ingest_state(client, scope, "s", "spark-write")
+    try:
+        coord = IngestCoordinator(store, client.transactions, scope, "s", stale_after_s=2, lease_ms=10_000)
+        day_ago = int(time.time() * 1000) - 25 * 3600 * 1000
+        for run_id, ts in (("r-dead", day_ago), ("r-slow", int(time.time() * 1000) - 60_000)):
+            store.update(lambda _s, r=run_id, t=ts: {"op": "start", "run": r, "owner": "gone", "ts": t, "files": {}})
+        txn = client.transactions.begin(scope, "s", 10_000)
+        register_txn(store, "r-dead", f"{txn.txn_id:032x}")
+        mine = coord.start_open_run(wait_for_others_s=None)
+        assert set(store.fetch()["runs"]) == {"r-dead", "r-slow", mine}
+        assert coord.drop_dead_runs(24 * 3600) == ["r-dead"]
+        assert set(store.fetch()["runs"]) == {"r-slow", mine}
+        assert client.transactions.status(scope, "s", txn.txn_id) in (TxnStatus.ABORTED, TxnStatus.ABORTING)
+    finally:
+        store.close()
