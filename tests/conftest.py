@@ -48,6 +48,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     from airflow_provider_pravega.testing.pytest_plugin import SECURE_USERS
 
+    _stop_spark_gateway()  # the session's Spark JVM lives as long as this process: end it first
     processes = leftover_processes(_SESSION_MARK)
     files = secrets_on_disk([pw for pw, _acl in SECURE_USERS.values()], _SESSION_START,
                             exclude=[_AIRFLOW_HOME, Path(__file__).resolve().parents[1]])
@@ -61,6 +62,39 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         else:
             print("\n".join(lines))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _stop_spark_gateway() -> None:
+    """The JVM behind this process's SparkContexts (py4j gateway) exits only with the process;
+    the sessions were stopped by their fixtures, so stop the JVM too."""
+    module = sys.modules.get("pyspark.core.context") or sys.modules.get("pyspark.context")
+    context = getattr(module, "SparkContext", None)
+    gateway = getattr(context, "_gateway", None)
+    if gateway is None:
+        return
+    import psutil
+
+    proc = getattr(gateway, "proc", None)
+    tree: list[psutil.Process] = []
+    if proc is not None:
+        try:
+            root = psutil.Process(proc.pid)
+            tree = [root, *root.children(recursive=True)]  # spark-submit's shell and the JVM under it
+        except psutil.Error:
+            pass
+    try:
+        gateway.shutdown()
+    except Exception:  # already gone
+        pass
+    if proc is not None and proc.stdin is not None:
+        proc.stdin.close()  # the JVM's gateway server exits when its stdin closes
+    _gone, alive = psutil.wait_procs(tree, timeout=30)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    context._gateway = context._jvm = None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -226,11 +260,7 @@ def _py4j_closed_before_exit() -> Iterator[None]:
 
     if SparkContext._active_spark_context is not None:
         SparkContext._active_spark_context.stop()
-    gateway = SparkContext._gateway
-    if gateway is not None:
-        gateway.shutdown()
-        SparkContext._gateway = None
-        SparkContext._jvm = None
+    _stop_spark_gateway()
 
 
 @pytest.fixture
