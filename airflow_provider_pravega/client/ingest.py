@@ -728,7 +728,7 @@ class IngestCoordinator:
         committing = False
         try:
             txns = list(written.txns)
-            orphans = [t for t in self.registered_txns(run_id) if t not in set(txns)]
+            self._crash("before_commit_record")
             if interval is None:
                 self.mark_committing(run_id, txns, holds=written.holds)
             else:  # one run of the ingest commits at a time: its pieces hold no other run's events
@@ -740,7 +740,10 @@ class IngestCoordinator:
                     except _Skip:
                         continue
             committing = True
-            self._abort_quietly(orphans)  # task attempts that failed, were retried or lost a speculative race
+            # Task attempts that failed, were retried or lost a speculative race; read after the
+            # commit point, which refuses later registrations, so a late attempt is not missed.
+            orphans = [t for t in self.registered_txns(run_id) if t not in set(txns)]
+            self._abort_quietly(orphans)
             alive = self.request_commits(run_id, txns)
             returned = self.returned.pop(run_id, [])
             if not alive:  # every transaction was aborted after the commit point: nothing committed

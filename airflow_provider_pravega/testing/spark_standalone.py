@@ -37,10 +37,11 @@ def master_command(port: int, webui_port: int) -> list[str]:
 
 
 def worker_command(master_url: str, work_dir: str | os.PathLike[str], webui_port: int, *, cores: int = 1,
-                   memory: str = "1g") -> list[str]:
+                   memory: str = "1g", host: str = "127.0.0.1") -> list[str]:
+    """A worker on ``host`` (a loopback address; its executors take the same one)."""
     return [str(spark_home() / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker", master_url,
             "--cores", str(cores), "--memory", memory, "--work-dir", str(work_dir), "--webui-port", str(webui_port),
-            "--host", "127.0.0.1"]
+            "--host", host]
 
 
 def alive_workers(master_webui_port: int) -> int | None:

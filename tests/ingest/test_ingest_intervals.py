@@ -1,7 +1,8 @@
 """The ingest's interval index (client/ingest.py): per data interval, the stream cuts around what
 its runs committed. Pure state transitions first, then the coordinator against the embedded
 server with real transactions (no Spark): runs of several intervals, one committing while another
-waits at its commit point, each piece reads back exactly its run's events."""
+waits at its commit point, each piece reads back exactly its run's events; a transaction registered
+just before a commit point, not in the commit, is aborted by it."""
 
 from __future__ import annotations
 
@@ -230,3 +231,26 @@ def test_a_killed_run_rolled_forward_by_the_next_try_records_its_piece(client, u
         assert out.run_id is None and len(out.recovered) == 1
         (piece,) = interval_pieces(store.fetch(), "day")
         assert piece["run"] == out.recovered[0] and piece_events(client, scope, stream, piece) == Counter(payloads)
+
+
+def test_a_transaction_registered_just_before_the_commit_point_is_aborted(client, unique_name):
+    """A task attempt that registers its transaction while the driver is about to record the
+    commit point (a late speculative copy): it is not in the commit, so it ends aborted, not OPEN."""
+    scope, stream = unique_name("late"), "s"
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, stream, 1)
+    late: list[int] = []
+    with open_ingest_state(client, scope, stream, "late") as store:
+        def register_late(step: str) -> None:
+            if step == "before_commit_record":
+                txn = client.transactions.begin(scope, stream)
+                register_txn(store, run_id, f"{txn.txn_id:032x}", coord.owner)
+                late.append(txn.txn_id)
+
+        coord = IngestCoordinator(store, client.transactions, scope, stream, stale_after_s=30,
+                                  crash_hook=register_late)
+        run_id = coord.start_open_run(wait_for_others_s=None)
+        written = writer_of(client, store, scope, stream, ["a", "b"], coord.owner)(run_id, None)
+        txns, status, _ = coord.commit_written(run_id, written)
+    assert status == "COMMITTED" and txns == written.txns and late
+    assert client.transactions.status(scope, stream, late[0]).name in ("ABORTING", "ABORTED")

@@ -16,98 +16,23 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from spark_cluster import SparkCluster, start_spark_cluster
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
 from airflow_provider_pravega.client.ingest import open_state_store, state_location
 from airflow_provider_pravega.client.streamcut import StreamCut
-from airflow_provider_pravega.testing import spark_standalone
-from airflow_provider_pravega.testing.net import free_port
-
-
-@dataclass
-class SparkCluster:
-    master_url: str
-    workers: list[subprocess.Popen]
-    env: dict[str, str]
-    logs: Path
-
-    def executors(self) -> list[psutil.Process]:
-        """The executor JVMs (``CoarseGrainedExecutorBackend``) the workers started."""
-        found = []
-        for worker in self.workers:
-            try:
-                children = psutil.Process(worker.pid).children()
-            except psutil.NoSuchProcess:
-                continue
-            for child in children:
-                try:
-                    if any("CoarseGrainedExecutorBackend" in arg for arg in child.cmdline()):
-                        found.append(child)
-                except psutil.NoSuchProcess:
-                    pass
-        return found
-
-    def log_tail(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.logs.glob("*.log")))
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every process group (a worker's executors and their Python workers are in it), then
-    SIGKILL what is left."""
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    for proc in procs:
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the group, even when its leader is gone
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    root = tmp_path_factory.mktemp("spark-cluster")
-    env = spark_standalone.spark_env(root)
-    port, ui = free_port(), free_port()
-    master_url = f"spark://127.0.0.1:{port}"
-    procs: list[subprocess.Popen] = []
-
-    def start(name: str, cmd: list[str]) -> subprocess.Popen:
-        with (root / f"{name}.log").open("w") as log:
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        procs.append(proc)
-        return proc
-
-    try:
-        start("master", spark_standalone.master_command(port, ui))
-        workers = []
-        for i in range(2):
-            work_dir = root / f"work-{i}"
-            work_dir.mkdir()
-            workers.append(start(f"worker-{i}", spark_standalone.worker_command(master_url, work_dir, free_port())))
-        cluster = SparkCluster(master_url, workers, env, root)
-        try:  # ready when the master's UI lists both workers alive
-            spark_standalone.wait_for_workers(ui, 2, timeout_s=120,
-                                              still_running=lambda: all(p.poll() is None for p in procs))
-        except spark_standalone.SparkStandaloneError as exc:
-            pytest.fail(f"the Spark cluster did not start ({exc}):\n{cluster.log_tail()}")
+    with start_spark_cluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
         yield cluster
-    finally:
-        _stop(procs)
 
 
 def _ingest_cmd(controller_uri: str, master: str, scope: str, source: str) -> list[str]:
