@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
-from airflow_provider_pravega.client.errors import PravegaError, StreamNotFoundError
+from airflow_provider_pravega.client.errors import PravegaError, ScopeNotFoundError, StreamNotFoundError
 from airflow_provider_pravega.client.ingest import (
     MIN_STALE_AFTER_S,
     UNKNOWN_COMMITS,
@@ -1158,7 +1158,7 @@ def resume_status_of(client: Any, spec: IngestSpec, identity: Any) -> str:
         return "MOVED"
     try:
         store = open_state_store(client, identity["state_scope"], identity["state_stream"], create=False)
-    except StreamNotFoundError:
+    except (ScopeNotFoundError, StreamNotFoundError):
         return "GONE"
     with store:
         return resume_status(store.fetch(), identity, scope=spec.scope, stream=spec.stream,

@@ -178,6 +178,7 @@ def test_a_run_that_cannot_be_resumed_is_left_alone(client, tmp_path, unique_nam
     # A stranger's value under the key, or an identity of a state that does not exist, is no run.
     assert resume_status_of(client, spec, {"run": run_id}) == "MOVED"
     assert resume_status_of(client, spec, {**identity, "state_stream": "ingest-state-missing"}) == "GONE"
+    assert resume_status_of(client, spec, {**identity, "state_scope": "no-such-scope"}) == "GONE"
     client.transactions.abort(scope, "s", int(txn, 16))
 
 
@@ -186,7 +187,8 @@ def _run(files: list[str], txns: list[str], written: dict[str, list[str]], phase
     from airflow_provider_pravega.client.ingest import encode_holds
 
     return {"phase": phase, "owner": owner, "files": {f: {} for f in files}, "txns": txns, "commit": [],
-            "written": {t: {"holds": encode_holds({t: u}, files)[t], "events": 1, "bytes": 1} for t, u in written.items()}}
+            "written": {t: {"holds": encode_holds({t: u}, files)[t], "events": 1, "bytes": 1}
+                        for t, u in written.items()}}
 
 
 @pytest.mark.parametrize("txns,written,holds", [
