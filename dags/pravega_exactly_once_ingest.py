@@ -42,7 +42,8 @@ with DAG(dag_id="pravega_exactly_once_ingest", **daily()) as dag:
         routing_key_field="sensor_id",
         wait_for_commit=False,
         on_empty="succeed",
-        # How long a silent run counts as alive before a retry recovers it (the demo shortens it).
+        # How long a silent run of another copy (another day's run, a backfill) counts as alive; a
+        # retry of this task takes its killed try's run over at once (the demo shortens it).
         stale_after_s=float(os.environ.get("PRAVEGA_EXAMPLES_STALE_AFTER_S", "60")),
     )
     committed = PravegaTransactionSensor(

@@ -277,6 +277,11 @@ def airflow_env(work: Path, state: dict[str, Any], base: dict[str, str]) -> dict
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "simple_auth_manager_passwords.json"),
         # The connections page's Test button (Airflow disables it by default; this is a private stack).
         "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
+        # A lost worker (its task supervisor gone) is given up after 15 s without a heartbeat, not
+        # Airflow's 300 s, so its retry resumes the ingest within about half a minute
+        # (docs/deployment.md, "A lost worker"). Supervisors heartbeat every 5 s.
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "15",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(state["worker_log_port"]),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(state["trigger_log_port"]),
         "AIRFLOW_CONN_PRAVEGA_DEFAULT": json.dumps({"conn_type": "pravega", "host": "127.0.0.1",

@@ -21,8 +21,10 @@ every step; the caller (the Spark job) supplies only the files and the write sta
 3. **Start** a run (conditional update). From here the run heartbeats; losing the run (another
    copy took it over) fences this driver and its tasks: their next update fails.
 4. **Write** (the caller): each task begins one transaction, **registers** it (fenced) *before*
-   writing, writes and flushes (pre-commit). The driver keeps every registered transaction's
-   lease alive until the commit requests are recorded.
+   writing, writes and flushes (pre-commit), then records what it holds (``written``, fenced: a
+   later try of a killed task commits a run so recorded without writing again, see
+   client/ingest_resume.py). The driver keeps every registered transaction's lease alive until
+   the commit requests are recorded.
 5. **Commit point**: phase COMMITTING with the exact list of transactions (recorded *before* any
    commit request is sent).
 6. **Request** every commit; once the controller acknowledged all of them, phase REQUESTED.
@@ -262,6 +264,10 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
     elif kind == "register":
         if op["txn"] not in run["txns"]:
             run["txns"].append(op["txn"])
+    elif kind == "written":  # a write task flushed its transaction: what it holds (client/ingest_resume.py)
+        if op["txn"] in run["txns"] and run["phase"] == WRITING:
+            run.setdefault("written", {})[op["txn"]] = {"holds": op["holds"], "events": op["events"],
+                                                        "bytes": op["bytes"]}
     elif kind == "heartbeat":
         run["heartbeat_ms"] = max(run["heartbeat_ms"], op["ts"])
     elif kind == "committing":

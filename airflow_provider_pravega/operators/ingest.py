@@ -10,8 +10,13 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_pravega.hooks.pravega import PravegaHook
 
+try:  # common-compat hands out Airflow 3.3's mixin, or below 3.3 a stand-in that always runs afresh
+    from airflow.providers.common.compat.sdk import ResumableJobMixin
+except ImportError:  # a common-compat without it
+    from airflow.sdk import ResumableJobMixin
 
-class PravegaTransactionalIngestOperator(BaseOperator):
+
+class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
     """Ingest every record of the matching files into ``scope/stream`` exactly once.
 
     Whatever happens — task retries, a worker killed at any moment, two copies of the task at once,
@@ -43,6 +48,11 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         presumed dead and recovered by the next run (default 60 s; the driver heartbeats every
         ``min(10 s, lease/3, stale_after_s/4)``, at most every 0.5 s, so at least 2 s). A run of an
         earlier try of the same task instance is taken over at once.
+    :param durable: Airflow's durable execution (``ResumableJobMixin``, Airflow 3.3; default True):
+        the run's identity is kept in the task state store (key ``pravega_ingest_run``) from the
+        moment it is recorded until the task succeeds, so a retry after a killed try finishes that
+        run without Spark when its write tasks had all flushed or its commits were acknowledged
+        (docs/ingest.md, "What a retry does"). False: every try plans and writes afresh.
     :param remember_files_for: Forget committed files this long after their run (a ``timedelta``
         or seconds; default: never). Bounds the committed-file table. A forgotten file must not be listed
         again: one last modified before the forgotten horizon is refused (ForgottenFileError).
@@ -98,8 +108,8 @@ class PravegaTransactionalIngestOperator(BaseOperator):
     ) -> None:
         from airflow_provider_pravega.spark.ingest_job import check_options
 
-        # A retry must come back while the transactions of a crashed attempt are still leased.
-        kwargs.setdefault("retry_delay", timedelta(seconds=20))
+        # A retry resumes a killed try's run while its transactions are still leased: soon.
+        kwargs.setdefault("retry_delay", timedelta(seconds=5))
         super().__init__(**kwargs)
         # Options no run could accept fail when the DAG is parsed, not after a SparkSession started.
         check_options(format=format, mode=mode, on_empty=on_empty, routing_key_field=routing_key_field,
@@ -129,9 +139,75 @@ class PravegaTransactionalIngestOperator(BaseOperator):
         self.spark_conf = spark_conf or {}
         self._result: dict[str, Any] | None = None
 
+    #: The task state store key of the run's identity (renaming it strands the identities of running tasks).
+    external_id_key = "pravega_ingest_run"
+
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+        result = self.execute_resumable(context)
+        store = _state_store(context) if self.durable else None
+        if store is not None:  # done: a cleared task runs afresh instead of finding this run
+            store.delete(self.external_id_key)
+        return result
+
+    # ResumableJobMixin: the "job" is the ingest run. Submitting it runs it to its end here, in the
+    # task's process (the Spark driver), so only a later try ever reconnects to it.
+
+    def submit_job(self, context: Any) -> None:
+        """Run the ingest; the run's identity is stored as soon as the run is recorded (before
+        anything is written: the mixin's gap between submitting and storing does not exist here)."""
+        from airflow_provider_pravega.spark.ingest_job import run_ingest
         from airflow_provider_pravega.spark.session import get_spark_session
+
+        hook, spec = self._spec(context)
+        store = _state_store(context) if self.durable else None
+
+        def remember(identity: dict[str, str]) -> None:
+            if store is not None:
+                store.set(self.external_id_key, identity)
+
+        def spark() -> Any:  # only when there is something to ingest (run_ingest checks inputs first)
+            return get_spark_session(self.spark_conn_id, f"pravega-ingest-{self.dag_id}.{self.task_id}",
+                                     **self.spark_conf)
+
+        with hook.get_client() as client:
+            self._done(run_ingest(client, spark, spec, on_run=remember))
+        return None  # stored already, and the run is over: nothing to reconnect to
+
+    def get_job_status(self, external_id: Any, context: Any) -> str:
+        from airflow_provider_pravega.spark.ingest_job import resume_status_of
+
+        hook, spec = self._spec(context)
+        with hook.get_client() as client:
+            return resume_status_of(client, spec, external_id)
+
+    def is_job_active(self, status: str) -> bool:
+        from airflow_provider_pravega.client.ingest_resume import RESUMABLE
+
+        return status in RESUMABLE
+
+    def is_job_succeeded(self, status: str) -> bool:
+        return False  # a run recorded done looks like one rolled back: run afresh (what is in is skipped)
+
+    def poll_until_complete(self, external_id: Any, context: Any) -> dict[str, Any] | None:
+        """After submit_job: nothing is left. On a later try: finish the earlier try's run without
+        Spark, or run the ingest afresh when that is no longer possible."""
+        if self._result is None and external_id is not None:
+            from airflow_provider_pravega.spark.ingest_job import resume_ingest
+
+            hook, spec = self._spec(context)
+            with hook.get_client() as client:
+                resumed = resume_ingest(client, spec, external_id)
+            if resumed is None:
+                self.submit_job(context)
+            else:
+                self._done(resumed)
+        return self._result
+
+    def get_job_result(self, external_id: Any, context: Any) -> dict[str, Any] | None:
+        return self._result
+
+    def _spec(self, context: Any) -> tuple[PravegaHook, Any]:
+        from airflow_provider_pravega.spark.ingest_job import IngestSpec
 
         hook = PravegaHook(self.pravega_conn_id)
         config = hook.get_config()
@@ -148,19 +224,16 @@ class PravegaTransactionalIngestOperator(BaseOperator):
             remember_files_for_s=self.remember_files_for_s, interval_key=self.interval_key or _data_interval(context),
             **_task_try(context),
         )
-        def spark() -> Any:  # only when there is something to ingest (run_ingest checks inputs first)
-            return get_spark_session(self.spark_conn_id, f"pravega-ingest-{self.dag_id}.{self.task_id}",
-                                     **self.spark_conf)
+        return hook, spec
 
-        with hook.get_client() as client:
-            result = run_ingest(client, spark, spec)
+    def _done(self, result: Any) -> None:
         self._result = result.to_dict()
         self.log.info(
-            "ingested %d file(s), skipped %d, %d events in %.1f s (%.0f events/s)",
+            "%s %d file(s), skipped %d, %d events in %.1f s (%.0f events/s)",
+            f"resumed run {result.run_id}: committed" if result.resumed else "ingested",
             len(result.files_ingested), len(result.files_skipped), result.events, result.seconds,
             result.events_per_second,
         )
-        return self._result
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Input files and the output stream as OpenLineage datasets (None without OpenLineage)."""
@@ -174,6 +247,11 @@ class PravegaTransactionalIngestOperator(BaseOperator):
             inputs=[file_dataset(f) for f in files],
             outputs=[stream_dataset(config, self.scope or config.scope, self.stream)],
         )
+
+
+def _state_store(context: Any) -> Any:
+    """Airflow's task state store (3.3+; None before, and in contexts without it)."""
+    return context.get("task_state_store") if hasattr(context, "get") else None
 
 
 def _task_try(context: Any) -> dict[str, Any]:

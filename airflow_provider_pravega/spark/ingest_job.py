@@ -27,12 +27,12 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
-from airflow_provider_pravega.client.errors import PravegaError, StreamNotFoundError
+from airflow_provider_pravega.client.errors import PravegaError, ScopeNotFoundError, StreamNotFoundError
 from airflow_provider_pravega.client.ingest import (
     MIN_STALE_AFTER_S,
     UNKNOWN_COMMITS,
@@ -53,6 +53,14 @@ from airflow_provider_pravega.client.ingest import (
     same_file,
 )
 from airflow_provider_pravega.client.ingest import state_location as _state_location
+from airflow_provider_pravega.client.ingest_resume import (
+    RESUMABLE,
+    is_identity,
+    record_written,
+    resume_run,
+    resume_status,
+    run_identity,
+)
 from airflow_provider_pravega.spark.connection_args import (
     add_connection_arguments,
     add_spark_arguments,
@@ -166,6 +174,7 @@ class IngestResult:
     finished_runs: list[str] = field(default_factory=list)  # earlier runs with acknowledged commits, recorded done
     state_scope: str | None = None  # where the ingest's state lives (the commit sensor records the run done)
     state_stream: str | None = None
+    resumed: bool = False  # run_id is an earlier try's run, finished by this one (see resume_ingest)
 
     @property
     def events_per_second(self) -> float:
@@ -936,6 +945,11 @@ def make_writer(ctx: TaskContext):
                 writer.close()
         finally:
             keeper.close()
+        try:  # what a later try needs to commit this transaction without its driver
+            record_written(store, ctx.run_id, hex_id, (key_of(f) for f in held), events, size, ctx.owner)
+        except FencedError:
+            txns.abort(spec.scope, spec.stream, info.txn_id)
+            raise
         yield result(hex_id, events, size, files=held)
 
     return write_partition
@@ -1006,12 +1020,15 @@ def state_location(spec: IngestSpec) -> tuple[str, str]:
     return _state_location(spec.scope, spec.stream, spec.effective_ingest_id)
 
 
-def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
+def run_ingest(client: Any, spark: Any, spec: IngestSpec,
+               on_run: Callable[[dict[str, str]], None] | None = None) -> IngestResult:
     """Ingest ``spec.source`` into ``spec.scope/spec.stream`` exactly once (or at least once).
 
     ``spark`` is a SparkSession or a function returning one, called only once there is work (an
     empty interval of local files, a missing path or stream never starts a session). The protocol
-    is :meth:`IngestCoordinator.run`'s; this supplies the files and the write stage."""
+    is :meth:`IngestCoordinator.run`'s; this supplies the files and the write stage. ``on_run``
+    gets the identity of each run as soon as it is recorded, before anything is written (what
+    :func:`resume_ingest` takes)."""
     started = time.monotonic()
     lease_ms = client.transactions.default_lease_ms
     check_timing(spec.stale_after_s, lease_ms)  # before anything is written
@@ -1033,12 +1050,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     state_scope, state_stream = state_location(spec)
     store = open_ingest_state(client, spec.scope, spec.stream, spec.effective_ingest_id,
                               stale_after_s=spec.stale_after_s)
-    coord = IngestCoordinator(
-        store, client.transactions, spec.scope, spec.stream, stale_after_s=spec.stale_after_s, lease_ms=lease_ms,
-        task_instance=spec.task_instance, try_number=spec.try_number, unknown_commits=spec.unknown_commits,
-        remember_files_for_s=spec.remember_files_for_s, lease_keeper=client.lease_keeper, crash_hook=crash_point,
-        tail_positions=lambda: _tail_positions(client, spec),
-    )
+    coord = _coordinator(client, store, spec)
     spark = get_spark()
     listed = list_sources(spark, spec.source)
     listed_at_ms = int(time.time() * 1000)
@@ -1065,6 +1077,9 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
     def write(run_id: str, plan: FilePlan) -> WriteResult:
         log.info("run %s: ingesting %d file(s) (%d already ingested)", run_id, len(plan.to_ingest),
                  len(plan.skipped))
+        if on_run is not None and spec.mode == "exactly_once":
+            on_run(run_identity(scope=spec.scope, stream=spec.stream, ingest_id=spec.effective_ingest_id,
+                                state_scope=state_scope, state_stream=state_stream, run_id=run_id, owner=coord.owner))
         ctx = TaskContext(config_of(client), spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
         labels = writer_labels(spark, plan.to_ingest, spec)
         records = record_frame(spark, plan.to_ingest, spec, labels)
@@ -1124,6 +1139,59 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec) -> IngestResult:
 
 
 RETURNED_RUNS = 3  # runs again at once for files whose transactions lapsed after the commit point
+
+
+def _coordinator(client: Any, store: Any, spec: IngestSpec) -> IngestCoordinator:
+    return IngestCoordinator(
+        store, client.transactions, spec.scope, spec.stream, stale_after_s=spec.stale_after_s,
+        lease_ms=client.transactions.default_lease_ms, task_instance=spec.task_instance, try_number=spec.try_number,
+        unknown_commits=spec.unknown_commits, remember_files_for_s=spec.remember_files_for_s,
+        lease_keeper=client.lease_keeper, crash_hook=crash_point, tail_positions=lambda: _tail_positions(client, spec),
+    )
+
+
+def resume_status_of(client: Any, spec: IngestSpec, identity: Any) -> str:
+    """What a later try of ``spec``'s task can do with the run ``identity`` names (an earlier try's,
+    from ``on_run``): :data:`~airflow_provider_pravega.client.ingest_resume.RESUMABLE` or why not
+    (see :mod:`airflow_provider_pravega.client.ingest_resume`). No Spark."""
+    if not is_identity(identity) or spec.mode != "exactly_once":
+        return "MOVED"
+    try:
+        store = open_state_store(client, identity["state_scope"], identity["state_stream"], create=False)
+    except (ScopeNotFoundError, StreamNotFoundError):
+        return "GONE"
+    with store:
+        return resume_status(store.fetch(), identity, scope=spec.scope, stream=spec.stream,
+                             ingest_id=spec.effective_ingest_id)
+
+
+def resume_ingest(client: Any, spec: IngestSpec, identity: Any) -> IngestResult | None:
+    """Finish the earlier try's run ``identity`` names without Spark: take it over (fencing that
+    try, should it still run) and commit what its write tasks recorded. None when that run cannot
+    be resumed, or some of its files must be written again (transactions whose lease lapsed): run
+    :func:`run_ingest` then (it finishes or rolls back the run at once, and writes what is left)."""
+    started = time.monotonic()
+    if resume_status_of(client, spec, identity) not in RESUMABLE:
+        return None
+    with open_state_store(client, identity["state_scope"], identity["state_stream"], create=False) as store:
+        resumed = resume_run(_coordinator(client, store, spec), identity, wait_for_commit=spec.wait_for_commit)
+    if resumed is None:
+        return None
+    if resumed.returned:
+        log.warning("resumed run %s: the transactions of %d file(s) lapsed; running the ingest to write them",
+                    resumed.run_id, len(resumed.returned))
+        return None
+    state_scope, state_stream = identity["state_scope"], identity["state_stream"]
+    result = IngestResult(
+        run_id=resumed.run_id, files_ingested=resumed.files, events=resumed.events, bytes=resumed.bytes,
+        transactions=[{"id": t, "status": resumed.status} for t in resumed.txns], state_scope=state_scope,
+        state_stream=state_stream, resumed=True,
+    )
+    result.tail_cut = _tail_text(client, spec) if resumed.status == "COMMITTED" else None
+    result.seconds = time.monotonic() - started
+    log.info("resumed run %s: %d events (%d bytes) from %d file(s) committed in %.1f s", resumed.run_id,
+             result.events, result.bytes, len(result.files_ingested), result.seconds)
+    return result
 
 
 def whole_file_holds(reported: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:

@@ -13,7 +13,10 @@ In one stack, in this order:
   runs, the scheduler's whole process group is SIGKILLed (its LocalExecutor workers and the task die
   with it) and restarted; during the second day's ingest, only the task's own process (the pid
   Airflow records for the running try) is SIGKILLed while its transactions are open (the ingest
-  pauses there: ``PRAVEGA_INGEST_DELAY_AT``): the retry recovers the killed run and succeeds;
+  pauses there: ``PRAVEGA_INGEST_DELAY_AT``): the retry resumes the killed try's run from the
+  identity the try kept in Airflow's task state store (durable execution: no Spark, nothing
+  written again) and succeeds; the time from the kill to the retry's success is printed
+  (docs/benchmarks.md), never asserted;
 * backfills through ``airflow backfill create`` (the CLI, with the stack's environment):
   ``--reprocess-behavior failed`` reruns only the day whose ingest run failed (marked so through
   the REST API), while the daily export DAG catches up (each day's folder holds its records, see
@@ -433,8 +436,10 @@ def test_stack_kills_backfills_exports_ui_exactly_once(stack_work: tuple[Path, l
     tries = {t["task_id"]: t["try_number"] for t in stack.task_instances(first[days[0]]["dag_run_id"])}
     assert tries["ingest"] >= 2, tries  # the killed try died with the scheduler group; another one ran
     retry_log = _attempt_log(stack, killed_run, "ingest", 2).read_text(errors="replace")
-    # The retry found the killed try's run and aborted its open transactions before writing again.
-    assert "died while writing; aborting" in retry_log, retry_log[-3000:]
+    # The retry read the killed try's run from the task state store and committed what its write
+    # tasks had flushed, without Spark and without writing anything again.
+    assert "Reconnecting to existing job" in retry_log and "resuming ingest run" in retry_log, retry_log[-3000:]
+    assert "starting Spark" not in retry_log and "died while writing" not in retry_log, retry_log[-3000:]
     source = _source_records(stack.data, days)
     assert len(source) == len(days) * FILES_PER_DAY * EVENTS_PER_FILE
     assert Counter(_stream_events(stack)) == Counter(source)  # every record once: both kills included
@@ -496,9 +501,23 @@ def _kill_task_mid_write(stack: Stack, day: str) -> str:
     scheduler_pgid = stack.state["components"]["scheduler"]["pgid"]
     assert pid != scheduler_pgid and supervisor != scheduler_pgid, (pid, supervisor, scheduler_pgid)
     phase(f"{day}'s ingest paused mid-write: kill -9 of its task process {pid} (supervisor {supervisor})")
+    killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     stack.wait(f"task process {pid} to be gone", lambda: not _pid_alive(pid), 60, poll_s=0.5)
     assert _group_alive(scheduler_pgid)  # the task alone died
+    ti_path = f"/api/v2/dags/{DAG}/dagRuns/{_quote(run_id)}/taskInstances/ingest"
+
+    def retried() -> bool:
+        now = stack.get(ti_path)
+        if now["state"] == "failed":
+            pytest.fail(f"{day}'s ingest failed after its task was killed: {now}\n{stack.logs()}")
+        return now["try_number"] >= 2 and now["state"] == "success"
+
+    stack.wait(f"a retry of {day}'s ingest to succeed", retried, poll_s=0.5)
+    # The figure docs/benchmarks.md quotes (printed, never asserted: the machine's load decides it).
+    tries = {t["try_number"]: t for t in stack.get(ti_path + "/tries")["task_instances"]}
+    phase(f"kill -> retry success: {time.monotonic() - killed_at:.1f} s (try 1 ended {tries[1]['end_date']}, "
+          f"try 2 ran {tries[2]['start_date']} .. {tries[2]['end_date']})")
     return run_id
 
 
