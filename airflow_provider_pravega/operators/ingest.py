@@ -101,6 +101,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         unknown_commits: str | None = None,
         remember_files_for: timedelta | float | None = None,
         interval_key: str | None = None,
+        durable: bool = True,
         pravega_conn_id: str = PravegaHook.default_conn_name,
         spark_conn_id: str | None = "spark_default",
         spark_conf: dict[str, Any] | None = None,
@@ -110,6 +111,8 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
 
         # A retry resumes a killed try's run while its transactions are still leased: soon.
         kwargs.setdefault("retry_delay", timedelta(seconds=5))
+        if not durable:  # the mixin's own parameter (its Airflow < 3.3 stand-in warns about any value)
+            kwargs["durable"] = False
         super().__init__(**kwargs)
         # Options no run could accept fail when the DAG is parsed, not after a SparkSession started.
         check_options(format=format, mode=mode, on_empty=on_empty, routing_key_field=routing_key_field,
