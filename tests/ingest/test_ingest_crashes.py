@@ -44,7 +44,8 @@ def ingest_cmd(uri: str, scope: str, source, *extra: str) -> list[str]:
             "--master", "local[2,4]", *extra]
 
 
-def run(cmd: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run(cmd: list[str], env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    # A bound for a loaded machine (two suite parts and their JVMs on 2 cores), not a timing check.
     return subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 
@@ -66,9 +67,17 @@ STEPS = ["before_run_record", "after_run_record", "after_tasks", "after_commit_r
          "after_commits"]
 
 
+#: The steps also run against Pravega standalone: those where what Pravega does with the transactions
+#: decides the outcome. The others are the provider's own bookkeeping, the same on any server; they
+#: run on the embedded server only (each case starts two Spark drivers: CI's time budget).
+STANDALONE_STEPS = ("after_commit_record", "after_first_commit")
+
+
 @pytest.mark.parametrize("step", STEPS)
 def test_driver_killed_at_each_step_then_rerun_is_exactly_once(step, tmp_path, pravega_controller_uri, unique_name,
-                                                               read_stream):
+                                                               read_stream, request):
+    if request.node.callspec.params.get("pravega_backend") == "standalone" and step not in STANDALONE_STEPS:
+        pytest.skip(f"{step}: the provider's own bookkeeping, run on the embedded server only (CI time)")
     scope = unique_name("crash")
     lines = make_source(tmp_path / "in")
     first = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"), {CRASH_ENV: step})
@@ -93,7 +102,11 @@ def test_task_attempt_dies_mid_write_and_is_retried(tmp_path, pravega_controller
     assert_exactly_once(read_stream(pravega_controller_uri, scope, "s", expected=len(lines)), lines)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+#: Random kill moments: seed 1 in the suite (CI's time budget); PRAVEGA_CRASH_SEEDS=1,2,3,... for more.
+CRASH_SEEDS = [int(s) for s in os.environ.get("PRAVEGA_CRASH_SEEDS", "1").split(",") if s.strip()]
+
+
+@pytest.mark.parametrize("seed", CRASH_SEEDS)
 def test_driver_killed_at_a_random_moment(seed, tmp_path, pravega_controller_uri, unique_name, read_stream):
     scope = unique_name("rnd")
     lines = make_source(tmp_path / "in", files=6, per_file=1500)
@@ -114,7 +127,7 @@ def test_two_copies_at_once_write_each_record_once(tmp_path, pravega_controller_
     lines = make_source(tmp_path / "in", files=4, per_file=800)
     procs = [subprocess.Popen(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
+    outs = [p.communicate(timeout=900) for p in procs]
     codes = [p.returncode for p in procs]
     assert 0 in codes, [o[1][-2000:] for o in outs]
     assert_exactly_once(read_stream(pravega_controller_uri, scope, "s", expected=len(lines)), lines)
