@@ -86,8 +86,11 @@ def test_driver_killed_at_each_step_then_rerun_is_exactly_once(step, tmp_path, p
     assert second.returncode == 0, second.stderr[-3000:]
     summary = json.loads(second.stdout.strip().splitlines()[-1])
     if step in ("after_commit_record", "after_first_commit"):
-        # The killed run had reached its commit point: the rerun committed it, found nothing left.
-        assert summary["recovered_runs"] and summary["run_id"] is None
+        # The killed run had reached its commit point: the rerun committed it and found nothing left,
+        # or, on a machine so loaded that the rerun took it over only after the leases lapsed, healed
+        # it: the lapsed transactions' files were written again (see the lapsed-lease test below).
+        assert summary["recovered_runs"]
+        assert summary["run_id"] is None or "were aborted after its commit point" in second.stderr, summary
     if step == "after_commits":
         # Its commits were acknowledged and recorded: the rerun only records it done (no recovery).
         assert summary["finished_runs"] and not summary["recovered_runs"] and summary["run_id"] is None
