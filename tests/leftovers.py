@@ -20,6 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 ENV = "PRAVEGA_TEST_SESSION"
+# Helpers the standard library starts beside this very process and ends when it exits (their pipe
+# to it closes): not something a test left behind.
+OWN_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 GRACE_S = float(os.environ.get("PRAVEGA_LEFTOVER_GRACE_S", "60"))  # processes still shutting down (a JVM after stop()) on a loaded machine
 MAX_SCANNED_BYTES = 16 * 1024 * 1024
 
@@ -40,6 +43,8 @@ def leftover_processes(mark: str, grace_s: float = GRACE_S) -> list[str]:
             if proc.pid == os.getpid():
                 continue
             try:
+                if proc.ppid() == os.getpid() and any(h in " ".join(proc.cmdline()) for h in OWN_HELPERS):
+                    continue
                 if proc.environ().get(ENV) == mark and proc.status() != psutil.STATUS_ZOMBIE:
                     found.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

@@ -489,7 +489,7 @@ class PravegaDataSource(DataSource):
     def writer(self, schema: Any, overwrite: bool) -> PravegaBatchWriter:  # save()
         with _first_line():
             check_options(self.options, BATCH_WRITE)
-            return PravegaBatchWriter(self.options, schema, overwrite)
+            return PravegaBatchWriter(self.options, schema, overwrite, renewal=getattr(self, "renewal", None))
 
     def streamWriter(self, schema: Any, overwrite: bool) -> PravegaStreamWriter:  # the query's start
         with _first_line():
@@ -990,8 +990,9 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
     at ``save()``, one transaction per task attempt, committed by the driver; ``mode=at_least_once``:
     plain appends, nothing to commit."""
 
-    def __init__(self, options: Mapping[str, str], schema: Any, overwrite: bool) -> None:
+    def __init__(self, options: Mapping[str, str], schema: Any, overwrite: bool, renewal: Any = None) -> None:
         super().__init__(options, schema, overwrite)
+        self.renewal_key: str | None = None
         if self.mode != "exactly_once":
             return
         import uuid
@@ -1003,7 +1004,9 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
         except IngestError as exc:
             raise PravegaDataSourceError(f"option stale_after_s: {exc}") from None
         self.owner = f"spark-write:{self.write_id or '-'}:{uuid.uuid4().hex[:12]}"
+        self.renewal = renewal
         with _client(self.config) as client:
+            self._announce(client, run_id=None)  # a rerun's renewer lets go of the earlier run first
             store = _write_state(client, self.scope, self.stream, self.write_id)
             try:
                 coord = self._coordinator(client, store)
@@ -1014,6 +1017,34 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
                     self.run_id = coord.start_open_run(wait_for_others_s=2 * self.stale_after_s + 60)
             finally:
                 store.close()
+            self._announce(client, run_id=self.run_id)
+
+    def _announce(self, client: Any, run_id: str | None, *, retire: bool = False) -> None:
+        """Tell the registering process's renewer (``register(spark, renew_writes=...)``) about this
+        write's run, or that it is over. Best effort: without it the lease alone bridges the gap."""
+        renewal = self.renewal
+        if renewal is None:
+            return
+        from airflow_provider_pravega.spark import write_renewal
+
+        if renewal.controller != self.config.controller_uri:
+            if not retire and run_id is None:
+                log.warning("write into %s/%s: its controller %s is not the renewer's (%s): only its lease "
+                            "keeps it alive between its last task and its commit", self.scope, self.stream,
+                            self.config.controller_uri, renewal.controller)
+            return
+        if self.renewal_key is None:
+            self.renewal_key = write_renewal.write_key(renewal, self.scope, self.stream, self.write_id, self.owner)
+        write = None if retire else {
+            "scope": self.scope, "stream": self.stream, "run_id": run_id, "owner": self.owner,
+            "ingest_id": f"spark-write:{self.write_id}" if self.write_id is not None else "spark-write",
+            "stale_after_s": self.stale_after_s, "lease_ms": self.config.transaction_lease_ms}
+        try:
+            write_renewal.announce(client, renewal, self.renewal_key, write)
+        except PravegaError as exc:
+            log.warning("write into %s/%s: could not reach the write renewer's registry in scope %s (%s): only "
+                        "its lease keeps it alive between its last task and its commit", self.scope, self.stream,
+                        renewal.scope, exc)
 
     def commit(self, messages: Sequence[PravegaCommitMessage | None]) -> None:
         if self.mode != "exactly_once":
@@ -1032,6 +1063,7 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
                     self.run_id, WriteResult(hex_ids, sum(m.events for m in done), holds=holds))
             finally:
                 store.close()
+                self._announce(client, self.run_id, retire=True)
         if returned or status == "LOST":
             raise PravegaDataSourceError(
                 f"the transactions of {len(returned) or len(done)} write task(s) on {self.scope}/{self.stream} were "
@@ -1052,6 +1084,7 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
                 self._coordinator(client, store).abandon(self.run_id)  # aborts every registered transaction
             finally:
                 store.close()
+                self._announce(client, self.run_id, retire=True)
 
 
 class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
@@ -1235,6 +1268,30 @@ def _check_columns(schema: Any) -> tuple[bool, bool]:
 # ---------------------------------------------------------------------------------------------
 
 
-def register(spark: Any) -> None:
-    """Make ``format("pravega")`` available in ``spark`` (a classic or a Spark Connect session)."""
-    spark.dataSource.register(PravegaDataSource)
+def register(spark: Any, *, renew_writes: Mapping[str, str] | None = None) -> Any:
+    """Make ``format("pravega")`` available in ``spark`` (a classic or a Spark Connect session).
+
+    ``renew_writes``: connection options (``controller``, ``scope``, and ``username``/``password``,
+    ``tls``... as a write takes them). This process then runs a renewer thread that keeps every
+    exactly-once batch write of the session alive between its last task and its commit (see
+    :mod:`~airflow_provider_pravega.spark.write_renewal`), through a registry in that scope.
+    Returns the renewer (``.stop()`` ends it; it is a daemon thread) or None."""
+    if renew_writes is None:
+        spark.dataSource.register(PravegaDataSource)
+        return None
+    from airflow_provider_pravega.spark import write_renewal
+
+    with _first_line():
+        config = connection_config(renew_writes)
+        scope = _required(renew_writes, "scope", "the scope of the write renewer's registry")
+        with _client(config) as client:  # unreachable or refused: said now, not at the first write
+            client.admin.create_scope(scope)
+            write_renewal.open_registry(client, scope).close()
+    renewer = write_renewal.WriteRenewer(config, scope)
+    # A subclass carrying the renewer's token (pickled by value with the class, no secret in it).
+    renewed = type(PravegaDataSource.__name__, (PravegaDataSource,),
+                   {"renewal": renewer.renewal, "__module__": __name__,
+                    "__qualname__": f"{PravegaDataSource.__qualname__}.renewed", "__doc__": PravegaDataSource.__doc__})
+    spark.dataSource.register(renewed)
+    renewer.start()
+    return renewer
