@@ -937,6 +937,34 @@ class IngestCoordinator:
                                       "stale_ms": self.stale_after_ms})
         return run_id
 
+    def join_unit_run(self, run_id: str, unit: str) -> bool:
+        """For writes whose tasks start their run (a streaming micro-batch: no driver step comes
+        before its tasks; ``run_id`` is the batch's, the same in every attempt): False when
+        ``unit`` was committed by a run of this id (a replay writes it no more); else True once a
+        WRITING run ``run_id`` exists for the task to register in. A run of this id that an
+        earlier attempt took past its commit point is finished first (its units are then known
+        committed, or returned when their transactions were lost)."""
+        while True:
+            state = self.store.fetch()
+            if known_files(self.store, state, [unit]).get(unit, {}).get("run") == run_id:
+                return False
+            run = state["runs"].get(run_id)
+            if run is None:
+                self.store.update(lambda s: None if run_id in s["runs"] else {
+                    "op": "start", "run": run_id, "owner": self.owner, "ts": _now_ms(), "files": {},
+                    "stale_ms": self.stale_after_ms})
+                continue
+            if run["phase"] == WRITING:
+                return True
+            if run["owner"] != self.owner:
+                self.store.update(lambda s: {"op": "takeover", "run": run_id, "owner": self.owner, "ts": _now_ms()}
+                                  if run_id in s["runs"] else None)
+                continue
+            if run["phase"] == COMMITTING:
+                self.finish_recovered_run(run_id, run)
+            else:
+                self.resolve_requested(run_id, run)
+
     def drop_dead_runs(self, older_than_s: float) -> list[str]:
         """Independent runs sharing one state (data-source writes without a write id) are never
         recovered by each other; a run whose driver stopped heartbeating ``older_than_s`` ago is

@@ -928,26 +928,58 @@ class _TaskWrites:
         return PravegaCommitMessage(self.scope, self.stream, txn.txn_id, count, unit)
 
     def _write_micro_batch(self, iterator: Iterator[Any]) -> PravegaCommitMessage:
-        """A streaming write's task: its transaction is registered by the driver at the batch's
-        commit (the run of a micro-batch starts there); this task renews it while it writes."""
+        """A streaming write's task, through the transactional stage like a batch write's: the
+        micro-batch's run (one per batch id, the same in every attempt, started by its first
+        task) registers this task's transaction under its input partition; a partition a replay
+        finds committed is not written again."""
+        from pyspark import TaskContext
+
+        from airflow_provider_pravega.client.ingest import RunKeeper, register_txn
+
+        task = TaskContext.get()
+        batch = task.getLocalProperty("streaming.sql.batchId") if task is not None else None
+        if batch is None:  # Spark sets it for every micro-batch's tasks; without it no replay can be told
+            raise PravegaDataSourceError("a streaming write task without Spark's micro-batch id "
+                                         "(local property streaming.sql.batchId): use mode=at_least_once here")
+        batch_id = int(batch)
+        unit = f"partition-{task.partitionId():05d}"
+        run_id = micro_batch_run(batch_id)
         with _client(self.config) as client:
             manager = client.transactions
-            txn = _begin(manager, self.scope, self.stream, self.config.transaction_lease_ms)
-            keeper = client.lease_keeper()
-            keeper.add(self.scope, self.stream, txn.txn_id)
-            writer = manager.writer(self.scope, self.stream, txn, check_open=False)
+            store = self._stream_state(client)
             try:
-                count = self._write_rows(iterator, writer.write_event)
-                writer.flush()
-                keeper.check()
-                manager.ping(self.scope, self.stream, txn.txn_id)  # a full lease from here to the batch's commit
-            except BaseException:
-                _abort_quietly(manager, self.scope, self.stream, txn.txn_id)
-                raise
+                coord = self._coordinator(client, store)
+                if _committed_before(store, batch_id) or not coord.join_unit_run(run_id, unit):
+                    log.info("writer %s: partition %s of micro-batch %d was committed before (a replay): skipped",
+                             self.writer_id, unit, batch_id)
+                    return PravegaCommitMessage(self.scope, self.stream, None, 0, unit)
+                txn = _begin(manager, self.scope, self.stream, self.config.transaction_lease_ms)
+                writer = manager.writer(self.scope, self.stream, txn, check_open=False)
+                keeper = None
+                try:
+                    register_txn(store, run_id, f"{txn.txn_id:032x}", self.owner)  # fenced past the commit point
+                    keeper = RunKeeper(coord, run_id)  # renews every transaction of the batch while it writes
+                    keeper.start()
+                    count = self._write_rows(iterator, writer.write_event)
+                    writer.flush()
+                    keeper.check()
+                    manager.ping(self.scope, self.stream, txn.txn_id)  # a full lease from here to the commit
+                except BaseException:
+                    _abort_quietly(manager, self.scope, self.stream, txn.txn_id)
+                    raise
+                finally:
+                    if keeper is not None:
+                        keeper.stop()
+                    writer.close()
             finally:
-                keeper.close()
-                writer.close()
-        return PravegaCommitMessage(self.scope, self.stream, txn.txn_id, count)
+                store.close()
+        return PravegaCommitMessage(self.scope, self.stream, txn.txn_id, count, unit)
+
+    def _stream_state(self, client: Any) -> Any:
+        from airflow_provider_pravega.client.ingest import open_ingest_state
+
+        return open_ingest_state(client, self.scope, self.stream, f"spark-stream:{self.writer_id}",
+                                 stale_after_s=self.stale_after_s)
 
     def _coordinator(self, client: Any, store: Any) -> Any:
         """The transactional stage's coordinator for this write's run (driver and tasks alike)."""
@@ -1104,6 +1136,7 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
                 "an exactly-once streaming write needs option writer_id (a name for this query's record of "
                 "committed micro-batches, kept with its checkpoint location), or mode=at_least_once")
         self.stale_after_s = _value(options, "stale_after_s")
+        self.owner = f"spark-stream:{self.writer_id}"  # every attempt of the query: a batch's run has one owner
         if self.mode == "exactly_once":
             from airflow_provider_pravega.client.ingest import IngestError, check_timing
 
@@ -1113,48 +1146,71 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
                 raise PravegaDataSourceError(f"option stale_after_s: {exc}") from None
 
     def commit(self, messages: Sequence[PravegaCommitMessage | None], batchId: int) -> None:
+        """The micro-batch's commit point and commits (the stage's driver side). A partition whose
+        transaction was lost after the commit point fails the query: restarted from its checkpoint,
+        it replays the batch and writes only the partitions not committed."""
         if self.mode != "exactly_once":
             return
-        from airflow_provider_pravega.client.ingest import (
-            FilePlan,
-            IngestCoordinator,
-            WriteResult,
-            open_ingest_state,
-            register_txn,
-        )
+        from airflow_provider_pravega.client.ingest import COMMITTING, WRITING, WriteResult
 
         done = [m for m in messages if m is not None and m.txn_id is not None]
-        txns = [m.txn_id for m in done]
+        hex_ids = [f"{m.txn_id:032x}" for m in done]
+        run_id = micro_batch_run(batchId)
         with _client(self.config) as client:
-            manager = client.transactions
-            _renew_all_or_abort(manager, self.scope, self.stream, txns, self.config)
-            store = open_ingest_state(client, self.scope, self.stream, f"spark-stream:{self.writer_id}",
-                                      stale_after_s=self.stale_after_s)
+            store = self._stream_state(client)
             try:
-                coord = IngestCoordinator(store, manager, self.scope, self.stream, stale_after_s=self.stale_after_s,
-                                          lease_ms=self.config.transaction_lease_ms,
-                                          lease_keeper=client.lease_keeper)
-                hex_ids = [f"{t:032x}" for t in txns]
-
-                def register(run_id: str, plan: FilePlan) -> WriteResult:
-                    for hex_id in hex_ids:
-                        register_txn(store, run_id, hex_id)
-                    return WriteResult(hex_ids, sum(m.events for m in done))
-
-                # One "file" whose identity is the batch id: a replay of the last committed batch is
-                # skipped, the next batch replaces it (the state stays one entry long).
-                outcome = coord.run({"micro-batch": {"size": 0, "fp": f"{batchId:020d}"}}, register,
-                                    allow_changed_files=True, wait_for_commit=True)
+                coord = self._coordinator(client, store)
+                run = store.fetch()["runs"].get(run_id)
+                if run is None or run["phase"] != WRITING:
+                    # Every partition was committed before (a replay), or an earlier attempt's
+                    # commit is to be finished: nothing of this attempt is in it.
+                    if run is not None:
+                        (coord.finish_recovered_run if run["phase"] == COMMITTING else coord.resolve_requested)(
+                            run_id, run)
+                    for m in done:
+                        _abort_quietly(client.transactions, self.scope, self.stream, m.txn_id)
+                    log.info("micro-batch %d of writer %s: committed before (a replay)", batchId, self.writer_id)
+                    return
+                _, status, returned = coord.commit_written(
+                    run_id, WriteResult(hex_ids, sum(m.events for m in done),
+                                        holds={f"{m.txn_id:032x}": [m.unit] for m in done}))
+                coord.recover_stale_runs()  # runs a zombie task started after its batch committed
             finally:
                 store.close()
-            if outcome.run_id is None:
-                log.info("micro-batch %d of writer %s was already committed (a replay): its %d new transaction(s) "
-                         "are aborted", batchId, self.writer_id, len(txns))
-                for t in txns:
-                    _abort_quietly(manager, self.scope, self.stream, t)
+        if returned or status == "LOST":
+            raise PravegaDataSourceError(
+                f"micro-batch {batchId} of writer {self.writer_id}: the transactions of input partition(s) "
+                f"{', '.join(returned[:5]) or 'all'} were aborted after its commit point (leases of "
+                f"{self.config.transaction_lease_ms} ms lapsed before the commit); the other partitions were "
+                "committed. Restart the query from its checkpoint location: it replays this micro-batch and "
+                "writes only the partitions not committed.")
 
     def abort(self, messages: Sequence[PravegaCommitMessage | None], batchId: int) -> None:
+        if self.mode != "exactly_once":
+            return
+        with _client(self.config) as client:
+            store = self._stream_state(client)
+            try:
+                run = store.fetch()["runs"].get(micro_batch_run(batchId))
+                if run is not None and run["phase"] == "WRITING":
+                    self._coordinator(client, store).abandon(micro_batch_run(batchId))
+            finally:
+                store.close()
         _abort_all(self.config, self.scope, self.stream, messages)
+
+
+def micro_batch_run(batch_id: int) -> str:
+    """The run of a streaming micro-batch: the same id in every attempt and replay of the batch."""
+    return f"batch-{batch_id:020d}"
+
+
+def _committed_before(store: Any, batch_id: int) -> bool:
+    """Versions before 0.4 recorded a streaming write's micro-batch as one "file": a replay of a
+    batch they committed is skipped whole."""
+    from airflow_provider_pravega.client.ingest import known_files
+
+    old = known_files(store, store.fetch(), ["micro-batch"]).get("micro-batch")
+    return old is not None and int(old.get("fp") or -1) >= batch_id
 
 
 #: Hold points of the batch write for tests (like the ingest's fault points): at the named step
@@ -1209,20 +1265,6 @@ def _begin(manager: Any, scope: str, stream: str, lease_ms: int) -> Any:
         else:
             raise
         raise PravegaDataSourceError(f"option transaction_lease_ms={lease_ms} {problem}") from None
-
-
-def _renew_all_or_abort(manager: Any, scope: str, stream: str, txns: Sequence[int], config: Any) -> None:
-    """Renew every transaction; if any ended (its lease ran out), abort them all and say so."""
-    from airflow_provider_pravega.client.transactions import TxnStatus
-
-    lost = [t for t in txns if manager.ping(scope, stream, t) != TxnStatus.OPEN]
-    if lost:
-        for t in txns:
-            _abort_quietly(manager, scope, stream, t)
-        raise PravegaDataSourceError(
-            f"{len(lost)} of the {len(txns)} write transactions on {scope}/{stream} ended before the job "
-            f"committed (lease of {config.transaction_lease_ms} ms ran out?): nothing was committed; raise "
-            f"option transaction_lease_ms")
 
 
 def _abort_all(config: Any, scope: str, stream: str, messages: Sequence[PravegaCommitMessage | None]) -> None:
