@@ -21,7 +21,12 @@ Register it once per session with :func:`register` (classic PySpark or Spark Con
   partition), aborts every other registered transaction (failed and losing speculative
   attempts), commits, and records the run done; ``abort`` aborts them all. Nothing runs on an
   executor host after its tasks: no helper process, nothing on disk. With ``write_id``, a rerun
-  after a crash skips the partitions whose transactions committed and writes the rest.
+  after a crash skips the partitions whose transactions committed and writes the rest. The
+  process that registered the data source with ``renew_writes`` keeps a write alive between its
+  last task and its commit (:mod:`~airflow_provider_pravega.spark.write_renewal`).
+* **streaming write**, exactly once per micro-batch, through the same stage: one run per batch id,
+  started by its first task; tasks register under their input partition, so a replay skips the
+  partitions committed and writes the rest.
 
 Options (all strings, as Spark passes them): ``OPTION_SPECS``, also the README's "Spark data source".
 Every one is checked (:func:`check_options`) on the driver as soon as Spark shows it to the data
@@ -1120,13 +1125,14 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
 
 
 class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
-    """Exactly once per micro-batch: each task attempt writes one transaction, as in a batch write;
-    the driver's commit of micro-batch N runs the provider's exactly-once ingest protocol
-    (:class:`~airflow_provider_pravega.client.ingest.IngestCoordinator`) with the batch as its one
-    "file", identified by N, in a state keyed by the target stream and ``writer_id``. A batch that
-    Spark replays after a crash between this commit and Spark's own commit log is found committed:
-    its new transactions are aborted, so it is not written twice; a commit interrupted after its
-    commit point is rolled forward by the next batch's commit (once ``stale_after_s`` has passed)."""
+    """Exactly once per micro-batch, through the transactional stage: micro-batch N is the run
+    ``batch-N`` in a state keyed by the target stream and ``writer_id`` (the same in every attempt
+    and replay of N). Tasks start it, register their transaction under their input partition and
+    renew the run while they write; the driver's commit of N is the stage's commit point. A batch
+    Spark replays after a crash between this commit and Spark's own commit log finds its partitions
+    committed (nothing is written twice); a commit interrupted after its commit point is finished by
+    the replay; a partition whose transaction lapsed after the commit point fails the query, and
+    the replay writes only it."""
 
     def __init__(self, options: Mapping[str, str], schema: Any, overwrite: bool) -> None:
         super().__init__(options, schema, overwrite)
