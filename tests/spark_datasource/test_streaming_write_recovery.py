@@ -14,8 +14,9 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from collections import Counter
+
+from held_jobs import kill_if_running, release, wait_until_held
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.ingest import open_ingest_state
@@ -64,11 +65,7 @@ def test_a_partition_lost_after_the_commit_point_is_written_again_by_the_restart
         first = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  start_new_session=True)
         try:
-            deadline = time.monotonic() + 600  # a bound for a loaded machine, not a timing assertion
-            while not list(held.iterdir()):
-                assert first.poll() is None, first.communicate()[1][-3000:]
-                assert time.monotonic() < deadline, "the query never reached its commit point"
-                time.sleep(0.2)
+            wait_until_held(first, held, "its commit point")
             store = open_ingest_state(client, scope, "out", "spark-stream:copy")
             try:
                 (run,) = store.fetch()["runs"].values()
@@ -77,12 +74,9 @@ def test_a_partition_lost_after_the_commit_point_is_written_again_by_the_restart
             assert run["phase"] == "COMMITTING" and len(run["commit"]) >= 2, run  # one per input partition
             lost = run["commit"][1]
             client.transactions.abort(scope, "out", int(lost, 16))  # as a lapsed lease would
-            (held / "release").touch()
-            out, err = first.communicate(timeout=600)
+            out, err = release(first, held)
         finally:
-            if first.poll() is None:
-                os.killpg(first.pid, 9)
-                first.communicate()
+            kill_if_running(first)
         assert first.returncode != 0
         assert "were aborted after its commit point" in err and "Restart the query" in err, err[-3000:]
         partial = read_stream(pravega_controller_uri, scope, "out")

@@ -11,8 +11,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections import Counter
+
+from held_jobs import wait_until_held
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.ingest import open_ingest_state
@@ -63,11 +64,7 @@ def test_driver_killed_in_the_commit_loop_then_rerun_with_the_same_write_id_is_e
         first = _job(tmp_path, pravega_controller_uri, scope,
                      {WRITE_HOLD_ENV: "after_first_commit", WRITE_HOLD_DIR_ENV: str(held)})
         try:
-            deadline = time.monotonic() + 600  # a bound for a loaded machine, not a timing assertion
-            while not list(held.iterdir()):
-                assert first.poll() is None, first.communicate()[1][-3000:]
-                assert time.monotonic() < deadline, "the job never reached its commit loop"
-                time.sleep(0.2)
+            wait_until_held(first, held, "its commit loop")
         finally:
             os.killpg(first.pid, signal.SIGKILL)  # the driver JVM, its Python workers, the script
             first.communicate()

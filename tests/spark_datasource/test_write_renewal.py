@@ -16,6 +16,8 @@ from collections import Counter
 
 import pytest
 
+from held_jobs import kill_if_running, release, wait_until_held
+
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.ingest import open_ingest_state
 from airflow_provider_pravega.spark.datasource import WRITE_HOLD_DIR_ENV, WRITE_HOLD_ENV
@@ -68,11 +70,7 @@ def test_a_commit_long_after_the_last_task_is_kept_alive_by_the_registering_proc
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
         try:
-            deadline = time.monotonic() + 600  # bounds for a loaded machine, not timing assertions
-            while not list(held.iterdir()):
-                assert job.poll() is None, job.communicate()[1][-3000:]
-                assert time.monotonic() < deadline, "the job never reached its commit"
-                time.sleep(0.2)
+            wait_until_held(job, held, "its commit")
             # Every task is done, the commit waits: only the registering process can renew now.
             states = _txn_states(client, scope)
             assert len(states) == PARTITIONS and set(states.values()) == {"OPEN"}, states
@@ -81,15 +79,13 @@ def test_a_commit_long_after_the_last_task_is_kept_alive_by_the_registering_proc
                 states = _txn_states(client, scope)
                 assert set(states.values()) == {"OPEN"}, states
             else:
+                deadline = time.monotonic() + 600  # a bound for a loaded machine, not a timing assertion
                 while set(_txn_states(client, scope).values()) == {"OPEN"}:
                     assert time.monotonic() < deadline, "the unrenewed leases never lapsed"
                     time.sleep(1.0)
-            (held / "release").touch()
-            out, err = job.communicate(timeout=600)
+            out, err = release(job, held)
         finally:
-            if job.poll() is None:
-                os.killpg(job.pid, 9)
-                job.communicate()
+            kill_if_running(job)
         if renewed:
             assert job.returncode == 0, err[-3000:]
             assert "saved; renewed runs: 1" in out
