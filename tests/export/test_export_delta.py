@@ -93,3 +93,25 @@ def test_days_exported_out_of_order_rerun_and_backfilled_are_each_in_the_table_o
         day = meta["interval"]
         assert (meta["start_cut"], meta["end_cut"]) == (span[day]["start"], span[day]["end"])
         assert meta["export_id"] == "daily" and meta["scope"] == scope
+
+
+def test_a_delta_export_needs_an_interval_and_takes_no_compression():
+    from airflow_provider_pravega.spark.export_job import ExportSpec
+
+    with pytest.raises(ValueError, match="format='delta' writes each interval as a partition"):
+        ExportSpec(scope="s", stream="t", output_path="/tmp/table", format="delta")
+    with pytest.raises(ValueError, match="compression does not apply to format='delta'"):
+        ExportSpec(scope="s", stream="t", output_path="/tmp/table", format="delta", interval_key="d",
+                   compression="zstd")
+
+
+def test_the_session_gets_deltas_package_beside_the_users_and_keeps_their_settings():
+    from airflow_provider_pravega.spark.delta_export import DELTA_SQL_CONF, delta_package, session_conf
+
+    conf = session_conf({"spark.jars.packages": "org.apache.hadoop:hadoop-aws:3.5.0",
+                         "spark.sql.extensions": "my.Extension"})
+    assert conf["spark.jars.packages"].split(",") == ["org.apache.hadoop:hadoop-aws:3.5.0", delta_package()]
+    assert conf["spark.sql.extensions"] == "my.Extension"  # the user's choice stands
+    assert conf["spark.sql.catalog.spark_catalog"] == DELTA_SQL_CONF["spark.sql.catalog.spark_catalog"]
+    mine = "io.delta:delta-spark_4.2_2.13:4.3.0"
+    assert session_conf({"spark.jars.packages": mine})["spark.jars.packages"] == mine
