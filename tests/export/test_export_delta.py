@@ -6,6 +6,9 @@ exactly once, and each table version's commit metadata names its interval's cuts
 
 The exports run in their own process (a Spark session started with Delta's package, as the
 operator starts one), through ``run_export``, one JVM for all of them.
+
+Embedded server only: what these rely on of Pravega (stream-cut reads) runs against Pravega
+standalone in the export and data-source tests; here the subject is Delta's side.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ def _run_exports(tmp_path, uri: str, scope: str, table: str, plan: list[dict]) -
 
 
 def test_days_exported_out_of_order_rerun_and_backfilled_are_each_in_the_table_once(
-        tmp_path, pravega_controller_uri, unique_name):
+        tmp_path, pravega_embedded, unique_name):
+    pravega_controller_uri = pravega_embedded.controller_uri
     scope = unique_name("delta-export")
     days = ["2026-11-20", "2026-11-21", "2026-11-22"]
     cuts, events = [], {}

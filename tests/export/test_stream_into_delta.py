@@ -6,6 +6,9 @@ own idempotent sink (its commit log keyed by the query id and batch id) make it 
 
 The query runs in its own process (a Spark session with Delta's package); the writer is this
 test, writing between and during the runs.
+
+Embedded server only: what these rely on of Pravega (stream-cut reads) runs against Pravega
+standalone in the export and data-source tests; here the subject is Delta's side.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ QUERY = textwrap.dedent("""
 
 
 def test_a_query_into_delta_restarted_twice_while_writing_has_every_event_once(
-        tmp_path, pravega_controller_uri, unique_name):
+        tmp_path, pravega_embedded, unique_name):
+    pravega_controller_uri = pravega_embedded.controller_uri
     scope = unique_name("to-delta")
     table, checkpoint = tmp_path / "table", tmp_path / "checkpoint"
     script = tmp_path / "query.py"
