@@ -30,7 +30,11 @@ class PravegaStreamCutExportOperator(BaseOperator):
     :param end_cut: ``"tail"`` (default), ``"head"``, a stream-cut text or its JSON form. A literal
         cut that cannot be one fails when the DAG is parsed, a templated one at execute before any
         Spark work; both name ``start_cut``/``end_cut``.
-    :param format: ``parquet`` (default), ``jsonl`` or ``csv``.
+    :param format: ``parquet`` (default), ``jsonl``, ``csv``, or ``delta``: ``output_path`` is then a
+        Delta Lake table's location, each interval one partition (``interval_key``) written as an
+        idempotent Delta commit, so retries, reruns and backfills of an interval never duplicate it
+        (see docs/export.md). The operator adds Delta's package and SQL settings to a classic session
+        it starts; a Spark Connect server or cluster must have Delta already.
     :param event_format: ``text`` (UTF-8, default), ``json`` (one column per top-level field) or
         ``binary``. Every row also has ``segment_id`` and ``offset``.
     :param export_id: Identity of this export's recorded cuts (default ``dag_id.task_id``).
@@ -141,7 +145,14 @@ class PravegaStreamCutExportOperator(BaseOperator):
             num_partitions=self.num_partitions, json_schema=self.json_schema or None,
             compression=self.compression or None, from_ingest=self.from_ingest or None,
         )
-        spark = get_spark_session(self.spark_conn_id, f"pravega-export-{self.dag_id}.{self.task_id}", **self.spark_conf)
+        spark_conf = dict(self.spark_conf)
+        if spec.format == "delta":
+            from airflow_provider_pravega.spark.delta_export import session_conf
+            from airflow_provider_pravega.spark.session import spark_target
+
+            if "spark.remote" not in spark_conf and spark_target(self.spark_conn_id).remote is None:
+                spark_conf = session_conf(spark_conf)  # a Connect server has its own packages
+        spark = get_spark_session(self.spark_conn_id, f"pravega-export-{self.dag_id}.{self.task_id}", **spark_conf)
         with hook.get_client() as client:
             result = run_export(client, spark, spec)
         self._result = result.to_dict()

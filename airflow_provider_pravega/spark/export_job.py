@@ -121,7 +121,7 @@ __all__ = [
     "state_location",
 ]
 
-FORMATS = ("parquet", "jsonl", "csv")
+FORMATS = ("parquet", "jsonl", "csv", "delta")
 EVENT_FORMATS = ("text", "json", "binary")
 ON_TRUNCATED = ("fail", "head")
 PREVIOUS = "previous"
@@ -151,6 +151,7 @@ COMPRESSION = {
     "parquet": ("none", "uncompressed", "snappy", "gzip", "lz4", "lz4_raw", "zstd", "brotli", "lzo"),
     "jsonl": ("none", "gzip", "bzip2", "deflate", "lz4", "snappy", "zstd"),
     "csv": ("none", "gzip", "bzip2", "deflate", "lz4", "snappy", "zstd"),
+    "delta": (),  # the table's Parquet codec is the session's spark.sql.parquet.compression.codec
 }
 _PART_NAME = re.compile(r"^part-(\d+)-.*?(?:-c\d+)?(\.[A-Za-z0-9.]+)$")
 _WORKER_ERRORS = (
@@ -231,6 +232,12 @@ class ExportSpec:
             raise ValueError(f"num_partitions must be at least 1, got {self.num_partitions!r}")
         if self.json_sample_events < 1:
             raise ValueError(f"json_sample_events must be at least 1, got {self.json_sample_events}")
+        if self.format == "delta" and self.compression is not None:
+            raise ValueError("compression does not apply to format='delta': the table's files follow the session's "
+                             "spark.sql.parquet.compression.codec")
+        if self.format == "delta" and self.interval_key is None:
+            raise ValueError("format='delta' writes each interval as a partition of the table: it needs an "
+                             "interval_key (the operator passes the run's data interval)")
         if self.compression is not None and self.compression not in COMPRESSION[self.format]:
             raise ValueError(f"compression for {self.format} must be one of {', '.join(COMPRESSION[self.format])}, "
                              f"got {self.compression!r}")
@@ -303,6 +310,10 @@ class ExportResult:
     #: ``from_ingest``: the ingest runs whose committed ranges were exported (None: an empty run).
     ingest_runs: list[str | None] = field(default_factory=list)
     seconds: float = 0.0
+    #: ``format="delta"``: the table version holding the interval (None for files).
+    table_version: int | None = None
+    #: ``format="delta"``: the interval's write was a no-op (Delta had its transaction version already).
+    already_written: bool = False
     #: Seconds per phase: ``prepare`` (checks, cuts, plan), ``write`` (the Spark job), ``publish``
     #: (file names, marker, rename into place, state update).
     phases: dict[str, float] = field(default_factory=dict)
@@ -967,10 +978,12 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
     start_given = None if spec.continues_previous else StreamCut.coerce(
         spec.start_cut, scope, stream, unbounded=HEAD, what="start cut")
     end_given = StreamCut.coerce(spec.end_cut, scope, stream, unbounded=TAIL, what="end cut")
-    output = OutputLocation(spark, spec.output_path)
-    output.check_writable()
-    existing = output.existing()
     export_id = spec.effective_export_id
+    output = OutputLocation(spark, spec.output_path) if spec.format != "delta" else None
+    existing = None
+    if output is not None:
+        output.check_writable()
+        existing = output.existing()
     if existing and (existing.get("export_id"), existing.get("interval")) != (export_id, spec.interval_key):
         raise OutputPathError(
             f"output path {spec.output_path!r} holds the export {existing.get('export_id')!r} of interval "
@@ -1005,6 +1018,13 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
         )
         if pieces is not None:
             result.ingest_runs = ingest_runs
+        if output is None:
+            _export_to_delta(client, spark, spec, decision, pieces, result, started)
+            if spec.interval_key is None:
+                sync.update(lambda _state: {"op": "done", "start": start_text, "end": end_text})
+            if sync is not None:
+                _maybe_compact(sync)
+            return result
         # Counted by an observation of the rows (the data source's tasks have no accumulators).
         if is_connect(spark):  # no SparkContext: no progress thread
             from pyspark.sql.connect.observation import Observation
@@ -1084,6 +1104,38 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
     return result
 
 
+def _export_to_delta(client: Any, spark: Any, spec: ExportSpec, decision: Any,
+                     pieces: list[tuple[str, str]] | None, result: ExportResult, started: float) -> None:
+    """The interval as a partition of the Delta table at ``output_path`` (spark/delta_export.py)."""
+    from airflow_provider_pravega.spark import delta_export
+
+    groups = group_ranges(decision.ranges, spec.num_partitions)
+    order = launch_order(decision.ranges, groups)
+    frame = build_frame(spark, config_of(client), spec, decision.ranges, [groups[g] for g in order])
+    written_at = time.monotonic()
+    result.phases["prepare"] = round(written_at - started, 3)
+    try:
+        write = delta_export.write_interval(
+            spark, frame, path=spec.output_path, export_id=result.export_id, scope=spec.scope, stream=spec.stream,
+            interval=spec.interval_key, start_cut=result.start_cut, end_cut=result.end_cut, pieces=pieces)
+    except Exception as exc:
+        clear = _worker_failure(spec, exc)
+        if clear is not None:
+            raise clear from None
+        raise
+    result.phases["write"] = round(time.monotonic() - written_at, 3)
+    planned_bytes = sum(r.length or 0 for r in decision.ranges)
+    result.events = write.events
+    result.bytes = planned_bytes - wire.EVENT_HEADER_LEN * write.events if not write.skipped else 0
+    result.table_version, result.already_written = write.version, write.skipped
+    result.files = [spec.output_path]
+    result.seconds = time.monotonic() - started
+    log.info("export %s: interval %s of %s/%s %s Delta table %s (version %s) in %.1f s", result.export_id,
+             spec.interval_key, spec.scope, spec.stream,
+             "was already in" if write.skipped else f"wrote {write.events} events to", spec.output_path,
+             write.version, result.seconds)
+
+
 def _maybe_compact(sync: Any, limit: int = 1 << 20) -> None:
     """Keep the state stream short: fold its history into one record once it passes ``limit`` bytes."""
     try:
@@ -1133,6 +1185,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"export failed: {exc}", file=sys.stderr)
         return 2
+
+    if spec.format == "delta" and "spark.remote" not in settings:
+        from airflow_provider_pravega.spark.delta_export import session_conf
+
+        settings = session_conf(settings)
 
     def job(client: Any) -> ExportResult:
         spark = get_spark_session(None, "pravega-export", **settings)

@@ -1,10 +1,12 @@
-"""A daily DAG that ingests ``s3a://`` files and exports the stream back to ``s3a://``, with
-standard s3a settings only, run by ``airflow dags test`` (its own Spark JVM with ``hadoop-aws``)
-against an S3-compatible server and the shared embedded Pravega server.
+"""A daily DAG that ingests ``s3a://`` files and exports the stream back to ``s3a://``, as Parquet
+files and into a Delta Lake table, with standard s3a settings only, run by ``airflow dags test``
+(its own Spark JVM with ``hadoop-aws`` and Delta's package) against an S3-compatible server and the
+shared embedded Pravega server.
 
-The second run of the same day ingests nothing and rewrites the same export (see
-``parquet_pages`` for what "the same" means for Parquet across JVMs); every record
-is in the stream and in the Parquet files once; nothing temporary is left beside the export."""
+The second run of the same day ingests nothing, rewrites the same export (see ``parquet_pages``
+for what "the same" means for Parquet across JVMs) and leaves the table as it was (Delta's
+idempotent commit); every record is in the stream, in the Parquet files and in the table once
+(read back with delta-rs); nothing temporary is left beside the export."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.spark.delta_export import session_conf
 
 DAG_FILE = '''
 import json, os
@@ -33,7 +36,11 @@ with DAG("lake_pipeline", schedule="@daily", start_date=pendulum.datetime(2026, 
         routing_key_field="sensor_id", create_stream=True, spark_conf=CONF)
     export = PravegaStreamCutExportOperator(
         task_id="export", scope=SCOPE, stream=STREAM, output_path="s3a://lake/out/{{ ds }}", spark_conf=CONF)
-    ingest >> export
+    table = PravegaStreamCutExportOperator(
+        task_id="export_table", scope=SCOPE, stream=STREAM, output_path="s3a://lake/tables/readings",
+        format="delta", event_format="json", json_schema="sensor_id string, value bigint, day string, part int",
+        spark_conf=CONF)
+    ingest >> export >> table
 '''
 
 DAY = "2026-11-01"
@@ -60,6 +67,27 @@ def records(day: str, part: int, count: int) -> list[dict[str, Any]]:
     return [{"sensor_id": f"s{i % 7}", "value": i, "day": day, "part": part} for i in range(count)]
 
 
+def read_table(s3: Any, local: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The Delta table's rows (the JSON fields) and its commits' metadata, read with delta-rs from a
+    copy of its objects (delta-rs's own S3 client waits on the test server's keep-alive connections)."""
+    import shutil
+
+    import deltalake
+
+    shutil.rmtree(local, ignore_errors=True)
+    prefix = "tables/readings/"
+    for key in s3.keys("lake", prefix):
+        if key.endswith("/"):
+            continue
+        target = local / key[len(prefix):]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(s3.read("lake", key))
+    table = deltalake.DeltaTable(str(local))
+    rows = [{k: r[k] for k in ("sensor_id", "value", "day", "part")} for r in table.to_pyarrow_table().to_pylist()]
+    history = [json.loads(h["userMetadata"]) for h in table.history() if h.get("userMetadata")]
+    return sorted(rows, key=lambda row: (row["part"], row["value"])), history
+
+
 def test_dag_ingests_from_and_exports_to_s3a(
     tmp_path: Path, fresh_airflow_env: dict[str, str], object_store: Any, pravega_embedded: Any,
     unique_name: Any,
@@ -81,7 +109,8 @@ def test_dag_ingests_from_and_exports_to_s3a(
     host, port = pravega_embedded.controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
     scope = unique_name("lake")
     env = dict(fresh_airflow_env, AIRFLOW__CORE__DAGS_FOLDER=str(dags), LAKE_SCOPE=scope,
-               LAKE_SPARK_CONF=json.dumps(s3.spark_conf()),
+               # One session serves every task of `dags test`: it has Delta's package from the start.
+               LAKE_SPARK_CONF=json.dumps(session_conf(s3.spark_conf())),
                AIRFLOW_CONN_PRAVEGA_DEFAULT=json.dumps({"conn_type": "pravega", "host": host, "port": int(port)}))
     migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
                              text=True, timeout=300)
@@ -100,8 +129,10 @@ def test_dag_ingests_from_and_exports_to_s3a(
     assert f"out/{DAY}/_PRAVEGA_EXPORT.json" in export_keys
     first_bytes = {key: s3.read("lake", key) for key in export_keys}
 
+    table = read_table(s3, tmp_path / "table-1")
     second = run_day()
     assert "all 2 file(s) were already ingested: nothing to do" in second, second[-4000:]
+    assert "was already in Delta table s3a://lake/tables/readings" in second, second[-4000:]
     assert s3.keys("lake", f"out/{DAY}/") == export_keys
     second_bytes = {key: s3.read("lake", key) for key in export_keys}
     # The same export: the marker byte for byte, each Parquet file's data pages byte for byte (its
@@ -113,6 +144,14 @@ def test_dag_ingests_from_and_exports_to_s3a(
         if key.endswith(".parquet"):
             assert parquet_footer(second_bytes[key]) == parquet_footer(first_bytes[key])
 
+    # The table: every record once, in one version whose metadata names the day's cuts.
+    assert read_table(s3, tmp_path / "table-2") == table
+    rows, history = table
+    key_of = lambda row: (row["part"], row["value"])  # noqa: E731
+    assert sorted(rows, key=key_of) == sorted(sent, key=key_of)
+    (version,) = history
+    assert version["interval"].startswith(DAY) and version["start_cut"] and version["end_cut"]
+
     # Nothing temporary beside the export: only the day's directory under out/ (and S3A's marker of out/).
     leftovers = [key for key in s3.keys("lake", "out/") if key != "out/" and not key.startswith(f"out/{DAY}/")]
     assert leftovers == []
@@ -123,7 +162,6 @@ def test_dag_ingests_from_and_exports_to_s3a(
         key for key in export_keys if not key.endswith(".json"))
     exported = [json.loads(event) for key in sorted(export_keys) if key.endswith(".parquet")
                 for event in pq.read_table(io.BytesIO(first_bytes[key])).column("event").to_pylist()]
-    key_of = lambda row: (row["part"], row["value"])  # noqa: E731
     assert sorted(exported, key=key_of) == sorted(sent, key=key_of)
     assert marker["events"] == len(sent)
     with PravegaClient(pravega_embedded.controller_uri) as client:

@@ -4,7 +4,8 @@ provider's filesystem plugin (built here from its Java source), reached through 
 ``spark_connect`` connection by ``PravegaTransactionalIngestOperator`` and
 ``PravegaStreamCutExportOperator`` in their own process (a process holds either a classic or a
 Connect session). Every record once in the stream and in the export; the rerun ingests nothing and
-rewrites the same files; a server without the plugin is named as the cause."""
+rewrites the same files; a server without the plugin is named as the cause. The server has Delta
+Lake, and a third export writes a Delta table: once, the rerun a no-op."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ with DAG(dag_id=p["dag_id"], schedule=None, start_date=datetime(2026, 11, 1, tzi
         task_id="export_json", scope=p["scope"], stream="readings", output_path=p["output"] + "_json",
         start_cut="head", event_format="json", spark_conn_id="spark_connect_test",
         retries=0)
+    ingest >> PravegaStreamCutExportOperator(  # a Delta table (Delta is on the server)
+        task_id="export_table", scope=p["scope"], stream="readings", output_path=p["output"] + "_table",
+        start_cut="head", format="delta", spark_conn_id="spark_connect_test", retries=0)
 results = []
 for _ in range(2):
     run = run_dag(dag, logical_date=day)
@@ -51,6 +55,7 @@ for _ in range(2):
                     "ingest": run.get_task_instance("ingest").xcom_pull(task_ids="ingest"),
                     "export": run.get_task_instance("export").xcom_pull(task_ids="export"),
                     "export_json": run.get_task_instance("export_json").xcom_pull(task_ids="export_json"),
+                    "export_table": run.get_task_instance("export_table").xcom_pull(task_ids="export_table"),
                     "files": {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
                               for f in sorted(pathlib.Path(p["output"]).iterdir())}})
 
@@ -89,6 +94,14 @@ def plugin_jar(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_plugin_jar(tmp_path_factory.mktemp("connect-plugin"))
 
 
+def delta_arguments() -> list[str]:
+    """Delta Lake on the server, as a managed Connect endpoint would have it."""
+    from airflow_provider_pravega.spark.delta_export import session_conf
+
+    conf = session_conf({})
+    return ["--packages", conf.pop("spark.jars.packages"), *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")]]
+
+
 @pytest.fixture(scope="module")
 def spark_connect_server(tmp_path_factory: pytest.TempPathFactory, plugin_jar: Path) -> Iterator[str]:
     """A Spark Connect server (local[2]) with the provider's plugin on a free loopback port; its
@@ -105,7 +118,8 @@ def spark_connect_server(tmp_path_factory: pytest.TempPathFactory, plugin_jar: P
         [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
          "--master", "local[2,4]", "--conf", f"spark.connect.grpc.binding.port={port}",
          "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false", *server_arguments(plugin_jar)],
+         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false", *server_arguments(plugin_jar),
+         *delta_arguments()],
         env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True,
     )
     try:
@@ -160,8 +174,8 @@ def test_ingest_and_export_run_through_a_spark_connect_connection(
     assert done.returncode == 0 and marker, output
     answer = json.loads(marker[0][len("RESULTS "):])
     results = answer["runs"]
-    assert [r["states"] for r in results] == [{"ingest": "success", "export": "success",
-                                                "export_json": "success"}] * 2, output
+    assert [r["states"] for r in results] == [{"ingest": "success", "export": "success", "export_json": "success",
+                                                "export_table": "success"}] * 2, output
     assert [len(r["ingest"]["files_ingested"]) for r in results] == [2, 0]
     first, rerun = results
     assert first["export"]["events"] == rerun["export"]["events"] == len(lines)
@@ -174,6 +188,14 @@ def test_ingest_and_export_run_through_a_spark_connect_connection(
     columns = pq.read_table(tmp_path / "out_json").select(["sensor_id", "n"]).to_pylist()
     assert sorted(row["n"] for row in columns) == list(range(900)) and columns[0]["sensor_id"].startswith("s")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing temporary beside it
+    tables = [r["export_table"] for r in results]
+    assert [(t["events"], t["already_written"]) for t in tables] == [(len(lines), False), (0, True)]
+    assert tables[0]["table_version"] == tables[1]["table_version"] == 0
+    import deltalake
+
+    table = deltalake.DeltaTable(str(tmp_path / "out_table"))
+    assert Counter(table.to_pyarrow_table().column("event").to_pylist()) == Counter(lines)
+    assert json.loads(table.history()[0]["userMetadata"])["end_cut"] == first["export"]["end_cut"]
     in_place = tmp_path / "out_in_place"
     assert sorted(p.name for p in in_place.iterdir() if not p.name.startswith(".")) == [
         "_PRAVEGA_EXPORT.json", "part-00000.parquet"]

@@ -1,0 +1,138 @@
+"""An export's interval written into a Delta Lake table, exactly once whatever the order of runs.
+
+Why a table and not a folder: readers get snapshot isolation and an atomic commit on any
+filesystem, object stores included. How it is exactly once: each interval is the table partition
+``interval_key = <interval>``, written with ``mode("overwrite")`` + ``replaceWhere`` on it, so a
+write replaces exactly that interval's rows, and as an idempotent Delta write
+(``txnAppId``/``txnVersion``): a retry, rerun or backfill of an interval already written is a
+no-op that Delta itself decides. The app id is per interval, so an older interval exported after a
+newer one is written, not skipped (Delta skips a version not above the app id's last one). The
+version is 1, or for ``from_ingest`` exports the number of the ingest's committed pieces, so an
+interval whose ingest added a later range is written again (replacing it) once. Each commit's user
+metadata names the export, the interval and its stream cuts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: The table's partition column: the export's interval key.
+INTERVAL_COLUMN = "interval_key"
+#: Delta Lake's Spark package per Spark minor (Delta publishes one artifact per Spark minor).
+DELTA_PACKAGES = {"4.2": "io.delta:delta-spark_4.2_2.13:4.4.0"}
+DELTA_SQL_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def delta_package() -> str | None:
+    import pyspark
+
+    return DELTA_PACKAGES.get(".".join(pyspark.__version__.split(".")[:2]))
+
+
+def session_conf(conf: Mapping[str, Any]) -> dict[str, str]:
+    """``conf`` plus what a new classic session needs for Delta: its package through
+    ``spark.jars.packages`` (added to the packages given) and its SQL extension and catalog,
+    unless set. A Spark version without a known Delta package gets none: Delta must then be on the
+    cluster already."""
+    out = {str(k): str(v) for k, v in conf.items()}
+    package = delta_package()
+    packages = [p.strip() for p in out.get("spark.jars.packages", "").split(",") if p.strip()]
+    if package is not None and not any(p.startswith("io.delta:delta-spark_") for p in packages):
+        out["spark.jars.packages"] = ",".join([*packages, package])
+    for key, value in DELTA_SQL_CONF.items():
+        out.setdefault(key, value)
+    return out
+
+
+@dataclass
+class DeltaWrite:
+    version: int  # the table version holding the interval (this write's, or the earlier one's)
+    events: int  # rows the write added (0 when it was a no-op)
+    skipped: bool  # Delta found this interval's version already committed: nothing was written
+
+
+def _history(spark: Any, path: str) -> list[Any]:
+    """The table's commits, newest first; [] when there is no table at ``path`` yet."""
+    try:
+        return spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+    except Exception as exc:  # noqa: BLE001 - Spark's error classes differ between classic and Connect
+        text = str(exc)
+        if "DELTA_MISSING_DELTA_TABLE" in text or "is not a Delta table" in text or "PATH_NOT_FOUND" in text:
+            return []
+        raise _missing_delta(exc) or exc
+
+
+def _missing_delta(exc: BaseException) -> Exception | None:
+    from airflow_provider_pravega.spark.export_job import ExportError
+
+    text = str(exc)
+    if "DATA_SOURCE_NOT_FOUND" in text or "Failed to find the data source: delta" in text or (
+            "delta" in text and "ClassNotFoundException" in text):
+        package = delta_package() or "io.delta:delta-spark_<spark minor>_2.13:<version>"
+        return ExportError(
+            "format='delta' needs Delta Lake in the Spark session: start it with spark.jars.packages="
+            f"{package}, spark.sql.extensions={DELTA_SQL_CONF['spark.sql.extensions']} and "
+            f"spark.sql.catalog.spark_catalog={DELTA_SQL_CONF['spark.sql.catalog.spark_catalog']} (the export operator "
+            "sets them for a session it starts), or install Delta on the cluster or Spark Connect server")
+    return None
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def write_interval(spark: Any, frame: Any, *, path: str, export_id: str, scope: str, stream: str, interval: str,
+                   start_cut: str, end_cut: str, pieces: Sequence[Sequence[str]] | None = None) -> DeltaWrite:
+    """Write ``frame`` (the export's rows) as interval ``interval`` of the Delta table at ``path``."""
+    from pyspark.sql import functions as F
+
+    app_id = f"pravega-export:{export_id}:{interval}"
+    txn_version = len(pieces) if pieces else 1
+    metadata = {"export_id": export_id, "scope": scope, "stream": stream, "interval": interval,
+                "start_cut": start_cut, "end_cut": end_cut, "txn_app_id": app_id, "txn_version": txn_version}
+    if pieces:
+        metadata["pieces"] = [list(p) for p in pieces]
+    before = _history(spark, path)
+    rows = (frame.withColumn("scope", F.lit(scope)).withColumn("stream", F.lit(stream))
+            .withColumn(INTERVAL_COLUMN, F.lit(interval)))
+    writer = (rows.write.format("delta").mode("overwrite").partitionBy(INTERVAL_COLUMN)
+              .option("replaceWhere", f"{INTERVAL_COLUMN} = {_sql_text(interval)}")
+              .option("txnAppId", app_id).option("txnVersion", str(txn_version))
+              .option("userMetadata", json.dumps(metadata, sort_keys=True)))
+    try:
+        writer.save(path)
+    except Exception as exc:  # noqa: BLE001 - said clearly when Delta is missing, else as Spark says
+        missing = _missing_delta(exc)
+        if missing is not None:
+            raise missing from None
+        raise
+    after = _history(spark, path)
+    newest_before = before[0]["version"] if before else -1
+    if not after or after[0]["version"] == newest_before:
+        version = _version_of(after, app_id, txn_version)
+        log.info("delta table %s: interval %s (txn %s v%d) was already written (version %s): nothing written", path,
+                 interval, app_id, txn_version, version)
+        return DeltaWrite(version if version is not None else newest_before, 0, True)
+    commit = after[0]
+    metrics = commit["operationMetrics"] or {}
+    return DeltaWrite(commit["version"], int(metrics.get("numOutputRows") or 0), False)
+
+
+def _version_of(history: Sequence[Any], app_id: str, txn_version: int) -> int | None:
+    for commit in history:
+        try:
+            meta = json.loads(commit["userMetadata"] or "{}")
+        except ValueError:
+            continue
+        if meta.get("txn_app_id") == app_id and int(meta.get("txn_version") or 0) >= txn_version:
+            return commit["version"]
+    return None
