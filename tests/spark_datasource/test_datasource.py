@@ -118,7 +118,9 @@ def test_a_finished_task_transaction_outlives_its_lease_until_the_job_commits(re
     """Partition 0 ends at once, partition 1 takes several leases: partition 0's transaction is
     renewed by partition 1's task, which renews every transaction registered in the job's run while
     it writes, so the driver's commit finds it open (without that it expires and the job fails).
-    No process is left behind on the executor's host, and nothing is written to its disk. A server
+    Between the last task and the commit, this process (it registered the data source with
+    ``renew_writes``) renews them: a 3-s lease is shorter than that gap on a loaded machine. No
+    process is left behind on the executor's host, and nothing is written to its disk. A server
     granting 3-s leases (Pravega's minimum is 10 s; the embedded one shortens leases for tests)
     keeps the test short."""
     lease_ms = 3000
@@ -127,6 +129,7 @@ def test_a_finished_task_transaction_outlives_its_lease_until_the_job_commits(re
     client = PravegaClient(controller)
     client.admin.create_scope(scope)
     client.admin.create_stream(scope, stream, 2)
+    renewer = register(registered, renew_writes={"controller": controller, "scope": scope})
 
     def rows(batches):
         import time
@@ -144,8 +147,11 @@ def test_a_finished_task_transaction_outlives_its_lease_until_the_job_commits(re
     (registered.range(0, 2, 1, 2).mapInArrow(rows, "event binary").write.format("pravega").mode("append")
      .option("controller", controller).option("scope", scope).option("stream", stream)
      .option("transaction_lease_ms", str(lease_ms)).save())
+    renewer.stop()
+    register(registered)  # the plain data source again for the other tests of the session
     assert Counter(_stream_events(client, scope, stream)) == Counter(
         f"{p}-{i}".encode() for p in range(2) for i in range(50))
+    assert len(renewer.renewed_runs) == 1
 
     with pytest.raises(Exception, match="unknown option 'lease_keep_s'"):  # the keeper's option went with it
         (registered.range(0, 1).selectExpr("cast(id as string) as event").write.format("pravega").mode("append")
