@@ -3,7 +3,10 @@ ingest job's own process: objects are replaced whole, so growth is a new object 
 that starts with the old bytes (whole lines here: an object is never caught mid-write, and a last
 line without a line end waits TAIL_SETTLE_S, which a test on process timing cannot drive). One replaced while a run reads it (after the run listed it: the
 job's step pause, released by the test) and one replaced between runs are tailed, every line once;
-one replaced by other bytes is a ChangedFileError naming the lines that would repeat."""
+one replaced by other bytes is a ChangedFileError naming the lines that would repeat.
+
+Embedded server only: the subject is the object store's side (listing, replaced objects, tailing);
+the tailing ingest runs against Pravega standalone in tests/ingest/test_ingest_growing.py."""
 
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ def ingest_cmd(uri: str, scope: str, conf: dict[str, str]) -> list[str]:
 
 
 def test_an_object_replaced_by_a_longer_one_is_tailed_once(tmp_path: Path, object_store: Any, unique_name: Any,
-                                                           pravega_controller_uri: str, read_stream: Any) -> None:
+                                                           pravega_embedded: Any, read_stream: Any) -> None:
+    pravega_controller_uri = pravega_embedded.controller_uri
     s3 = object_store
     s3.client.create_bucket(Bucket="lake")
     s3.client.put_object(Bucket="lake", Key="logs/app.jsonl", Body=lines(1, 3000))
