@@ -119,3 +119,62 @@ def test_the_session_gets_deltas_package_beside_the_users_and_keeps_their_settin
     assert conf["spark.sql.catalog.spark_catalog"] == DELTA_SQL_CONF["spark.sql.catalog.spark_catalog"]
     mine = "io.delta:delta-spark_4.2_2.13:4.3.0"
     assert session_conf({"spark.jars.packages": mine})["spark.jars.packages"] == mine
+
+
+FROM_INGEST = textwrap.dedent("""
+    import json, pathlib, sys
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.spark.delta_export import session_conf
+    from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
+    from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+    from airflow_provider_pravega.spark.session import get_spark_session
+
+    uri, scope, table, source = sys.argv[1], sys.argv[2], sys.argv[3], pathlib.Path(sys.argv[4])
+    interval = "2026-11-20T00:00:00+00:00/2026-11-21T00:00:00+00:00"
+    spark = get_spark_session(None, "delta-test", **session_conf({"spark.master": "local[2]"}))
+    with PravegaClient(uri) as client:
+        def ingest():
+            run_ingest(client, spark, IngestSpec(scope=scope, stream="s", source=str(source), ingest_id="daily",
+                                                 create_stream=True, interval_key=interval))
+
+        def export():
+            result = run_export(client, spark, ExportSpec(scope=scope, stream="s", output_path=table, format="delta",
+                                                          export_id="daily-table", interval_key=interval,
+                                                          from_ingest="daily"))
+            print("RESULT", json.dumps({"events": result.events, "version": result.table_version,
+                                        "skipped": result.already_written}), flush=True)
+
+        ingest()
+        export()
+        (source / "late.jsonl").write_text("\\n".join(f'{{"late": {n}}}' for n in range(50)) + "\\n")
+        ingest()  # the day gets a second committed range
+        export()  # its partition is replaced once, with both ranges
+        export()  # and then it is a no-op
+    spark.stop()
+""")
+
+
+def test_an_interval_the_ingest_added_a_range_to_is_replaced_once(tmp_path, pravega_embedded, unique_name):
+    """``from_ingest``: the Delta version is the number of the ingest's committed pieces of the
+    interval, so a late file ingested into an exported day replaces that day's rows once."""
+    scope = unique_name("delta-from-ingest")
+    source = tmp_path / "in"
+    source.mkdir()
+    early = [json.dumps({"early": n}) for n in range(120)]
+    (source / "early.jsonl").write_text("\n".join(early) + "\n")
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        client.admin.create_scope(scope)
+    table = str(tmp_path / "table")
+    script = tmp_path / "from_ingest.py"
+    script.write_text(FROM_INGEST)
+    done = subprocess.run([sys.executable, str(script), pravega_embedded.controller_uri, scope, table, str(source)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert [(r["events"], r["skipped"]) for r in results] == [(120, False), (170, False), (0, True)]
+    assert results[2]["version"] == results[1]["version"] == results[0]["version"] + 1
+    dt = deltalake.DeltaTable(table)
+    late = [json.dumps({"late": n}) for n in range(50)]
+    assert Counter(dt.to_pyarrow_table().column("event").to_pylist()) == Counter(early + late)
+    versions = [json.loads(h["userMetadata"]) for h in dt.history() if h.get("userMetadata")]
+    assert sorted(len(v["pieces"]) for v in versions) == [1, 2]
