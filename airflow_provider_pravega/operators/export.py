@@ -128,6 +128,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
         return f"{start.isoformat()}/{end.isoformat()}"
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_provider_pravega.client.errors import StreamNotFoundError
         from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
         from airflow_provider_pravega.spark.session import get_spark_session
 
@@ -152,8 +153,11 @@ class PravegaStreamCutExportOperator(BaseOperator):
 
             if "spark.remote" not in spark_conf and spark_target(self.spark_conn_id).remote is None:
                 spark_conf = session_conf(spark_conf)  # a Connect server has its own packages
-        spark = get_spark_session(self.spark_conn_id, f"pravega-export-{self.dag_id}.{self.task_id}", **spark_conf)
         with hook.get_client() as client:
+            if not client.admin.stream_exists(scope, self.stream):  # said before any JVM or Connect session
+                raise StreamNotFoundError(scope, self.stream)
+            spark = get_spark_session(self.spark_conn_id, f"pravega-export-{self.dag_id}.{self.task_id}",
+                                      **spark_conf)
             result = run_export(client, spark, spec)
         self._result = result.to_dict()
         self.log.info(

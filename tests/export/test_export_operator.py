@@ -14,6 +14,7 @@ import pytest
 from pravega_clients import stream_writer
 
 from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.testing.net import free_port
 from airflow_provider_pravega.client.streamcut import StreamCut, StreamCutMismatchError
 
 DAYS = ["2026-11-20", "2026-11-21", "2026-11-22"]
@@ -163,13 +164,16 @@ def test_bad_input_fails_the_task_with_a_clear_message(tmp_path, spark, run_dag,
     (tmp_path / "a-file").write_text("x")
     with DAG(dag_id=f"bad_{scope.replace('-', '_')}", schedule=None, start_date=day(DAYS[0]),
              default_args={"on_failure_callback": record, "retries": 0}) as dag:
+        # Said before any Spark is asked for: the session this task would get cannot even be reached.
+        nowhere = {"spark.remote": f"sc://127.0.0.1:{free_port()}"}
         PravegaStreamCutExportOperator(task_id="missing_stream", scope=scope, stream="nope",
-                                       output_path=str(tmp_path / "o1"), spark_conn_id=None)
+                                       output_path=str(tmp_path / "o1"), spark_conn_id=None, spark_conf=nowhere)
         with pytest.raises(StreamCutMismatchError, match=f"the start_cut belongs to stream {scope}/other"):
             PravegaStreamCutExportOperator(task_id="foreign_cut", scope=scope, stream="s", start_cut=other,
                                            output_path=str(tmp_path / "o2"), spark_conn_id=None)  # at parse
         PravegaStreamCutExportOperator(task_id="foreign_cut", scope=scope, stream="s", start_cut="{{ params.cut }}",
-                                       params={"cut": other}, output_path=str(tmp_path / "o2"), spark_conn_id=None)
+                                       params={"cut": other}, output_path=str(tmp_path / "o2"), spark_conn_id=None,
+                                       spark_conf=nowhere)
         PravegaStreamCutExportOperator(task_id="unwritable", scope=scope, stream="s",
                                        output_path=str(tmp_path / "a-file" / "out"), spark_conn_id=None)
     run = run_dag(dag)
