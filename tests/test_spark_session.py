@@ -318,3 +318,16 @@ def test_the_bad_input_doc_lists_the_spark_start_errors(bad_starts: dict[str, di
                   "Each but the last fails before the task reads or writes anything. A Spark Connect server or "
                   "standalone master that does not answer fails within seconds (a few retries, a 15 s deadline per "
                   "call at start).")
+
+
+def test_a_cluster_keeps_its_own_shuffle_partitions_and_ui():
+    """Only a local session (inside the Airflow task) gets this machine's core count as shuffle
+    partitions and no UI; a cluster master keeps what its operators configured (issue 28)."""
+    from airflow_provider_pravega.spark.session import session_defaults
+
+    local = session_defaults("local[*]")
+    assert local["spark.ui.enabled"] == "false" and int(local["spark.sql.shuffle.partitions"]) >= 2
+    for master in ("spark://master:7077", "yarn", "k8s://https://api:6443"):
+        cluster = session_defaults(master)
+        assert "spark.sql.shuffle.partitions" not in cluster and "spark.ui.enabled" not in cluster
+        assert cluster["spark.ui.showConsoleProgress"] == "false"

@@ -466,6 +466,22 @@ def _quiet_logs(session: Any) -> None:
         log.debug("could not quieten Spark's loggers: %s", exc)
 
 
+def session_defaults(master: str) -> dict[str, str]:
+    """What the provider sets on a session it starts, unless the connection or ``spark_conf`` says
+    otherwise. Only a local master gets a shuffle-partition count from this machine's cores and no
+    UI (a local session lives inside the Airflow task); a cluster keeps Spark's own defaults, as
+    the cluster's operators configured them."""
+    defaults = {
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # The console progress bar redraws with carriage returns: in a task log, a line per redraw.
+        "spark.ui.showConsoleProgress": "false",
+    }
+    if master.startswith("local"):
+        defaults["spark.ui.enabled"] = "false"
+        defaults["spark.sql.shuffle.partitions"] = str(max(2, os.cpu_count() or 2))
+    return defaults
+
+
 def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str = "pravega", **conf: Any):
     """A SparkSession for the provider's jobs: the Spark Connect server or master the connection
     names, with ``conf``; an active session of this process only when it matches. An endpoint that
@@ -505,14 +521,7 @@ def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str
         return active
     master = settings.master
     builder = SparkSession.builder.master(master).appName(app_name)
-    defaults = {
-        "spark.ui.enabled": "false",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.sql.shuffle.partitions": str(max(2, os.cpu_count() or 2)),
-        # The console progress bar redraws with carriage returns: in a task log, a line per redraw.
-        "spark.ui.showConsoleProgress": "false",
-        **wanted,
-    }
+    defaults = {**session_defaults(master), **wanted}
     if master.startswith("local"):
         # Python workers must be this interpreter (with pravega and this provider installed),
         # not whatever `python3` is first on PATH.

@@ -40,7 +40,9 @@ def _ingest_cmd(controller_uri: str, master: str, scope: str, source: str) -> li
             "--scope", scope, "--stream", "readings", "--source", source, "--routing-key-field", "sensor_id",
             "--ingest-id", "cluster", "--create-stream", "--segments", "2", "--num-writers", "2",
             "--master", master, "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-            "--conf", "spark.executor.memory=768m", "--conf", "spark.ui.showConsoleProgress=false"]
+            "--conf", "spark.executor.memory=768m", "--conf", "spark.ui.showConsoleProgress=false",
+            # A cluster master keeps Spark's UI on; it would listen on every interface: not in a test.
+            "--conf", "spark.ui.enabled=false"]
 
 
 def _writing_started(client: PravegaClient, scope: str) -> bool:
