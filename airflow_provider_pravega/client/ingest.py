@@ -933,9 +933,13 @@ class IngestCoordinator:
             log.info("waiting for run(s) %s of another job with this id to finish or be presumed dead", ", ".join(others))
             time.sleep(poll_s)
         run_id = f"run-{uuid.uuid4().hex[:12]}"
-        self.store.update(lambda _s: {"op": "start", "run": run_id, "owner": self.owner, "ts": _now_ms(), "files": {},
-                                      "stale_ms": self.stale_after_ms})
+        self.store.update(lambda _s: self._open_run_op(run_id))
         return run_id
+
+    def _open_run_op(self, run_id: str) -> dict[str, Any]:
+        """The start record of a run whose units are named at its commit point."""
+        return {"op": "start", "run": run_id, "owner": self.owner, "ts": _now_ms(), "files": {},
+                "stale_ms": self.stale_after_ms}
 
     def join_unit_run(self, run_id: str, unit: str) -> bool:
         """For writes whose tasks start their run (a streaming micro-batch: no driver step comes
@@ -950,9 +954,7 @@ class IngestCoordinator:
                 return False
             run = state["runs"].get(run_id)
             if run is None:
-                self.store.update(lambda s: None if run_id in s["runs"] else {
-                    "op": "start", "run": run_id, "owner": self.owner, "ts": _now_ms(), "files": {},
-                    "stale_ms": self.stale_after_ms})
+                self.store.update(lambda s: None if run_id in s["runs"] else self._open_run_op(run_id))
                 continue
             if run["phase"] == WRITING:
                 return True
@@ -960,10 +962,15 @@ class IngestCoordinator:
                 self.store.update(lambda s: {"op": "takeover", "run": run_id, "owner": self.owner, "ts": _now_ms()}
                                   if run_id in s["runs"] else None)
                 continue
-            if run["phase"] == COMMITTING:
-                self.finish_recovered_run(run_id, run)
-            else:
-                self.resolve_requested(run_id, run)
+            self.finish_past_commit_point(run_id, run)
+
+    def finish_past_commit_point(self, run_id: str, run: Mapping[str, Any]) -> None:
+        """Finish a run of this owner that reached its commit point: commit and record a
+        COMMITTING one (healing lost transactions), record a REQUESTED one done."""
+        if run["phase"] == COMMITTING:
+            self.finish_recovered_run(run_id, run)
+        else:
+            self.resolve_requested(run_id, run)
 
     def drop_dead_runs(self, older_than_s: float) -> list[str]:
         """Independent runs sharing one state (data-source writes without a write id) are never

@@ -151,8 +151,8 @@ class PravegaStreamCutExportOperator(BaseOperator):
             from airflow_provider_pravega.spark.delta_export import session_conf
             from airflow_provider_pravega.spark.session import spark_target
 
-            if "spark.remote" not in spark_conf and spark_target(self.spark_conn_id).remote is None:
-                spark_conf = session_conf(spark_conf)  # a Connect server has its own packages
+            if spark_target(self.spark_conn_id).remote is None:  # a Connect server has its own packages
+                spark_conf = session_conf(spark_conf)
         with hook.get_client() as client:
             if not client.admin.stream_exists(scope, self.stream):  # said before any JVM or Connect session
                 raise StreamNotFoundError(scope, self.stream)

@@ -883,54 +883,54 @@ class _TaskWrites:
             return self._write_at_least_once(iterator)
         from pyspark import TaskContext
 
-        from airflow_provider_pravega.client.ingest import RunKeeper, known_files, register_txn
+        from airflow_provider_pravega.client.ingest import known_files
 
         if self.run_id is None:
             return self._write_micro_batch(iterator)
         task = TaskContext.get()
         unit = f"partition-{task.partitionId():05d}" if self.write_id is not None and task is not None else None
-        client = _client(self.config)
-        manager = client.transactions
-        store = None
-        try:
+        with _client(self.config) as client:
             store = _write_state(client, self.scope, self.stream, self.write_id, create=False)
-            if unit is not None and known_files(store, store.fetch(), [unit]):
-                log.info("write %s: input partition %s was committed by an earlier job: skipped", self.write_id,
-                         unit)
-                return PravegaCommitMessage(self.scope, self.stream, None, 0, unit)
-            txn = _begin(manager, self.scope, self.stream, self.config.transaction_lease_ms)
-        except BaseException:
-            if store is not None:
+            try:
+                if unit is not None and known_files(store, store.fetch(), [unit]):
+                    log.info("write %s: input partition %s was committed by an earlier job: skipped", self.write_id,
+                             unit)
+                    return PravegaCommitMessage(self.scope, self.stream, None, 0, unit)
+                txn_id, count = self._write_in_run(client, store, self._coordinator(client, store), self.run_id,
+                                                   iterator)
+            finally:
                 store.close()
-            client.close()
-            raise
-        hex_id = f"{txn.txn_id:032x}"
-        keeper = None
+        return PravegaCommitMessage(self.scope, self.stream, txn_id, count, unit)
+
+    def _write_in_run(self, client: Any, store: Any, coord: Any, run_id: str, iterator: Iterator[Any]) -> tuple[int, int]:
+        """The task side of the transactional stage, for batch and streaming writes alike: begin a
+        transaction, register it in ``run_id`` (fenced: refused once the run reached its commit
+        point or was taken over), write the rows, flush. While it writes the task renews every
+        transaction registered in the run, so a finished task's transaction stays alive while any
+        task of the job still runs, on no host of its own. Returns (transaction id, events)."""
+        from airflow_provider_pravega.client.ingest import RunKeeper, register_txn
+
+        manager = client.transactions
+        txn = _begin(manager, self.scope, self.stream, self.config.transaction_lease_ms)
         writer = manager.writer(self.scope, self.stream, txn, check_open=False)
+        keeper = None
         try:
-            register_txn(store, self.run_id, hex_id, self.owner)  # fenced: refused once the job committed
+            register_txn(store, run_id, f"{txn.txn_id:032x}", self.owner)
             _crash_point("task_registered")
-            # While this task writes it renews every transaction registered in the run: a finished
-            # task's transaction stays alive while any task of the job still runs, on no host of its own.
-            keeper = RunKeeper(self._coordinator(client, store), self.run_id)
+            keeper = RunKeeper(coord, run_id)
             keeper.start()
             count = self._write_rows(iterator, writer.write_event)
             writer.flush()
             keeper.check()
-            manager.ping(self.scope, self.stream, txn.txn_id)  # a full lease from here to the job's commit
+            manager.ping(self.scope, self.stream, txn.txn_id)  # a full lease from here to the commit
         except BaseException:
-            try:
-                manager.abort(self.scope, self.stream, txn.txn_id)
-            except Exception as exc:  # the lease ends it anyway
-                log.warning("could not abort transaction %032x of a failed write task: %s", txn.txn_id, exc)
+            _abort_quietly(manager, self.scope, self.stream, txn.txn_id)  # else the lease ends it
             raise
         finally:
             if keeper is not None:
                 keeper.stop()
             writer.close()
-            store.close()
-            client.close()
-        return PravegaCommitMessage(self.scope, self.stream, txn.txn_id, count, unit)
+        return txn.txn_id, count
 
     def _write_micro_batch(self, iterator: Iterator[Any]) -> PravegaCommitMessage:
         """A streaming write's task, through the transactional stage like a batch write's: the
@@ -938,8 +938,6 @@ class _TaskWrites:
         task) registers this task's transaction under its input partition; a partition a replay
         finds committed is not written again."""
         from pyspark import TaskContext
-
-        from airflow_provider_pravega.client.ingest import RunKeeper, register_txn
 
         task = TaskContext.get()
         batch = task.getLocalProperty("streaming.sql.batchId") if task is not None else None
@@ -950,7 +948,6 @@ class _TaskWrites:
         unit = f"partition-{task.partitionId():05d}"
         run_id = micro_batch_run(batch_id)
         with _client(self.config) as client:
-            manager = client.transactions
             store = self._stream_state(client)
             try:
                 coord = self._coordinator(client, store)
@@ -958,27 +955,10 @@ class _TaskWrites:
                     log.info("writer %s: partition %s of micro-batch %d was committed before (a replay): skipped",
                              self.writer_id, unit, batch_id)
                     return PravegaCommitMessage(self.scope, self.stream, None, 0, unit)
-                txn = _begin(manager, self.scope, self.stream, self.config.transaction_lease_ms)
-                writer = manager.writer(self.scope, self.stream, txn, check_open=False)
-                keeper = None
-                try:
-                    register_txn(store, run_id, f"{txn.txn_id:032x}", self.owner)  # fenced past the commit point
-                    keeper = RunKeeper(coord, run_id)  # renews every transaction of the batch while it writes
-                    keeper.start()
-                    count = self._write_rows(iterator, writer.write_event)
-                    writer.flush()
-                    keeper.check()
-                    manager.ping(self.scope, self.stream, txn.txn_id)  # a full lease from here to the commit
-                except BaseException:
-                    _abort_quietly(manager, self.scope, self.stream, txn.txn_id)
-                    raise
-                finally:
-                    if keeper is not None:
-                        keeper.stop()
-                    writer.close()
+                txn_id, count = self._write_in_run(client, store, coord, run_id, iterator)
             finally:
                 store.close()
-        return PravegaCommitMessage(self.scope, self.stream, txn.txn_id, count, unit)
+        return PravegaCommitMessage(self.scope, self.stream, txn_id, count, unit)
 
     def _stream_state(self, client: Any) -> Any:
         from airflow_provider_pravega.client.ingest import open_ingest_state
@@ -1157,7 +1137,7 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
         it replays the batch and writes only the partitions not committed."""
         if self.mode != "exactly_once":
             return
-        from airflow_provider_pravega.client.ingest import COMMITTING, WRITING, WriteResult
+        from airflow_provider_pravega.client.ingest import WRITING, WriteResult
 
         done = [m for m in messages if m is not None and m.txn_id is not None]
         hex_ids = [f"{m.txn_id:032x}" for m in done]
@@ -1171,8 +1151,7 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
                     # Every partition was committed before (a replay), or an earlier attempt's
                     # commit is to be finished: nothing of this attempt is in it.
                     if run is not None:
-                        (coord.finish_recovered_run if run["phase"] == COMMITTING else coord.resolve_requested)(
-                            run_id, run)
+                        coord.finish_past_commit_point(run_id, run)
                     for m in done:
                         _abort_quietly(client.transactions, self.scope, self.stream, m.txn_id)
                     log.info("micro-batch %d of writer %s: committed before (a replay)", batchId, self.writer_id)

@@ -42,8 +42,11 @@ def session_conf(conf: Mapping[str, Any]) -> dict[str, str]:
     """``conf`` plus what a new classic session needs for Delta: its package through
     ``spark.jars.packages`` (added to the packages given) and its SQL extension and catalog,
     unless set. A Spark version without a known Delta package gets none: Delta must then be on the
-    cluster already."""
+    cluster already. A Spark Connect session (``spark.remote``) is left as it is: its server has
+    its own packages."""
     out = {str(k): str(v) for k, v in conf.items()}
+    if "spark.remote" in out:
+        return out
     package = delta_package()
     packages = [p.strip() for p in out.get("spark.jars.packages", "").split(",") if p.strip()]
     if package is not None and not any(p.startswith("io.delta:delta-spark_") for p in packages):
@@ -60,10 +63,10 @@ class DeltaWrite:
     skipped: bool  # Delta found this interval's version already committed: nothing was written
 
 
-def _history(spark: Any, path: str) -> list[Any]:
-    """The table's commits, newest first; [] when there is no table at ``path`` yet."""
+def _history(spark: Any, path: str, limit: int | None = None) -> list[Any]:
+    """The table's commits, newest first (the ``limit`` newest); [] when there is no table yet."""
     try:
-        return spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+        return spark.sql(f"DESCRIBE HISTORY delta.`{path}`" + (f" LIMIT {limit}" if limit else "")).collect()
     except Exception as exc:  # noqa: BLE001 - Spark's error classes differ between classic and Connect
         text = str(exc)
         if "DELTA_MISSING_DELTA_TABLE" in text or "is not a Delta table" in text or "PATH_NOT_FOUND" in text:
@@ -101,7 +104,7 @@ def write_interval(spark: Any, frame: Any, *, path: str, export_id: str, scope: 
                 "start_cut": start_cut, "end_cut": end_cut, "txn_app_id": app_id, "txn_version": txn_version}
     if pieces:
         metadata["pieces"] = [list(p) for p in pieces]
-    before = _history(spark, path)
+    before = _history(spark, path, limit=1)
     rows = (frame.withColumn("scope", F.lit(scope)).withColumn("stream", F.lit(stream))
             .withColumn(INTERVAL_COLUMN, F.lit(interval)))
     writer = (rows.write.format("delta").mode("overwrite").partitionBy(INTERVAL_COLUMN)
@@ -115,10 +118,10 @@ def write_interval(spark: Any, frame: Any, *, path: str, export_id: str, scope: 
         if missing is not None:
             raise missing from None
         raise
-    after = _history(spark, path)
+    after = _history(spark, path, limit=1)
     newest_before = before[0]["version"] if before else -1
-    if not after or after[0]["version"] == newest_before:
-        version = _version_of(after, app_id, txn_version)
+    if not after or after[0]["version"] == newest_before:  # Delta skipped it: which version holds it?
+        version = _version_of(_history(spark, path), app_id, txn_version)
         log.info("delta table %s: interval %s (txn %s v%d) was already written (version %s): nothing written", path,
                  interval, app_id, txn_version, version)
         return DeltaWrite(version if version is not None else newest_before, 0, True)

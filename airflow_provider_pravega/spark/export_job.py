@@ -1018,10 +1018,8 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
         )
         if pieces is not None:
             result.ingest_runs = ingest_runs
-        if output is None:
-            _export_to_delta(client, spark, spec, decision, pieces, result, started)
-            if spec.interval_key is None:
-                sync.update(lambda _state: {"op": "done", "start": start_text, "end": end_text})
+        if output is None:  # a Delta table always has an interval (ExportSpec): its cuts are recorded
+            _export_to_delta(client, spark, spec, decision, pieces, result, started, planned_bytes)
             if sync is not None:
                 _maybe_compact(sync)
             return result
@@ -1105,7 +1103,8 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
 
 
 def _export_to_delta(client: Any, spark: Any, spec: ExportSpec, decision: Any,
-                     pieces: list[tuple[str, str]] | None, result: ExportResult, started: float) -> None:
+                     pieces: list[tuple[str, str]] | None, result: ExportResult, started: float,
+                     planned_bytes: int) -> None:
     """The interval as a partition of the Delta table at ``output_path`` (spark/delta_export.py)."""
     from airflow_provider_pravega.spark import delta_export
 
@@ -1124,7 +1123,6 @@ def _export_to_delta(client: Any, spark: Any, spec: ExportSpec, decision: Any,
             raise clear from None
         raise
     result.phases["write"] = round(time.monotonic() - written_at, 3)
-    planned_bytes = sum(r.length or 0 for r in decision.ranges)
     result.events = write.events
     result.bytes = planned_bytes - wire.EVENT_HEADER_LEN * write.events if not write.skipped else 0
     result.table_version, result.already_written = write.version, write.skipped
@@ -1186,7 +1184,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"export failed: {exc}", file=sys.stderr)
         return 2
 
-    if spec.format == "delta" and "spark.remote" not in settings:
+    if spec.format == "delta":
         from airflow_provider_pravega.spark.delta_export import session_conf
 
         settings = session_conf(settings)

@@ -117,6 +117,8 @@ def test_the_session_gets_deltas_package_beside_the_users_and_keeps_their_settin
     assert conf["spark.jars.packages"].split(",") == ["org.apache.hadoop:hadoop-aws:3.5.0", delta_package()]
     assert conf["spark.sql.extensions"] == "my.Extension"  # the user's choice stands
     assert conf["spark.sql.catalog.spark_catalog"] == DELTA_SQL_CONF["spark.sql.catalog.spark_catalog"]
+    connect = {"spark.remote": "sc://127.0.0.1:15002"}
+    assert session_conf(connect) == connect  # a Connect server has its own packages
     mine = "io.delta:delta-spark_4.2_2.13:4.3.0"
     assert session_conf({"spark.jars.packages": mine})["spark.jars.packages"] == mine
 
