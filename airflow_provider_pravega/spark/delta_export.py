@@ -79,7 +79,8 @@ def _missing_delta(exc: BaseException) -> Exception | None:
 
     text = str(exc)
     if "DATA_SOURCE_NOT_FOUND" in text or "Failed to find the data source: delta" in text or (
-            "delta" in text and "ClassNotFoundException" in text):
+            "delta" in text and "ClassNotFoundException" in text) or (
+            "PARSE_SYNTAX_ERROR" in text and "DESCRIBE HISTORY" in text):  # no Delta SQL extension
         package = delta_package() or "io.delta:delta-spark_<spark minor>_2.13:<version>"
         return ExportError(
             "format='delta' needs Delta Lake in the Spark session: start it with spark.jars.packages="

@@ -180,3 +180,24 @@ def test_an_interval_the_ingest_added_a_range_to_is_replaced_once(tmp_path, prav
     assert Counter(dt.to_pyarrow_table().column("event").to_pylist()) == Counter(early + late)
     versions = [json.loads(h["userMetadata"]) for h in dt.history() if h.get("userMetadata")]
     assert sorted(len(v["pieces"]) for v in versions) == [1, 2]
+
+
+def test_a_session_without_delta_is_told_which_settings_to_add(spark, pravega_embedded, unique_name, tmp_path):
+    """Bad input: a Delta export in a session started without Delta fails at once, naming the
+    settings, and leaves nothing at the table's location."""
+    from airflow_provider_pravega.spark.delta_export import delta_package
+    from airflow_provider_pravega.spark.export_job import ExportError, ExportSpec, run_export
+
+    scope = unique_name("delta-missing")
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "s", 1)
+        with client.event_writer(scope, "s") as writer:
+            writer.write_event(b"one")
+            writer.flush()
+        with pytest.raises(ExportError, match="needs Delta Lake in the Spark session") as caught:
+            run_export(client, spark, ExportSpec(scope=scope, stream="s", output_path=str(tmp_path / "table"),
+                                                 format="delta", interval_key="2026-11-20", start_cut="head"))
+    assert f"spark.jars.packages={delta_package()}" in str(caught.value)
+    assert not (tmp_path / "table").exists()
+

@@ -94,3 +94,16 @@ def test_a_commit_long_after_the_last_task_is_kept_alive_by_the_registering_proc
         else:
             assert job.returncode != 0
             assert "were aborted before the job committed" in err and "same write_id='w1'" in err, err[-3000:]
+
+
+def test_a_renewer_needs_the_scope_of_its_registry_and_a_controller_that_answers():
+    """Bad input to ``register(spark, renew_writes=...)`` is said at registration, not at a write."""
+    from airflow_provider_pravega.client.errors import ControllerUnreachableError
+    from airflow_provider_pravega.spark.datasource import PravegaDataSourceError, register
+    from airflow_provider_pravega.testing.net import free_port
+
+    with pytest.raises(PravegaDataSourceError, match="scope"):
+        register(object(), renew_writes={"controller": "tcp://127.0.0.1:9090"})
+    nowhere = f"tcp://127.0.0.1:{free_port()}"
+    with pytest.raises(ControllerUnreachableError, match=nowhere.rsplit(":", 1)[1]):
+        register(object(), renew_writes={"controller": nowhere, "scope": "s"})
