@@ -409,6 +409,15 @@ class _FailedPrecondition(Exception):
         self.details = details
 
 
+class _StreamBeingCreated(ControllerError):
+    """Internal: Pravega's controller answers INTERNAL "State: CREATING" for a stream another
+    process is still creating (``checkStreamExists`` already says it exists)."""
+
+
+#: How long a call waits for a stream that another process is still creating.
+STREAM_CREATING_WAIT_S = 30.0
+
+
 class ControllerClient:
     """Blocking controller client; thread-safe (gRPC channels are), one channel per instance.
 
@@ -562,6 +571,10 @@ class ControllerClient:
                 raise _InvalidArgument(details) from None
             if code == grpc.StatusCode.FAILED_PRECONDITION:
                 raise _FailedPrecondition(details) from None
+            if code == grpc.StatusCode.INTERNAL and "State: CREATING" in details:
+                raise _StreamBeingCreated(
+                    f"controller {self.uri} failed {method}: INTERNAL: {details}"
+                ) from None
             raise ControllerError(
                 f"controller {self.uri} failed {method}: {code.name if code else 'error'}: {details}"
             ) from None
@@ -599,14 +612,26 @@ class ControllerClient:
         *,
         timeout: float | None = None,
     ) -> Any:
-        try:
-            return self._call(method, request, timeout=timeout)
-        except _NotFound:
-            raise self._missing(scope, stream) from None
-        except (_InvalidArgument, _FailedPrecondition) as exc:
-            raise ControllerError(
-                f"{method} on {scope}/{stream} was refused: {exc.details}"
-            ) from None
+        deadline = time.monotonic() + STREAM_CREATING_WAIT_S
+        delay = 0.05
+        while True:
+            try:
+                return self._call(method, request, timeout=timeout)
+            except _NotFound:
+                raise self._missing(scope, stream) from None
+            except (_InvalidArgument, _FailedPrecondition) as exc:
+                raise ControllerError(
+                    f"{method} on {scope}/{stream} was refused: {exc.details}"
+                ) from None
+            except _StreamBeingCreated:
+                # Another process is creating it (two tries of a task, say): wait for it to finish.
+                if time.monotonic() >= deadline:
+                    raise ControllerError(
+                        f"{method} on {scope}/{stream}: the stream was still being created after "
+                        f"{STREAM_CREATING_WAIT_S:g} s"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     @staticmethod
     def _stream_info(scope: str, stream: str) -> pb.StreamInfo:

@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 import pytest
+from hang_guard import HANG_GUARD_S
 from pravega_clients import OFFICIAL_CLIENT_REASON, official_client_installed
 
 from airflow_provider_pravega.embedded.backend import SegmentInfo
@@ -1135,3 +1136,79 @@ def test_kill_9_loses_no_acknowledged_metadata(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+class _StillCreating(EmbeddedController):
+    """Answers getCurrentSegments as Pravega 0.13 does while another process is still creating the
+    stream (INTERNAL "Stream: … State: CREATING"), until ``created`` is set; counts the refusals."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.created = threading.Event()
+        self.refused = 0
+
+    def getCurrentSegments(self, request: pb.StreamInfo, context: grpc.ServicerContext) -> pb.SegmentRanges:
+        if not self.created.is_set():
+            self.refused += 1
+            context.abort(grpc.StatusCode.INTERNAL, f"Stream: {request.stream} State: CREATING")
+        return super().getCurrentSegments(request, context)
+
+
+def _start_still_creating(tmp_path: Path) -> tuple[_StillCreating, grpc.Server, int]:
+    controller = _StillCreating(MemoryBackend(), SS_HOST, SS_PORT, tmp_path, ControllerConfig())
+    controller.recover()
+    controller.start()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_ControllerServiceServicer_to_server(controller, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    controller.advertise_controller("127.0.0.1", port)
+    return controller, server, port
+
+
+def test_the_client_waits_for_a_stream_another_process_is_still_creating(tmp_path: Path) -> None:
+    """Seen in CI against Pravega 0.13: checkStreamExists says yes while the creator is still at
+    work, and getCurrentSegments then answers INTERNAL "State: CREATING". The client waits for it."""
+    from airflow_provider_pravega.client.controller import ControllerClient, ScalingPolicy
+
+    controller, server, port = _start_still_creating(tmp_path)
+    client = ControllerClient(f"tcp://127.0.0.1:{port}")
+    try:
+        client.create_scope("sc")
+        client.create_stream("sc", "st", ScalingPolicy.fixed(2))
+
+        def finish_creating() -> None:  # the creator finishes once the client was refused twice
+            deadline = time.monotonic() + HANG_GUARD_S
+            while controller.refused < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            controller.created.set()
+
+        creator = threading.Thread(target=finish_creating)
+        creator.start()
+        ranges = client.get_current_segments("sc", "st")
+        creator.join()
+        assert controller.refused >= 2
+        assert [r.segment_id for r in ranges] == [0, 1]
+    finally:
+        client.close()
+        server.stop(0).wait()
+        controller.stop()
+
+
+def test_a_stream_that_stays_in_creation_fails_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_pravega.client import controller as controller_module
+    from airflow_provider_pravega.client.controller import ScalingPolicy
+    from airflow_provider_pravega.client.errors import ControllerError
+
+    monkeypatch.setattr(controller_module, "STREAM_CREATING_WAIT_S", 0.5)
+    controller, server, port = _start_still_creating(tmp_path)
+    client = controller_module.ControllerClient(f"tcp://127.0.0.1:{port}")
+    try:
+        client.create_scope("sc")
+        client.create_stream("sc", "st", ScalingPolicy.fixed(1))
+        with pytest.raises(ControllerError, match=r"sc/st: the stream was still being created after 0.5 s"):
+            client.get_current_segments("sc", "st")
+    finally:
+        client.close()
+        server.stop(0).wait()
+        controller.stop()
