@@ -51,6 +51,9 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
     "ingest_state": {"script": HERE / "bench_ingest_state.py", "events": "--files", "repeat": "--repeat"},
     # Driver cost vs input bytes, and s3a vs local disk ("events" is the s3a/local comparison's size).
     "lake": {"script": HERE / "bench_lake.py", "events": "--events", "repeat": "--repeat"},
+    # One daily ingest task as a fresh process: a day with new files, and nothing new without a JVM
+    # against the same run listed by Spark ("events" is the day's readings).
+    "per_run": {"script": HERE / "bench_per_run.py", "events": "--events", "repeat": "--repeat"},
     # Not one of the figures (our batch readers vs the official reader): only with --only.
     "batch_read": {"script": HERE / "bench_batch_read.py", "events": "--events", "repeat": "--rounds", "default": False},
 }
@@ -67,6 +70,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "event_writer": {"events": 100_000, "repeat": 3, "extra": []},
         "ingest_state": {"events": 100_000, "repeat": 5, "extra": []},  # samples are cheap, load is not
         "lake": {"events": 100_000, "repeat": 1, "extra": ["--small-mb", "20", "--large-mb", "200"]},
+        "per_run": {"events": 10_000, "repeat": 2, "extra": []},
     },
     "full": {
         "server": {"events": 1_000_000, "repeat": 3, "extra": ["--hold-gb", "5"]},
@@ -76,6 +80,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "event_writer": {"events": 500_000, "repeat": 3, "extra": []},
         "ingest_state": {"events": 1_000_000, "repeat": 7, "extra": []},  # ~2 s per sample; filling dominates
         "lake": {"events": 300_000, "repeat": 2, "extra": ["--small-mb", "100", "--large-mb", "2000"]},
+        "per_run": {"events": 10_000, "repeat": 3, "extra": []},  # the day: 10,000 readings
     },
 }
 

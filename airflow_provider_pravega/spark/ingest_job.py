@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -286,39 +287,74 @@ class Precheck:
     empty: bool
     #: Local files the listing skips although their names would be read: (path, reason).
     skipped: tuple[tuple[str, str], ...] = ()
+    #: The files exactly as :func:`list_sources` would list them, when every item is a local path
+    #: this can list the way Spark does (plain files, directories of plain files, a glob in the
+    #: last name only); None when only Spark can tell (other filesystems, subdirectories, Hadoop's
+    #: own glob syntax). What lets a run with nothing new end without a JVM.
+    files: tuple[SourceFile, ...] | None = None
 
 
 def precheck_sources(source: str | Sequence[str]) -> Precheck:
     """What can be known about local sources without Spark: a missing path is a SourceError at
     once; ``empty`` when every item is local and matches no file that could hold records (so no
     SparkSession is started for an empty interval); empty files and dangling symbolic links among
-    the matches are logged with their path and reason (Spark's listing skips them silently).
+    the matches are logged with their path and reason (Spark's listing skips them silently);
+    ``files``: the listing itself where it is certain to be Spark's (see :class:`Precheck`).
 
     A local item that exists as given is taken literally, whatever characters its name holds;
     otherwise an item with ``*?[{`` or ``\\`` is a glob (Hadoop's syntax, ``\\`` escapes)."""
     definitely_empty = True
     skipped: list[tuple[str, str]] = []
+    files: dict[str, SourceFile] | None = {}
     for item in _items(source):
         path = _local_path(item)
         if path is None:
             definitely_empty = False
+            files = None
             continue
+        if os.path.normpath(path) != path:  # ".." or "//": Hadoop's Path may name the files otherwise
+            files = None
         if os.path.exists(path) or not _is_glob(path):
             if not os.path.exists(path):
                 raise SourceError(f"source path {item!r} does not exist")
-            entries = [e.path for e in os.scandir(path)] if os.path.isdir(path) else [path]
+            if os.path.isdir(path):
+                entries = [e.path for e in os.scandir(path)]
+            else:
+                entries = [path]
+                if _skip_reason(path) == "":  # a hidden name given literally: Spark's rule for roots differs
+                    files = None
         elif "{" in path or "\\" in path or "[^" in path or "[!" in path:
             entries = [path]  # Hadoop glob syntax Python's glob does not share: let Spark decide
+            files = None
         else:
             entries = glob.glob(path)
+            if _is_glob(os.path.dirname(path)):  # wildcards in directories: Spark's hidden-name rule differs
+                files = None
         for entry in sorted(entries):
             why = _skip_reason(entry)
             if why is None:
                 definitely_empty = False
+                if files is not None:
+                    files = _add_local_file(files, entry)
             elif why:
                 log.warning("source %r: skipping %s: %s", item, entry, why)
                 skipped.append((entry, why))
-    return Precheck(definitely_empty, tuple(skipped))
+    listing = None if files is None else tuple(files[k] for k in sorted(files))
+    return Precheck(definitely_empty, tuple(skipped), listing)
+
+
+def _add_local_file(files: dict[str, SourceFile], entry: str) -> dict[str, SourceFile] | None:
+    """``files`` with ``entry`` added as Spark lists it (size, modification time in whole
+    milliseconds, as Hadoop's local filesystem reports it); None when only Spark can tell (a
+    directory: partition discovery; anything but a regular file)."""
+    try:
+        st = os.stat(entry)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    files[entry] = SourceFile(entry, uri_of(entry), st.st_size, st.st_mtime_ns // 1_000_000)
+    return files
 
 
 def _skip_reason(path: str) -> str | None:
@@ -1033,7 +1069,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
     lease_ms = client.transactions.default_lease_ms
     check_timing(spec.stale_after_s, lease_ms)  # before anything is written
     # Everything checkable without Spark comes first; the session starts only when there is work.
-    get_spark = spark if callable(spark) else (lambda: spark)
+    get_spark = _once(spark if callable(spark) else (lambda: spark))
     precheck = precheck_sources(spec.source)
     if precheck.empty:
         result = _nothing_to_ingest(spec, precheck.skipped)
@@ -1051,8 +1087,11 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
     store = open_ingest_state(client, spec.scope, spec.stream, spec.effective_ingest_id,
                               stale_after_s=spec.stale_after_s)
     coord = _coordinator(client, store, spec)
-    spark = get_spark()
-    listed = list_sources(spark, spec.source)
+    if precheck.files is not None:  # local files listed as Spark would: no JVM unless there is work
+        listed = list(precheck.files)
+        log.info("source %r: %d file(s), listed without Spark", spec.source, len(listed))
+    else:
+        listed = list_sources(get_spark(), spec.source)
     listed_at_ms = int(time.time() * 1000)
     crash_point("after_listing")
     if not listed:
@@ -1066,12 +1105,12 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
     if spec.format in LINE_FORMATS:
         # Earlier runs are finished or rolled back first, so pieces are measured against what is committed.
         early = coord.recover()
-        identities.update(_line_pieces(spark, store, listed, identities, listed_at_ms))
+        identities.update(_line_pieces(get_spark, store, listed, identities, listed_at_ms))
     else:
         unsure = needs_fingerprint(store.fetch(), identities, store)
         if unsure:  # recorded with a content fingerprint only (older states): compare contents
             log.info("fingerprinting %d file(s) in Spark tasks", len(unsure))
-            for key, fp in fingerprint_files(spark, unsure).items():
+            for key, fp in fingerprint_files(get_spark(), unsure).items():
                 identities[key]["fp"] = fp
 
     def write(run_id: str, plan: FilePlan) -> WriteResult:
@@ -1081,6 +1120,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
             on_run(run_identity(scope=spec.scope, stream=spec.stream, ingest_id=spec.effective_ingest_id,
                                 state_scope=state_scope, state_stream=state_stream, run_id=run_id, owner=coord.owner))
         ctx = TaskContext(config_of(client), spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
+        spark = get_spark()
         labels = writer_labels(spark, plan.to_ingest, spec)
         records = record_frame(spark, plan.to_ingest, spec, labels)
         if spec.mode == "at_least_once":
@@ -1139,6 +1179,18 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
 
 
 RETURNED_RUNS = 3  # runs again at once for files whose transactions lapsed after the commit point
+
+
+def _once(make: Callable[[], Any]) -> Callable[[], Any]:
+    """``make`` called at the first use only (the SparkSession: started when there is work)."""
+    made: list[Any] = []
+
+    def get() -> Any:
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return get
 
 
 def _coordinator(client: Any, store: Any, spec: IngestSpec) -> IngestCoordinator:
@@ -1209,11 +1261,12 @@ def whole_file_holds(reported: Mapping[str, Iterable[str]]) -> dict[str, list[st
     return holds
 
 
-def _line_pieces(spark: Any, store: Any, listed: Sequence[SourceFile], identities: Mapping[str, Mapping[str, Any]],
-                 listed_at_ms: int) -> dict[str, dict[str, Any]]:
+def _line_pieces(get_spark: Callable[[], Any], store: Any, listed: Sequence[SourceFile],
+                 identities: Mapping[str, Mapping[str, Any]], listed_at_ms: int) -> dict[str, dict[str, Any]]:
     """The next piece of every listed line file that may hold lines not committed yet (new, grown,
     changed, or with an unterminated last line that has settled since), measured in Spark tasks;
-    files listed exactly as committed are left to planning (skipped) without being read."""
+    files listed exactly as committed are left to planning (skipped) without being read (nor
+    Spark started for them)."""
     committed = known_files(store, store.fetch(), identities)
     requests = {}
     for f in listed:
@@ -1228,9 +1281,10 @@ def _line_pieces(spark: Any, store: Any, listed: Sequence[SourceFile], identitie
                            # unknown (None) for a record from before pieces: measured
                            "open": bool(before.get("open")) if before is not None and "end" in before else
                            None if before is not None else False}
-    if requests:
-        log.info("measuring %d line file(s) in Spark tasks (the whole lines not committed yet)", len(requests))
-    return measure_pieces(spark, requests)
+    if not requests:
+        return {}
+    log.info("measuring %d line file(s) in Spark tasks (the whole lines not committed yet)", len(requests))
+    return measure_pieces(get_spark(), requests)
 
 
 def _nothing_to_ingest(spec: IngestSpec, skipped: Sequence[tuple[str, str]] = ()) -> IngestResult:
@@ -1318,6 +1372,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds after which committed files are forgotten (default: never)")
     ap.add_argument("--interval", help="record the run's committed range under this interval key (see the export's "
                                        "--interval-of), e.g. 2026-11-20T00:00:00+00:00/2026-11-21T00:00:00+00:00")
+    ap.add_argument("--on-empty", choices=("fail", "succeed"), default="fail",
+                    help="what a source that matches no file does (default: fail)")
     ap.add_argument("--task-instance", help=argparse.SUPPRESS)  # what the operator passes: fast takeover
     ap.add_argument("--try-number", type=int, help=argparse.SUPPRESS)
     add_spark_arguments(ap)
@@ -1331,7 +1387,7 @@ def main(argv: list[str] | None = None) -> int:
         mode=args.mode, create_stream=args.create_stream, stream_segments=args.segments,
         num_writers=args.num_writers, stale_after_s=args.stale_after, unknown_commits=args.unknown_commits,
         task_instance=args.task_instance, try_number=args.try_number, remember_files_for_s=args.remember_files_for,
-        interval_key=args.interval,
+        interval_key=args.interval, on_empty=args.on_empty,
     )
     try:
         settings = spark_settings(args)

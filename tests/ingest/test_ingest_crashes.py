@@ -67,10 +67,12 @@ STEPS = ["before_run_record", "after_run_record", "after_tasks", "after_commit_r
          "after_commits"]
 
 
-#: The steps also run against Pravega standalone: those where what Pravega does with the transactions
-#: decides the outcome. The others are the provider's own bookkeeping, the same on any server; they
-#: run on the embedded server only (each case starts two Spark drivers: CI's time budget).
-STANDALONE_STEPS = ("after_commit_record", "after_first_commit")
+#: The step that also runs against Pravega standalone: one where what Pravega does with the
+#: transactions decides the outcome (after_first_commit runs there in the lapsed-lease test below).
+#: The others are the provider's own bookkeeping, the same on any server, or the embedded server's
+#: side of the same question; they run on the embedded server only (each case starts two Spark
+#: drivers: CI's time budget).
+STANDALONE_STEPS = ("after_commit_record",)
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -176,10 +178,13 @@ def _abort_what_is_open(uri: str, scope: str, ingest_id: str) -> tuple[list[str]
 
 @pytest.mark.parametrize("step", ["after_commit_record", "after_first_commit"])
 def test_transactions_lapsed_after_the_commit_point_are_written_again_by_the_retry(step, tmp_path, pravega_controller_uri,
-                                                                                  unique_name, read_stream):
+                                                                                  unique_name, read_stream, request):
     """The driver dies right after its commit point (or after its first commit request); the retry
     comes after the leases lapsed. It heals by itself: the committed transactions' files are
     recorded done, the aborted ones' files are written again; every record once."""
+    if request.node.callspec.params.get("pravega_backend") == "standalone" and step != "after_first_commit":
+        pytest.skip("on standalone the mixed case (some committed, some lapsed) runs; this one on the "
+                    "embedded server (CI time)")
     scope = unique_name("lapse")
     lines = make_source(tmp_path / "in", files=6, per_file=300)
     cmd = ingest_cmd(pravega_controller_uri, scope, tmp_path / "in", "--num-writers", "3")
