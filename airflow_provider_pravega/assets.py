@@ -8,6 +8,7 @@ Pravega names), builds assets with :func:`create_asset` and maps them to OpenLin
 
 from __future__ import annotations
 
+import os
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from urllib.parse import SplitResult
 
 __all__ = ["DEFAULT_PORT", "SCHEME", "convert_asset_to_openlineage", "create_asset", "parse_stream_uri", "sanitize_uri",
-           "stream_uri"]
+           "stream_uri", "table_asset", "table_uri"]
 
 SCHEME = "pravega"
 #: Pravega's controller port, assumed when an asset URI names none.
@@ -80,3 +81,23 @@ def convert_asset_to_openlineage(asset: Any, lineage_context: Any) -> Any:
 
     host, port, scope, stream = _parts(urllib.parse.urlsplit(asset.uri))
     return Dataset(namespace=controller_namespace(host, port), name=stream_dataset_name(scope, stream))
+
+
+def table_uri(location: str) -> str:
+    """The asset URI of a table at ``location``: a local path as ``file:///abs/path``, a URL as
+    given (``s3a://``, ``hdfs://`` …), without a trailing slash."""
+    parts = urllib.parse.urlsplit(location)
+    if parts.scheme in ("", "file"):
+        local = os.path.abspath(parts.path if parts.scheme == "file" else location)
+        return "file://" + urllib.parse.quote(local)
+    if not parts.netloc:
+        raise ValueError(f"{location!r}: a {parts.scheme}:// table location needs a bucket or host")
+    return location.rstrip("/")
+
+
+def table_asset(location: str, *, format: str = "delta") -> Any:
+    """The ``Asset`` of the table at ``location``: what the export operator with ``format="delta"``
+    updates (an outlet), so downstream DAGs can be scheduled on the table with the same call."""
+    from airflow.sdk import Asset
+
+    return Asset(uri=table_uri(location), extra={"format": format})

@@ -26,6 +26,7 @@ __all__ = [
     "controller_namespace",
     "file_dataset",
     "operator_lineage",
+    "table_dataset",
     "stream_dataset",
     "stream_dataset_name",
     "stream_namespace",
@@ -97,6 +98,21 @@ def file_dataset(path: str, *, lifecycle: str | None = None, facets: Mapping[str
     """An OpenLineage ``Dataset`` for a file path or URL (None without OpenLineage)."""
     namespace, name = _file_identity(path)
     return _dataset(namespace, name, lifecycle, facets)
+
+
+def table_dataset(location: str, *, storage_layer: str = "delta", version: int | None = None) -> Any:
+    """An OpenLineage ``Dataset`` for a path-based table (a Delta table at ``location``): named like
+    its location (OpenLineage's naming for path tables), with the storage facet saying what it is
+    and, once written, the table version (None without OpenLineage)."""
+    if _facet_classes() is None:
+        return None
+    from openlineage.client.facet_v2 import dataset_version_dataset, storage_dataset
+
+    facets: dict[str, Any] = {"storage": storage_dataset.StorageDatasetFacet(storageLayer=storage_layer,
+                                                                             fileFormat="parquet")}
+    if version is not None:
+        facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=str(version))
+    return file_dataset(location, facets=facets)
 
 
 def _file_identity(path: str) -> tuple[str, str]:

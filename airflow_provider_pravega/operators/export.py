@@ -34,7 +34,9 @@ class PravegaStreamCutExportOperator(BaseOperator):
         Delta Lake table's location, each interval one partition (``interval_key``) written as an
         idempotent Delta commit, so retries, reruns and backfills of an interval never duplicate it
         (see docs/export.md). The operator adds Delta's package and SQL settings to a classic session
-        it starts; a Spark Connect server or cluster must have Delta already.
+        it starts; a Spark Connect server or cluster must have Delta already. The table is an outlet
+        of the task (``assets.table_asset(output_path)``, unless the path is templated) and its
+        OpenLineage output, with the table version written.
     :param event_format: ``text`` (UTF-8, default), ``json`` (one column per top-level field) or
         ``binary``. Every row also has ``segment_id`` and ``offset``.
     :param export_id: Identity of this export's recorded cuts (default ``dag_id.task_id``).
@@ -97,6 +99,13 @@ class PravegaStreamCutExportOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         _check_literal_cuts(scope, stream, start_cut, end_cut)  # before the task joins its DAG
+        if format == "delta" and isinstance(output_path, str) and not _templated(output_path):
+            from airflow_provider_pravega.assets import table_asset
+
+            table = table_asset(output_path)
+            outlets = list(kwargs.get("outlets") or [])
+            if all(getattr(o, "uri", None) != table.uri for o in outlets):
+                kwargs["outlets"] = [*outlets, table]  # downstream DAGs can be scheduled on the table
         super().__init__(**kwargs)
         self.scope = scope
         self.stream = stream
@@ -168,21 +177,23 @@ class PravegaStreamCutExportOperator(BaseOperator):
         return self._result
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """The stream as input and the output directory as output (None without OpenLineage)."""
+        """The stream as input, the output directory (or the Delta table) as output (None without
+        OpenLineage)."""
         try:
             from airflow_provider_pravega.openlineage import (
                 file_dataset,
                 operator_lineage,
                 stream_dataset,
+                table_dataset,
             )
         except ImportError:
             return None
         config = PravegaHook(self.pravega_conn_id).get_config()
         scope = self._scope_used or self.scope or config.scope
-        return operator_lineage(
-            inputs=[stream_dataset(config, scope, self.stream)],
-            outputs=[file_dataset(((self._result or {}).get("output_path") or self.output_path).rstrip("/") or "/")],
-        )
+        location = ((self._result or {}).get("output_path") or self.output_path).rstrip("/") or "/"
+        output = (table_dataset(location, version=(self._result or {}).get("table_version"))
+                  if self.format == "delta" else file_dataset(location))
+        return operator_lineage(inputs=[stream_dataset(config, scope, self.stream)], outputs=[output])
 
 
 def _templated(value: Any) -> bool:

@@ -198,3 +198,45 @@ def test_openlineage_names_the_stream_and_the_output(tmp_path, pravega_default_c
     assert [(d.namespace, d.name) for d in lineage.outputs] == [("file", str(tmp_path / "lake"))]
     assert set(PravegaStreamCutExportOperator.template_fields) >= {"scope", "stream", "start_cut", "end_cut",
                                                                      "output_path"}
+
+
+def test_a_delta_table_is_the_tasks_outlet_and_its_lineage_output(tmp_path, pravega_default_conn):
+    """The table is an asset a downstream DAG can be scheduled on (the same ``table_asset`` call),
+    and the OpenLineage output names it as a Delta table, with the version the run wrote."""
+    pytest.importorskip("airflow.providers.openlineage.extractors",
+                        reason="apache-airflow-providers-openlineage is not installed")
+    from airflow.sdk import DAG, Asset
+
+    from airflow_provider_pravega.assets import table_asset
+    from airflow_provider_pravega.operators import PravegaStreamCutExportOperator
+
+    table = str(tmp_path / "lake" / "readings")
+    other = Asset(uri="s3://elsewhere/x")
+    op = PravegaStreamCutExportOperator(task_id="to_delta", stream="readings", scope="iot", format="delta",
+                                        output_path=table + "/", outlets=[other])
+    assert [o.uri for o in op.outlets] == [other.uri, f"file://{table}"]
+    assert table_asset(table) in op.outlets  # what a downstream DAG schedules on
+    with DAG("downstream", schedule=[table_asset(table)]) as downstream:
+        pass
+    assert list(downstream.timetable.asset_condition.objects) == [table_asset(table)]
+    templated = PravegaStreamCutExportOperator(task_id="templated", stream="readings", format="delta",
+                                               output_path="{{ var.value.table }}")
+    assert templated.outlets == []  # a templated location is known at run time only: no outlet
+    s3 = PravegaStreamCutExportOperator(task_id="s3", stream="readings", format="delta",
+                                        output_path="s3a://bucket/lake/readings/")
+    assert [o.uri for o in s3.outlets] == ["s3a://bucket/lake/readings"]
+
+    def output(result):
+        op._result = result
+        [dataset] = op.get_openlineage_facets_on_complete(task_instance=None).outputs
+        return dataset
+
+    before = output(None)
+    assert (before.namespace, before.name) == ("file", table)
+    assert before.facets["storage"].storageLayer == "delta" and "version" not in before.facets
+    written = output({"output_path": table + "/", "table_version": 3})
+    assert written.facets["version"].datasetVersion == "3"
+    parquet = PravegaStreamCutExportOperator(task_id="files", stream="readings", output_path=str(tmp_path / "out"))
+    assert parquet.outlets == []
+    [files] = parquet.get_openlineage_facets_on_complete(task_instance=None).outputs
+    assert "storage" not in files.facets
