@@ -343,6 +343,10 @@ class ExportState:
     pending: dict[str, str] | None = None
     #: The segment ids the stream was created with when its cuts were first recorded (StreamAdmin.origin).
     origin: list[int] | None = None
+    #: Whose state this is (recorded with the origin; None in states recorded before): for
+    #: ``python -m airflow_provider_pravega state``, since the stream's name holds only a digest.
+    export_id: str | None = None
+    stream: str | None = None
 
 
 def apply_update(state: ExportState, op: dict[str, Any]) -> ExportState:
@@ -357,7 +361,9 @@ def apply_update(state: ExportState, op: dict[str, Any]) -> ExportState:
         state.last = cuts
         state.pending = None
     elif kind == "origin":
-        state.origin = state.origin or list(op["origin"])
+        if state.origin is None:
+            state.origin = list(op["origin"])
+            state.export_id, state.stream = op.get("export_id"), op.get("stream")
     return state
 
 
@@ -388,7 +394,8 @@ def check_export_origin(client: Any, sync: Any, spec: ExportSpec) -> None:
     check_stream_origin of the ingest); the origin is recorded on first use."""
     changed = client.admin.origin_changed(
         spec.scope, spec.stream, sync.fetch().origin,
-        lambda origin: sync.update(lambda s: None if s.origin is not None else {"op": "origin", "origin": origin}).origin)
+        lambda origin: sync.update(lambda s: None if s.origin is not None else {
+            "op": "origin", "origin": origin, "export_id": spec.effective_export_id, "stream": spec.stream}).origin)
     if changed is not None:
         recorded, origin = changed
         state_scope, state_stream = state_location(spec)

@@ -1,0 +1,130 @@
+"""``python -m airflow_provider_pravega state``: list, inspect and reset the ingest and export
+state in Pravega, a reset refused while an ingest run is live, and the states a DAG rename left
+behind found as orphans. The states are made by the coordinator and the export's own recording
+(no Spark: the subject is the state, not the data)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.client.ingest import IngestCoordinator, IngestError, open_ingest_state
+from airflow_provider_pravega.client.ingest import state_location as ingest_location
+from airflow_provider_pravega.spark.export_job import ExportSpec, check_export_origin, open_export_state
+from airflow_provider_pravega.spark.export_job import state_location as export_location
+from airflow_provider_pravega.state_admin import find_orphans, find_states, inspect_state, load_dags, reset_state
+
+DAG_FILE = """
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_pravega.operators import PravegaStreamCutExportOperator, PravegaTransactionalIngestOperator
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 11, 1)):
+    PravegaTransactionalIngestOperator(task_id="ingest", scope="{scope}", stream="s", source="/in/*.jsonl")
+    PravegaStreamCutExportOperator(task_id="export", scope="{scope}", stream="s", output_path="/out")
+    PravegaTransactionalIngestOperator(task_id="templated", scope="{scope}", stream="s", source="/in",
+                                       ingest_id="{{{{ params.which }}}}")
+"""
+
+
+def _live_run(client: PravegaClient, scope: str, ingest_id: str) -> tuple[Any, IngestCoordinator, str]:
+    """An ingest state with one run that just started (its driver heartbeats: live)."""
+    store = open_ingest_state(client, scope, "s", ingest_id)
+    coord = IngestCoordinator(store, client.transactions, scope, "s", tail_positions=lambda: {})
+    run_id, _plan = coord.start_run({"/in/a.jsonl": {"size": 10, "mtime": 1_790_000_000_000}})
+    return store, coord, run_id
+
+
+def _export_interval(client: PravegaClient, scope: str, export_id: str, interval: str) -> None:
+    spec = ExportSpec(scope, "s", "/out", export_id=export_id, interval_key=interval)
+    with open_export_state(client, spec) as sync:
+        check_export_origin(client, sync, spec)  # records the origin, the export id and the stream
+        sync.update(lambda _s: {"op": "interval", "key": interval, "start": "head", "end": "tail",
+                                "at": "2026-11-27T00:00:00Z"})
+
+
+def _cli(uri: str, scope: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "airflow_provider_pravega", "state", "--controller-uri", uri,
+                           "--scope", scope, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_list_inspect_and_a_reset_refused_under_a_live_run(pravega_embedded, unique_name) -> None:
+    uri = pravega_embedded.controller_uri
+    scope = unique_name("states")
+    with PravegaClient(uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "s", 1)
+        store, coord, run_id = _live_run(client, scope, "daily.ingest")
+        _export_interval(client, scope, "daily.export", "2026-11-01/2026-11-02")
+        ingest_name = ingest_location(scope, "s", "daily.ingest")[1]
+        export_name = export_location(ExportSpec(scope, "s", "/out", export_id="daily.export"))[1]
+
+        states = {s.stream: s for s in find_states(client, scope)}
+        assert set(states) == {ingest_name, export_name}
+        ingest, export = states[ingest_name], states[export_name]
+        assert (ingest.kind, ingest.id, ingest.target, ingest.live_runs) == ("ingest", "daily.ingest", f"{scope}/s",
+                                                                           [run_id])
+        assert (export.kind, export.id, export.target, export.intervals) == ("export", "daily.export", f"{scope}/s", 1)
+
+        listed = _cli(uri, scope, "list")
+        assert listed.returncode == 0, listed.stderr
+        assert f"2 state(s) in scope {scope}" in listed.stdout
+        assert "ingest daily.ingest" in listed.stdout and "1 live: " + run_id in listed.stdout
+        assert "export daily.export" in listed.stdout and "1 interval(s)" in listed.stdout
+        shown = _cli(uri, scope, "inspect", export_name)
+        assert json.loads(shown.stdout)["intervals"]["2026-11-01/2026-11-02"]["end"] == "tail"
+        shown = _cli(uri, scope, "inspect", ingest_name)
+        assert json.loads(shown.stdout)["runs"][run_id]["phase"] == "WRITING"
+
+        # A live run: refused, and the state is still there.
+        with pytest.raises(IngestError, match=f"live run.*{run_id}"):
+            reset_state(client, scope, ingest_name)
+        refused = _cli(uri, scope, "reset", ingest_name, "--yes")
+        assert refused.returncode == 1 and "wait for them to end" in refused.stderr
+        unconfirmed = _cli(uri, scope, "reset", export_name)
+        assert unconfirmed.returncode == 2 and "--yes" in unconfirmed.stderr
+        assert inspect_state(client, scope, ingest_name).live_runs == [run_id]
+
+        coord.abandon(run_id)  # the run ends: the reset goes through
+        store.close()
+        assert reset_state(client, scope, ingest_name) is True
+        done = _cli(uri, scope, "reset", export_name, "--yes")
+        assert done.returncode == 0 and "reset" in done.stdout, done.stderr
+        assert find_states(client, scope) == []
+        with pytest.raises(ValueError, match="not a state of this provider"):
+            inspect_state(client, scope, "s")
+
+
+def test_a_renamed_dag_leaves_orphans_that_are_found(pravega_embedded, unique_name, tmp_path: Path) -> None:
+    uri = pravega_embedded.controller_uri
+    scope = unique_name("orphans")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "daily.py").write_text(textwrap.dedent(DAG_FILE.format(dag_id="daily_v2", scope=scope)))
+    with PravegaClient(uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "s", 1)
+        for dag_id in ("daily", "daily_v2"):  # the DAG was renamed from "daily": its states stay behind
+            store, coord, run_id = _live_run(client, scope, f"{dag_id}.ingest")
+            coord.abandon(run_id)
+            store.close()
+            _export_interval(client, scope, f"{dag_id}.export", "2026-11-01/2026-11-02")
+
+        orphans, undetermined = find_orphans(client, scope, load_dags(str(dags)))
+        assert sorted((o.kind, o.id) for o in orphans) == [("export", "daily.export"), ("ingest", "daily.ingest")]
+        assert undetermined == ["daily_v2.templated"]
+
+    found = _cli(uri, scope, "--json", "orphans", "--dags-folder", str(dags))
+    assert found.returncode == 0, found.stderr
+    report = json.loads(found.stdout)
+    assert sorted(o["id"] for o in report["orphans"]) == ["daily.export", "daily.ingest"]
+    (dags / "broken.py").write_text("import nothing_of_that_name\n")
+    broken = _cli(uri, scope, "orphans", "--dags-folder", str(dags))
+    assert broken.returncode == 1 and "does not parse" in broken.stderr and "broken.py" in broken.stderr
