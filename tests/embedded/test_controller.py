@@ -164,8 +164,9 @@ class Running:
         self.controller.stop()
 
 
-def start_controller(data_dir: Path, backend: MemoryBackend, config: ControllerConfig | None = None) -> Running:
-    controller = EmbeddedController(backend, SS_HOST, SS_PORT, data_dir, config or ControllerConfig())
+def start_controller(data_dir: Path, backend: MemoryBackend, config: ControllerConfig | None = None,
+                     kind: type[EmbeddedController] = EmbeddedController) -> Running:
+    controller = kind(backend, SS_HOST, SS_PORT, data_dir, config or ControllerConfig())
     controller.recover()
     controller.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
@@ -1154,25 +1155,14 @@ class _StillCreating(EmbeddedController):
         return super().getCurrentSegments(request, context)
 
 
-def _start_still_creating(tmp_path: Path) -> tuple[_StillCreating, grpc.Server, int]:
-    controller = _StillCreating(MemoryBackend(), SS_HOST, SS_PORT, tmp_path, ControllerConfig())
-    controller.recover()
-    controller.start()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_ControllerServiceServicer_to_server(controller, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    controller.advertise_controller("127.0.0.1", port)
-    return controller, server, port
-
-
 def test_the_client_waits_for_a_stream_another_process_is_still_creating(tmp_path: Path) -> None:
     """Seen in CI against Pravega 0.13: checkStreamExists says yes while the creator is still at
     work, and getCurrentSegments then answers INTERNAL "State: CREATING". The client waits for it."""
     from airflow_provider_pravega.client.controller import ControllerClient, ScalingPolicy
 
-    controller, server, port = _start_still_creating(tmp_path)
-    client = ControllerClient(f"tcp://127.0.0.1:{port}")
+    running = start_controller(tmp_path, MemoryBackend(), kind=_StillCreating)
+    controller = running.controller
+    client = ControllerClient(f"tcp://127.0.0.1:{running.port}")
     try:
         client.create_scope("sc")
         client.create_stream("sc", "st", ScalingPolicy.fixed(2))
@@ -1191,8 +1181,7 @@ def test_the_client_waits_for_a_stream_another_process_is_still_creating(tmp_pat
         assert [r.segment_id for r in ranges] == [0, 1]
     finally:
         client.close()
-        server.stop(0).wait()
-        controller.stop()
+        running.stop()
 
 
 def test_a_stream_that_stays_in_creation_fails_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1201,8 +1190,8 @@ def test_a_stream_that_stays_in_creation_fails_naming_it(tmp_path: Path, monkeyp
     from airflow_provider_pravega.client.errors import ControllerError
 
     monkeypatch.setattr(controller_module, "STREAM_CREATING_WAIT_S", 0.5)
-    controller, server, port = _start_still_creating(tmp_path)
-    client = controller_module.ControllerClient(f"tcp://127.0.0.1:{port}")
+    running = start_controller(tmp_path, MemoryBackend(), kind=_StillCreating)
+    client = controller_module.ControllerClient(f"tcp://127.0.0.1:{running.port}")
     try:
         client.create_scope("sc")
         client.create_stream("sc", "st", ScalingPolicy.fixed(1))
@@ -1210,5 +1199,4 @@ def test_a_stream_that_stays_in_creation_fails_naming_it(tmp_path: Path, monkeyp
             client.get_current_segments("sc", "st")
     finally:
         client.close()
-        server.stop(0).wait()
-        controller.stop()
+        running.stop()
