@@ -292,6 +292,8 @@ class Precheck:
     #: last name only); None when only Spark can tell (other filesystems, subdirectories, Hadoop's
     #: own glob syntax). What lets a run with nothing new end without a JVM.
     files: tuple[SourceFile, ...] | None = None
+    #: When the listing began (ms): a file's age is measured from here, never overstated.
+    listed_at_ms: int = 0
 
 
 def precheck_sources(source: str | Sequence[str]) -> Precheck:
@@ -306,6 +308,7 @@ def precheck_sources(source: str | Sequence[str]) -> Precheck:
     definitely_empty = True
     skipped: list[tuple[str, str]] = []
     files: dict[str, SourceFile] | None = {}
+    started_ms = int(time.time() * 1000)
     for item in _items(source):
         path = _local_path(item)
         if path is None:
@@ -340,7 +343,7 @@ def precheck_sources(source: str | Sequence[str]) -> Precheck:
                 log.warning("source %r: skipping %s: %s", item, entry, why)
                 skipped.append((entry, why))
     listing = None if files is None else tuple(files[k] for k in sorted(files))
-    return Precheck(definitely_empty, tuple(skipped), listing)
+    return Precheck(definitely_empty, tuple(skipped), listing, started_ms)
 
 
 def _add_local_file(files: dict[str, SourceFile], entry: str) -> dict[str, SourceFile] | None:
@@ -1089,10 +1092,11 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
     coord = _coordinator(client, store, spec)
     if precheck.files is not None:  # local files listed as Spark would: no JVM unless there is work
         listed = list(precheck.files)
+        listed_at_ms = precheck.listed_at_ms
         log.info("source %r: %d file(s), listed without Spark", spec.source, len(listed))
     else:
         listed = list_sources(get_spark(), spec.source)
-    listed_at_ms = int(time.time() * 1000)
+        listed_at_ms = int(time.time() * 1000)
     crash_point("after_listing")
     if not listed:
         result = _nothing_to_ingest(spec, precheck.skipped)
