@@ -78,24 +78,20 @@ def export_state(client: Any, scope: str, name: str) -> Any:
 
 
 def _ingest_summary(client: Any, scope: str, name: str) -> StateSummary:
-    from airflow_provider_pravega.client.ingest import REQUESTED
+    from airflow_provider_pravega.client.ingest import REQUESTED, IngestCoordinator, open_state_store
 
-    state = ingest_state(client, scope, name)
-    now_ms = int(time.time() * 1000)
-    phases: Counter[str] = Counter()
-    live = []
-    newest = 0
-    for run_id, run in sorted(state.get("runs", {}).items()):
-        phases[run["phase"]] += 1
-        beat = int(run.get("heartbeat_ms") or 0)
-        newest = max(newest, beat)
-        window = max(60_000, int(run.get("stale_ms") or 0))
-        if run["phase"] != REQUESTED and beat >= now_ms - window:
-            live.append(run_id)
+    with open_state_store(client, scope, name, create=False) as store:
+        state = store.fetch()
+        target_scope, _, target_stream = (state.get("target") or f"{scope}/").partition("/")
+        # Live as recovery and reset_ingest_state see it: not REQUESTED, and not stale.
+        stale = set(IngestCoordinator(store, client.transactions, target_scope, target_stream).stale_runs(state))
+    runs = state.get("runs", {})
+    newest = max((int(run.get("heartbeat_ms") or 0) for run in runs.values()), default=0)
     return StateSummary(
         scope=scope, stream=name, kind="ingest", id=state.get("ingest_id"), target=state.get("target"),
-        runs=dict(phases), live_runs=live, intervals=len(state.get("intervals") or {}),
-        completed_runs=int(state.get("completed_runs") or 0),
+        runs=dict(Counter(run["phase"] for run in runs.values())),
+        live_runs=sorted(rid for rid, run in runs.items() if run["phase"] != REQUESTED and rid not in stale),
+        intervals=len(state.get("intervals") or {}), completed_runs=int(state.get("completed_runs") or 0),
         last_activity=_iso(newest) if newest else None,
     )
 
