@@ -18,7 +18,7 @@ import ssl
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -79,10 +79,20 @@ class PravegaConnectionConfig:
     trust_store: str | None = None
     validate_hostname: bool = True
     transaction_lease_ms: int = DEFAULT_TRANSACTION_LEASE_MS
+    #: Further controllers of the same cluster, tried in order when the one in use cannot be
+    #: reached (the host field's ``h1:9090,h2:9090`` list; ``host``/``port`` are its first entry).
+    more_controllers: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         _check_host(self.host)
         _check_port(self.port)
+        if not isinstance(self.more_controllers, tuple):
+            raise PravegaConfigError("host", self.more_controllers, "further controllers must be a tuple")
+        for entry in self.more_controllers:
+            if not isinstance(entry, tuple) or len(entry) != 2:
+                raise PravegaConfigError("host", entry, "each further controller is a (host, port) pair")
+            _check_host(entry[0])
+            _check_port(entry[1], field="host")
         if self.scope is not None and (
             not isinstance(self.scope, str) or not _SCOPE_NAME.fullmatch(self.scope)
         ):
@@ -121,10 +131,19 @@ class PravegaConnectionConfig:
         return TLS_SCHEME if self.tls_enabled else PLAINTEXT_SCHEME
 
     @property
+    def controllers(self) -> tuple[tuple[str, int], ...]:
+        """Every controller address, in the order they are tried."""
+        return ((self.host, self.port), *self.more_controllers)
+
+    @property
     def controller_uri(self) -> str:
-        """The URI to hand to the official client, e.g. ``tcp://localhost:9090``."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}"
+        """The URI as the official clients take it: ``tcp://localhost:9090``, or for several
+        controllers ``tcp://h1:9090,h2:9090`` (one scheme, comma-separated addresses)."""
+        return f"{self.scheme}://" + ",".join(host_port(h, p) for h, p in self.controllers)
+
+    def with_controller(self, host: str, port: int) -> PravegaConnectionConfig:
+        """The same settings aimed at one controller only (a probe of that one address)."""
+        return replace(self, host=host, port=port, more_controllers=())
 
     @property
     def auth_enabled(self) -> bool:
@@ -218,12 +237,13 @@ class PravegaConnectionConfig:
     ) -> PravegaConnectionConfig:
         """Read the fields of an Airflow ``pravega`` connection.
 
-        ``host`` may carry a scheme and port (``tls://ctrl:9090``); ``schema`` may be ``tcp`` or
+        ``host`` may carry a scheme and port (``tls://ctrl:9090``), or list several controllers of
+        one cluster (``tcp://c1:9090,c2:9090``; ``port`` is the default for entries without one); ``schema`` may be ``tcp`` or
         ``tls`` (so the URI ``pravega://ctrl:9090/tls`` turns TLS on); ``extra`` holds ``scope``,
         ``tls``, ``trust_store``, ``validate_hostname`` and ``transaction_lease_ms``.
         """
         extras = _read_extra(extra)
-        host_scheme, host_name, host_port = _split_host(host)
+        host_scheme, host_name, host_port, more = _split_hosts(host, port)
         schema_scheme = _read_scheme("schema", schema)
         if host_scheme and schema_scheme and host_scheme != schema_scheme:
             raise PravegaConfigError(
@@ -232,11 +252,11 @@ class PravegaConnectionConfig:
         scheme = host_scheme or schema_scheme
 
         port_value = _read_port(port)
-        if port_value is not None and host_port is not None and port_value != host_port:
+        if not more and port_value is not None and host_port is not None and port_value != host_port:
             raise PravegaConfigError(
                 "port", port, f"conflicts with the port {host_port} given in the host {host!r}"
             )
-        final_port = port_value if port_value is not None else host_port
+        final_port = host_port if more or port_value is None else port_value
 
         tls_flag = _read_bool("tls", extras.get("tls"))
         if scheme is not None and tls_flag is not None and tls_flag != (scheme == TLS_SCHEME):
@@ -256,6 +276,7 @@ class PravegaConnectionConfig:
             trust_store=_read_text(extras.get("trust_store")),
             validate_hostname=True if validate_hostname is None else validate_hostname,
             transaction_lease_ms=_read_lease(extras.get("transaction_lease_ms")),
+            more_controllers=more,
         )
 
 
@@ -329,6 +350,33 @@ def _read_scheme(field: str, value: str | None) -> str | None:
     if scheme not in SCHEMES:
         raise PravegaConfigError(field, value, f"unknown scheme; use {' or '.join(SCHEMES)}")
     return scheme
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _split_hosts(
+    host: str | None, port: Any
+) -> tuple[str | None, str | None, int | None, tuple[tuple[str, int], ...]]:
+    """The host field, which may list several controllers (``[scheme://]c1[:p],c2[:p]``): the
+    first entry's scheme, name and port, and the further entries as (name, port) pairs."""
+    if not isinstance(host, str) or "," not in host:
+        return (*_split_host(host), ())
+    entries = [entry.strip() for entry in host.split(",")]
+    if any(not entry for entry in entries):
+        raise PravegaConfigError("host", host, "an empty entry in the controller list")
+    default_port = _read_port(port)
+    if default_port is None:
+        default_port = DEFAULT_CONTROLLER_PORT
+    split = [_split_host(entry) for entry in entries]
+    schemes = {scheme for scheme, _, _ in split if scheme is not None}
+    if len(schemes) > 1:
+        raise PravegaConfigError("host", host, "the controllers of one list must share one scheme")
+    addresses = [(name, entry_port if entry_port is not None else default_port) for _, name, entry_port in split]
+    (first_name, first_port), more = addresses[0], tuple(addresses[1:])
+    return (schemes.pop() if schemes else None), first_name, first_port, more
 
 
 def _split_host(host: str | None) -> tuple[str | None, str | None, int | None]:

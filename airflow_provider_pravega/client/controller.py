@@ -69,7 +69,7 @@ __all__ = [
     "SuccessorSegment",
     "TransactionInfo",
     "TxnStatus",
-    "parse_controller_uri",
+    "parse_controller_uris",
     "parse_txn_id",
 ]
 
@@ -81,9 +81,7 @@ I64_MAX = 2**63 - 1
 I64_MIN = -(2**63)
 
 _TLS_SCHEMES = frozenset({"tls", "ssl", "tcps", "pravegas"})
-_URI = re.compile(
-    r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://)?(?P<host>\[[^\]]+\]|[^:/,\[\]]+):(?P<port>\d+)"
-)
+_ADDRESS = re.compile(r"(?P<host>\[[^\]]+\]|[^:/,\[\]]+):(?P<port>\d+)/?")
 
 
 # ---------------------------------------------------------------------------------- value types
@@ -367,23 +365,29 @@ def parse_txn_id(value: int | str | TransactionInfo) -> int:
     return value
 
 
-def parse_controller_uri(uri: str) -> tuple[str, int, bool]:
-    """``[scheme://]host:port`` -> (host, port, tls), the way the official client reads it."""
+def parse_controller_uris(uri: str) -> tuple[tuple[Endpoint, ...], bool]:
+    """``[scheme://]host:port[,host:port...]`` -> (the controllers in order, tls), the way the
+    official clients read a controller URI (one scheme, comma-separated addresses)."""
     if not isinstance(uri, str):
         raise TypeError(
             f"controller URI must be a string like tcp://host:9090, got {uri!r}"
         )
-    m = _URI.match(uri.strip())
-    if not m:
-        raise ValueError(
-            f"controller URI {uri!r} is not of the form [tcp|tls]://host:port"
-        )
-    host = m.group("host").strip("[]")
-    port = int(m.group("port"))
-    if not 1 <= port <= 65535:
-        raise ValueError(f"controller URI {uri!r} has a port outside 1-65535")
-    scheme = (m.group("scheme") or "tcp").lower()
-    return host, port, scheme in _TLS_SCHEMES
+    text = uri.strip()
+    scheme_match = re.match(r"^([A-Za-z][A-Za-z0-9+.\-]*)://", text)
+    scheme = scheme_match.group(1).lower() if scheme_match else "tcp"
+    rest = text[scheme_match.end():] if scheme_match else text
+    endpoints = []
+    for entry in rest.split(","):
+        m = _ADDRESS.fullmatch(entry.strip())
+        if not m:
+            raise ValueError(
+                f"controller URI {uri!r} is not of the form [tcp|tls]://host:port[,host:port...]"
+            )
+        port = int(m.group("port"))
+        if not 1 <= port <= 65535:
+            raise ValueError(f"controller URI {uri!r} has a port outside 1-65535")
+        endpoints.append(Endpoint(m.group("host").strip("[]"), port))
+    return tuple(endpoints), scheme in _TLS_SCHEMES
 
 
 # --------------------------------------------------------------------------------------- client
@@ -436,15 +440,14 @@ class ControllerClient:
         if isinstance(target, PravegaConnectionConfig):
             self.config: PravegaConnectionConfig | None = target
             self.uri = target.controller_uri
-            self._host, self._port, self._tls = (
-                target.host,
-                target.port,
-                target.tls_enabled,
-            )
+            self._controllers = tuple(Endpoint(h, p) for h, p in target.controllers)
+            self._tls = target.tls_enabled
         else:
             self.config = None
             self.uri = target.strip()
-            self._host, self._port, self._tls = parse_controller_uri(self.uri)
+            self._controllers, self._tls = parse_controller_uris(self.uri)
+        #: The controller in use; the next one in the list is tried when it cannot be reached.
+        self._current = 0
         if timeout_s <= 0 or connect_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
         self.timeout_s = float(timeout_s)
@@ -480,19 +483,25 @@ class ControllerClient:
             self._channel = None
             self._stub = None
 
-    def _probe(self) -> str | None:
+    @property
+    def controller(self) -> Endpoint:
+        """The controller this client talks to now (the first of its list that answered)."""
+        return self._controllers[self._current]
+
+    def _probe(self, endpoint: Endpoint) -> str | None:
         """A plain TCP connect (with TLS: a full handshake), so a dead controller or a TLS mismatch
         is reported in seconds, not after gRPC's backoff. Returns the name the server certificate
         carries when TLS is on and host names are not validated (for gRPC's target-name override)."""
+        where = f"{self.uri}" if len(self._controllers) == 1 else f"{endpoint} (of {self.uri})"
         try:
             if self._tls and self.config is not None:
                 cert = tls_handshake(
-                    self.config, self._host, self._port, self.connect_timeout_s,
-                    where=f"controller {self.uri}",
+                    self.config, endpoint.host, endpoint.port, self.connect_timeout_s,
+                    where=f"controller {where}",
                 )
                 return None if self.config.validate_hostname else certificate_name(cert)
             with socket.create_connection(
-                (self._host, self._port), timeout=self.connect_timeout_s
+                (endpoint.host, endpoint.port), timeout=self.connect_timeout_s
             ):
                 pass
             return None
@@ -500,12 +509,31 @@ class ControllerClient:
             raise
         except TimeoutError:
             raise ControllerUnreachableError(
-                self.uri, f"no TCP connection within {self.connect_timeout_s:g} s"
+                where, f"no TCP connection within {self.connect_timeout_s:g} s"
             ) from None
         except OSError as exc:
             raise ControllerUnreachableError(
-                self.uri, exc.strerror or str(exc)
+                where, exc.strerror or str(exc)
             ) from None
+
+    def _connect(self) -> str | None:
+        """Probe the controllers from the one in use onwards and keep the first that answers."""
+        failures: list[str] = []
+        count = len(self._controllers)
+        for step in range(count):
+            index = (self._current + step) % count
+            try:
+                name_override = self._probe(self._controllers[index])
+            except ControllerUnreachableError as exc:
+                if count == 1:
+                    raise
+                failures.append(f"{self._controllers[index]}: {exc.reason}")
+                continue
+            self._current = index
+            return name_override
+        raise ControllerUnreachableError(
+            self.uri, "no controller of the list answered (" + "; ".join(failures) + ")"
+        )
 
     def _get_stub(self) -> pb_grpc.ControllerServiceStub:
         stub = self._stub
@@ -515,11 +543,12 @@ class ControllerClient:
             if self._closed:
                 raise ControllerError(f"controller client for {self.uri} is closed")
             if self._stub is None:
-                name_override = self._probe()
+                name_override = self._connect()
+                endpoint = self.controller
                 target = (
-                    f"[{self._host}]:{self._port}"
-                    if ":" in self._host
-                    else f"{self._host}:{self._port}"
+                    f"[{endpoint.host}]:{endpoint.port}"
+                    if ":" in endpoint.host
+                    else f"{endpoint.host}:{endpoint.port}"
                 )
                 options = [
                     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -541,43 +570,69 @@ class ControllerClient:
                 self._stub = pb_grpc.ControllerServiceStub(self._channel)
             return self._stub
 
+    def _fail_over(self, stub: pb_grpc.ControllerServiceStub) -> bool:
+        """The controller behind ``stub`` stopped answering: aim at the next one of the list.
+        False when there is no other controller to try."""
+        if len(self._controllers) == 1:
+            return False
+        with self._lock:
+            if self._stub is stub and not self._closed:  # another thread may have moved on already
+                if self._channel is not None:
+                    self._channel.close()
+                self._channel = None
+                self._stub = None
+                self._current = (self._current + 1) % len(self._controllers)
+        return True
+
     def _call(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
-        stub = self._get_stub()
         deadline = self.timeout_s if timeout is None else timeout
-        try:
-            return getattr(stub, method)(
-                request, timeout=deadline, metadata=self._metadata or None
+        # Each controller of the list gets one try when the one before it is unavailable: the
+        # official clients retry a call on another controller the same way.
+        for tries_left in range(len(self._controllers) - 1, -1, -1):
+            stub = self._get_stub()
+            try:
+                return getattr(stub, method)(
+                    request, timeout=deadline, metadata=self._metadata or None
+                )
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                details = (exc.details() if hasattr(exc, "details") else "") or ""
+                if code == grpc.StatusCode.UNAVAILABLE and tries_left and self._fail_over(stub):
+                    continue
+                raise self._call_error(method, request, deadline, exc) from None
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _call_error(self, method: str, request: Any, deadline: float, exc: grpc.RpcError) -> Exception:
+        """The client's error for a failed RPC."""
+        code = exc.code() if hasattr(exc, "code") else None
+        details = (exc.details() if hasattr(exc, "details") else "") or ""
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return self._unavailable(method, details)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return ControllerUnreachableError(
+                self.uri, f"no answer to {method} within {deadline:g} s"
             )
-        except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            details = (exc.details() if hasattr(exc, "details") else "") or ""
-            if code == grpc.StatusCode.UNAVAILABLE:
-                raise self._unavailable(method, details) from None
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise ControllerUnreachableError(
-                    self.uri, f"no answer to {method} within {deadline:g} s"
-                ) from None
-            if code == grpc.StatusCode.UNAUTHENTICATED:
-                raise PravegaAuthenticationError(
-                    self.uri, self.username, method, details
-                ) from None
-            if code == grpc.StatusCode.PERMISSION_DENIED:
-                raise PravegaPermissionError(
-                    f"controller at {self.uri}", self.username, method, _resource_of(request), details
-                ) from None
-            if code == grpc.StatusCode.NOT_FOUND:
-                raise _NotFound(details) from None
-            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
-                raise _InvalidArgument(details) from None
-            if code == grpc.StatusCode.FAILED_PRECONDITION:
-                raise _FailedPrecondition(details) from None
-            if code == grpc.StatusCode.INTERNAL and "State: CREATING" in details:
-                raise _StreamBeingCreated(
-                    f"controller {self.uri} failed {method}: INTERNAL: {details}"
-                ) from None
-            raise ControllerError(
-                f"controller {self.uri} failed {method}: {code.name if code else 'error'}: {details}"
-            ) from None
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return PravegaAuthenticationError(
+                self.uri, self.username, method, details
+            )
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return PravegaPermissionError(
+                f"controller at {self.uri}", self.username, method, _resource_of(request), details
+            )
+        if code == grpc.StatusCode.NOT_FOUND:
+            return _NotFound(details)
+        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
+            return _InvalidArgument(details)
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            return _FailedPrecondition(details)
+        if code == grpc.StatusCode.INTERNAL and "State: CREATING" in details:
+            return _StreamBeingCreated(
+                f"controller {self.uri} failed {method}: INTERNAL: {details}"
+            )
+        return ControllerError(
+            f"controller {self.uri} failed {method}: {code.name if code else 'error'}: {details}"
+        )
 
     def _unavailable(self, method: str, details: str) -> Exception:
         """UNAVAILABLE: a dead controller, or a TLS mismatch that the handshake probe cannot see
@@ -585,7 +640,8 @@ class ControllerClient:
         lowered = details.lower()
         if self._tls and any(w in lowered for w in ("handshake", "certificate", "ssl", "tls")):
             return PravegaTLSError(f"controller {self.uri}", f"{method}: {details}")
-        if not self._tls and speaks_tls(self._host, self._port, min(2.0, self.connect_timeout_s)):
+        endpoint = self.controller
+        if not self._tls and speaks_tls(endpoint.host, endpoint.port, min(2.0, self.connect_timeout_s)):
             return PravegaTLSError(
                 f"controller {self.uri}",
                 "the controller speaks TLS but the connection is plaintext; use a tls:// URI (turn the "

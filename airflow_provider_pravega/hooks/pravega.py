@@ -16,6 +16,7 @@ from airflow.sdk import BaseHook
 from airflow_provider_pravega.client.config import (
     PravegaConfigError,
     PravegaConnectionConfig,
+    host_port,
     import_official_client,
 )
 from airflow_provider_pravega.client.controller_probe import (
@@ -195,16 +196,23 @@ class PravegaHook(BaseHook):
         except PravegaConfigError as err:
             return False, f"Invalid Pravega connection {self.pravega_conn_id!r}: {err}"
 
+        # A list of controllers: the first that accepts TCP is asked, as the clients would.
+        failures: list[str] = []
+        for host, port in config.controllers:
+            try:
+                with socket.create_connection((host, port), timeout=self.tcp_connect_timeout):
+                    pass
+            except OSError as err:
+                reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+                failures.append(f"TCP connect to {host_port(host, port)} failed ({reason})")
+                continue
+            config = config.with_controller(host, port)
+            break
+        else:
+            return False, f"Cannot reach the Pravega controller at {config.controller_uri}: " + "; ".join(failures)
         uri = config.controller_uri
-        try:
-            with socket.create_connection((config.host, config.port), timeout=self.tcp_connect_timeout):
-                pass
-        except OSError as err:
-            reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or str(err))
-            return False, (
-                f"Cannot reach the Pravega controller at {uri}: TCP connect to "
-                f"{config.host}:{config.port} failed ({reason})"
-            )
+        if failures:
+            uri += f" ({'; '.join(failures)})"
 
         remaining = self.test_connection_budget - (time.monotonic() - started)
         timeout = min(self.controller_call_timeout, remaining)

@@ -1333,9 +1333,7 @@ def config_of(client: Any) -> PravegaConnectionConfig:
     """The connection configuration tasks rebuild their client from."""
     if client.config is not None:
         return client.config
-    scheme, _, rest = client.controller_uri.partition("://")
-    host, _, port = rest.rpartition(":")
-    return PravegaConnectionConfig.from_connection_fields(host=host, port=int(port), schema=scheme or None)
+    return PravegaConnectionConfig.from_connection_fields(host=client.controller_uri)
 
 
 def _tail_text(client: Any, spec: IngestSpec) -> str | None:

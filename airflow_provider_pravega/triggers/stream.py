@@ -307,13 +307,15 @@ def _describe(exc: BaseException, scope: str, stream: str, controller_uri: str) 
 
 
 def _with_controller(config: Any, controller: str) -> Any:
-    """The connection's settings aimed at another controller (``host:port``)."""
+    """The connection's settings aimed at other controllers (``host:port[,host:port...]``)."""
     import dataclasses
 
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
 
     other = PravegaConnectionConfig.from_connection_fields(host=controller)
-    return dataclasses.replace(config, host=other.host, port=other.port)
+    return dataclasses.replace(
+        config, host=other.host, port=other.port, more_controllers=other.more_controllers
+    )
 
 
 def _sample(client: Any, found: NewData, limit: int) -> list[str]:
