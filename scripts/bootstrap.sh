@@ -17,6 +17,9 @@
 #                      the CI interpreter; the official `pravega` client installs on 3.10/3.11 only)
 #              VENV    where the environment lives (default: <repo>/.venv; a relative path is taken
 #                      from the repository root, e.g. VENV=.venv-3.13)
+#              PRAVEGA_CONSTRAINTS  which tested stack to install: a file of constraints/ (pip -c);
+#                      default constraints/default.txt. pyproject.toml has the supported ranges;
+#                      each file pins one end of them (README: compatibility matrix).
 #
 # A venv built with another Python than the one PYTHON names is rebuilt.
 set -euo pipefail
@@ -141,7 +144,10 @@ fi
 
 # --- install, unless pyproject.toml is unchanged since the last successful install ------------
 extras="test,bench"
-want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
+constraints="${PRAVEGA_CONSTRAINTS:-constraints/default.txt}"
+[[ "$constraints" == /* ]] || constraints="$root/$constraints"
+[[ -f "$constraints" ]] || fail "PRAVEGA_CONSTRAINTS names $constraints, which does not exist (see constraints/)"
+want="$(cat "$root/pyproject.toml" "$constraints" | sha256sum | cut -d' ' -f1)"
 if [[ "$with_postgres" == "1" ]]; then
     extras="$extras,postgres"
     want="$want+postgres"
@@ -152,8 +158,8 @@ if [[ -f "$stamp" && ("$(cat "$stamp")" == "$want" || "$(cat "$stamp")" == "$wan
     exit 0
 fi
 rm -f "$stamp"
-echo "bootstrap: installing airflow-provider-pravega[$extras] into $venv (a few minutes the first time)"
+echo "bootstrap: installing airflow-provider-pravega[$extras] into $venv with ${constraints#"$root"/} (a few minutes the first time)"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[$extras]"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" -e "$root[$extras]"
 echo "$want" >"$stamp"
 echo "bootstrap: done"

@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -341,6 +342,32 @@ def run_dag():
     from airflow_provider_pravega.testing.dag_test import run_dag as run
 
     return run
+
+
+@pytest.fixture
+def task_errors() -> Iterator[dict[str, BaseException]]:
+    """task id -> the exception the task failed with, for tasks run in this process (``dag.test()``).
+
+    Taken from Airflow's listener API (``on_task_instance_failed``), not from failure callbacks:
+    Airflow 3.2 gives those callbacks no ``exception`` in their context (3.3 does)."""
+    import pluggy
+    from airflow.sdk.listener import get_listener_manager
+
+    hookimpl = pluggy.HookimplMarker("airflow")
+    errors: dict[str, BaseException] = {}
+
+    class Recorder:
+        @hookimpl
+        def on_task_instance_failed(self, previous_state: Any, task_instance: Any, error: Any) -> None:
+            errors[task_instance.task_id] = error if isinstance(error, BaseException) else RuntimeError(str(error))
+
+    recorder = Recorder()
+    manager = get_listener_manager()
+    manager.add_listener(recorder)
+    try:
+        yield errors
+    finally:
+        manager.pm.unregister(recorder)
 
 
 @pytest.fixture

@@ -24,7 +24,10 @@ def fake_system(tmp_path: Path) -> dict[str, str]:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
-    digest = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()
+    # The stamp: pyproject.toml and the default constraints (constraints/default.txt), as installed.
+    digest = hashlib.sha256(
+        (REPO / "pyproject.toml").read_bytes() + (REPO / "constraints" / "default.txt").read_bytes()
+    ).hexdigest()
     (venv / ".airflow-provider-pravega-install.sha256").write_text(digest + "\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -127,3 +130,32 @@ def test_bootstrap_accepts_3_10_to_3_13_and_names_them_otherwise(fake_system: di
     assert done.returncode == 1
     assert "is Python 3.9.18, not 3.10-3.13" in done.stderr
     assert (Path(fake_system["VENV"]) / "bin" / "python").exists()  # refused before touching the venv
+
+
+def test_an_unknown_constraints_file_is_refused_naming_it(fake_system: dict[str, str]) -> None:
+    done = _run([str(REPO / "scripts" / "bootstrap.sh")], {**fake_system, "PRAVEGA_CONSTRAINTS": "constraints/nope.txt"})
+    assert done.returncode == 1
+    assert f"PRAVEGA_CONSTRAINTS names {REPO}/constraints/nope.txt, which does not exist" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["default.txt", "lowest.txt", "newest.txt"])
+def test_each_constraints_file_pins_a_point_inside_the_supported_ranges(name: str) -> None:
+    """The tested stacks stay inside pyproject.toml's ranges (a pin outside would test nothing users get)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    ranges = {}
+    for text in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        requirement = Requirement(text)
+        ranges[requirement.name] = requirement.specifier
+    pins = {}
+    for line in (REPO / "constraints" / name).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            package, version = line.split("==")
+            pins[package] = version
+    assert {"apache-airflow", "pyspark"} <= pins.keys()
+    for package, version in pins.items():
+        if package in ranges:
+            assert version in ranges[package], f"{name}: {package}=={version} is outside {ranges[package]}"

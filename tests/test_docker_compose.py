@@ -82,6 +82,17 @@ def test_dockerfiles_pin_their_base_images() -> None:
     assert "FROM apache/airflow:3.3.2-python3.11" in (ROOT / "docker/airflow/Dockerfile").read_text()
 
 
+def test_both_images_install_one_tested_stack() -> None:
+    """Spark drivers run in the Airflow image and executors in the Spark image: both install the
+    provider with constraints/default.txt, so they run one pyspark release (the ranges alone could
+    pick two)."""
+    for dockerfile in ("docker/airflow/Dockerfile", "docker/spark/Dockerfile"):
+        text = (ROOT / dockerfile).read_text()
+        assert re.search(r"^COPY .*constraints /opt/pravega-provider/constraints$", text, flags=re.MULTILINE), dockerfile
+        installs = re.findall(r"^RUN pip install (.*(?:\\\n.*)*)", text, flags=re.MULTILINE)
+        assert installs and all("-c /opt/pravega-provider/constraints/default.txt" in i for i in installs), dockerfile
+
+
 def test_built_images_have_their_dockerfiles(services: dict[str, dict[str, Any]]) -> None:
     for name, service in services.items():
         if "build" in service:

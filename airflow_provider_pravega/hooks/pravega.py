@@ -271,7 +271,9 @@ def mask_credentials(config: PravegaConnectionConfig) -> None:
     # The header our client and the official client send: its base64 part decodes to the password.
     basic = basic_auth_metadata(config)[0][1].removeprefix("Basic ")
     try:
-        from airflow.sdk.log import _secrets_masker  # type: ignore[attr-defined]
+        # The masker the task SDK's log pipeline uses (Airflow 3.2 and 3.3; not re-exported by 3.2's
+        # airflow.sdk.log).
+        from airflow.sdk._shared.secrets_masker import _secrets_masker  # type: ignore[attr-defined]
 
         _secrets_masker().add_mask(basic, None)
     except Exception:  # noqa: BLE001 - masking is best effort outside a configured Airflow

@@ -145,7 +145,7 @@ def test_ingest_xcom_cuts_bound_the_export(tmp_path, spark, run_dag, pravega_def
 
 
 def test_bad_input_fails_the_task_with_a_clear_message(tmp_path, spark, run_dag, pravega_default_conn,
-                                                       unique_name):
+                                                       unique_name, task_errors):
     from airflow.sdk import DAG
 
     from airflow_provider_pravega.operators import PravegaStreamCutExportOperator
@@ -156,14 +156,9 @@ def test_bad_input_fails_the_task_with_a_clear_message(tmp_path, spark, run_dag,
         client.admin.create_stream(scope, "s", 1)
         client.admin.create_stream(scope, "other", 1)
         other = StreamCut.tail(client, scope, "other").to_text()
-    errors: dict[str, str] = {}
-
-    def record(context):
-        errors[context["ti"].task_id] = f"{type(context['exception']).__name__}: {context['exception']}"
-
     (tmp_path / "a-file").write_text("x")
     with DAG(dag_id=f"bad_{scope.replace('-', '_')}", schedule=None, start_date=day(DAYS[0]),
-             default_args={"on_failure_callback": record, "retries": 0}) as dag:
+             default_args={"retries": 0}) as dag:
         # Said before any Spark is asked for: the session this task would get cannot even be reached.
         nowhere = {"spark.remote": f"sc://127.0.0.1:{free_port()}"}
         PravegaStreamCutExportOperator(task_id="missing_stream", scope=scope, stream="nope",
@@ -177,6 +172,7 @@ def test_bad_input_fails_the_task_with_a_clear_message(tmp_path, spark, run_dag,
         PravegaStreamCutExportOperator(task_id="unwritable", scope=scope, stream="s",
                                        output_path=str(tmp_path / "a-file" / "out"), spark_conn_id=None)
     run = run_dag(dag)
+    errors = {task_id: f"{type(exc).__name__}: {exc}" for task_id, exc in task_errors.items()}
     states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
     assert states == dict.fromkeys(("missing_stream", "foreign_cut", "unwritable"), "failed"), states
     assert "StreamNotFoundError" in errors["missing_stream"] and f"{scope}/nope" in errors["missing_stream"]

@@ -220,7 +220,8 @@ def test_stream_lifecycle_through_dag_test(
 
 
 def test_idempotent_create_and_delete_and_refusals(
-    pravega_conn: Callable[..., None], client: PravegaClient, unique_name: Callable[[str], str]
+    pravega_conn: Callable[..., None], client: PravegaClient, unique_name: Callable[[str], str],
+    task_errors: dict[str, BaseException],
 ) -> None:
     from airflow.sdk import DAG
 
@@ -234,12 +235,7 @@ def test_idempotent_create_and_delete_and_refusals(
     scope, stream = unique_name("idem"), unique_name("s")
     client.admin.create_scope(scope)
     client.admin.create_stream(scope, stream, 1)
-    errors: dict[str, str] = {}
-
-    def record(context: Any) -> None:
-        errors[context["ti"].task_id] = f"{type(context['exception']).__name__}: {context['exception']}"
-
-    with DAG(unique_name("admin-idempotent"), schedule=None, start_date=START, default_args={"on_failure_callback": record}) as dag:
+    with DAG(unique_name("admin-idempotent"), schedule=None, start_date=START) as dag:
         PravegaCreateScopeOperator(task_id="again_scope", scope=scope)
         PravegaCreateStreamOperator(task_id="again_stream", scope=scope, stream=stream, segments=3)
         PravegaCreateScopeOperator(task_id="refuse_scope", scope=scope, fail_if_exists=True)
@@ -255,6 +251,7 @@ def test_idempotent_create_and_delete_and_refusals(
         )
 
     dag_run = run_dag(dag)
+    errors = {task_id: f"{type(exc).__name__}: {exc}" for task_id, exc in task_errors.items()}
     got = states(dag_run)
     assert {t: got[t] for t in ("again_scope", "again_stream", "gone_stream", "gone_scope")} == dict.fromkeys(
         ("again_scope", "again_stream", "gone_stream", "gone_scope"), "success"
@@ -273,7 +270,8 @@ def test_idempotent_create_and_delete_and_refusals(
 
 
 def test_default_scope_from_connection_and_missing_scope(
-    pravega_conn: Callable[..., None], client: PravegaClient, unique_name: Callable[[str], str]
+    pravega_conn: Callable[..., None], client: PravegaClient, unique_name: Callable[[str], str],
+    task_errors: dict[str, BaseException],
 ) -> None:
     from airflow.sdk import DAG
 
@@ -286,12 +284,7 @@ def test_default_scope_from_connection_and_missing_scope(
     scope, stream = unique_name("dflt"), unique_name("s")
     pravega_conn("pravega_scoped", scope=scope)
     pravega_conn("pravega_unscoped")
-    errors: dict[str, str] = {}
-
-    def record(context: Any) -> None:
-        errors[context["ti"].task_id] = str(context["exception"])
-
-    with DAG(unique_name("admin-scope"), schedule=None, start_date=START, default_args={"on_failure_callback": record}) as dag:
+    with DAG(unique_name("admin-scope"), schedule=None, start_date=START) as dag:
         PravegaCreateScopeOperator(task_id="create_scope", pravega_conn_id="pravega_scoped") >> PravegaCreateStreamOperator(
             task_id="create_stream",
             pravega_conn_id="pravega_scoped",
@@ -304,6 +297,7 @@ def test_default_scope_from_connection_and_missing_scope(
         PravegaDeleteScopeOperator(task_id="no_scope", pravega_conn_id="pravega_unscoped")
 
     dag_run = run_dag(dag)
+    errors = {task_id: str(exc) for task_id, exc in task_errors.items()}
     assert states(dag_run) == {"create_scope": "success", "create_stream": "success", "no_scope": "failed"}
     config = client.admin.get_stream_config(scope, stream)
     assert config.scaling == ScalingPolicy.by_data_rate(1024, 2, 3)

@@ -40,7 +40,8 @@ def write_events(controller_uri: str, scope: str, stream: str, count: int, *, at
 
 
 def test_stream_sensor_modes(
-    pravega_conn: None, pravega_controller_uri: str, client: PravegaClient, unique_name: Callable[[str], str]
+    pravega_conn: None, pravega_controller_uri: str, client: PravegaClient, unique_name: Callable[[str], str],
+    task_errors: dict[str, BaseException],
 ) -> None:
     from airflow.sdk import DAG, task
 
@@ -54,13 +55,7 @@ def test_stream_sensor_modes(
     client.admin.seal_stream(scope, streams["sealed"])
     written: dict[str, int] = {}
     results: dict[str, Any] = {}
-    errors: dict[str, tuple[str, str]] = {}
-
-    def record(context: Any) -> None:
-        exc = context["exception"]
-        errors[context["ti"].task_id] = (type(exc).__name__, str(exc))
-
-    common: dict[str, Any] = {"scope": scope, "poke_interval": 0.2, "timeout": 30, "on_failure_callback": record}
+    common: dict[str, Any] = {"scope": scope, "poke_interval": 0.2, "timeout": 30}
 
     with DAG(unique_name("stream-sensor"), schedule=None, start_date=START) as dag:
 
@@ -100,6 +95,7 @@ def test_stream_sensor_modes(
         PravegaStreamSensor(task_id="sealed", stream=streams["sealed"], **common)
 
     dag_run = run_dag(dag)
+    errors = {task_id: (type(exc).__name__, str(exc)) for task_id, exc in task_errors.items()}
     got = {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
     assert got["deferred"] == "success" and got["from_xcom"] == "success", (got, errors)
     assert got["quiet"] == "failed" and got["sealed"] == "failed", (got, errors)

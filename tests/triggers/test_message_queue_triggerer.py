@@ -50,24 +50,28 @@ def _airflow(env: dict[str, str], *args: str) -> None:
     assert done.returncode == 0, f"airflow {' '.join(args)}: {done.stdout[-2000:]}\n{done.stderr[-3000:]}"
 
 
-def _asset_events(db: Path, dag_id: str) -> tuple[list[dict[str, Any]], bool, str]:
+def _asset_events(db: Path, dag_id: str) -> tuple[list[dict[str, Any]], bool, str | None]:
     """(payloads of the asset events of the DAG's asset, whether a run of the DAG is queued, the
-    cut the watcher saved in the asset state store)."""
+    cut the watcher saved in the asset state store; None before Airflow 3.3, which has no such
+    store: the trigger then starts from its ``after_cut`` after a restart)."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
         rows = conn.execute(
             "SELECT e.extra FROM asset_event e JOIN dag_schedule_asset_reference r ON r.asset_id = e.asset_id "
             "WHERE r.dag_id = ? ORDER BY e.id", (dag_id,)).fetchall()
         queued = conn.execute("SELECT count(*) FROM asset_dag_run_queue WHERE target_dag_id = ?", (dag_id,)).fetchone()
+        has_store = conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'asset_state_store'").fetchone()[0]
         saved = conn.execute(
             "SELECT s.value FROM asset_state_store s JOIN dag_schedule_asset_reference r ON r.asset_id = s.asset_id "
-            "WHERE r.dag_id = ? AND s.key = 'pravega_last_seen_cut'", (dag_id,)).fetchone()
-    return [json.loads(extra)["payload"] for (extra,) in rows], bool(queued[0]), saved[0] if saved else ""
+            "WHERE r.dag_id = ? AND s.key = 'pravega_last_seen_cut'", (dag_id,)).fetchone() if has_store else None
+    stored = (saved[0] if saved else "") if has_store else None
+    return [json.loads(extra)["payload"] for (extra,) in rows], bool(queued[0]), stored
 
 
-def _done(seen: tuple[list[dict[str, Any]], bool, str]) -> bool:
+def _done(seen: tuple[list[dict[str, Any]], bool, str | None]) -> bool:
     """The asset event is stored, the run queued, and then the event's cut saved (at least once)."""
     payloads, queued, saved = seen
-    return bool(payloads and queued) and payloads[-1]["cut"] in saved
+    return bool(payloads and queued) and (saved is None or payloads[-1]["cut"] in saved)
 
 
 def test_dags_on_pravega_message_queues_run_when_events_arrive_under_a_real_triggerer(
@@ -127,5 +131,5 @@ def test_dags_on_pravega_message_queues_run_when_events_arrive_under_a_real_trig
         assert payload["new_bytes"] == sum(8 + len(e) for e in events)  # everything since the head
         assert payload["new_events"] == 3  # min_events=3 went through MessageQueueTrigger
         assert payload["sample"] == [e.decode() for e in events[:2]]
-        assert payload["cut"] in saved, f"{form}: the announced cut was not saved: {saved!r}"
+        assert saved is None or payload["cut"] in saved, f"{form}: the announced cut was not saved: {saved!r}"
     assert "Traceback" not in output, output[-4000:]
