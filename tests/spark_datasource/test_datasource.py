@@ -268,6 +268,25 @@ def test_json_events_read_into_the_columns_of_a_given_schema(registered, client,
             read(schema, **options).collect()
 
 
+def test_write_and_read_through_a_controller_list_whose_first_controller_is_down(
+        registered, client, pravega_controller_uri, unique_name):
+    """Spark's driver and executors take the whole list (issue 32) and use the controller that answers."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on: a controller that is down
+        sock.bind(("127.0.0.1", 0))
+        down = sock.getsockname()[1]
+    controllers = f"tcp://127.0.0.1:{down},{pravega_controller_uri.split('://', 1)[1]}"
+    scope, stream = unique_name("ds-list"), "s"
+    frame = registered.range(0, 120, 1, 3).selectExpr("cast(id as string) as event")
+    (frame.write.format("pravega").mode("append").option("controller", controllers).option("scope", scope)
+     .option("stream", stream).option("create_stream", "true").option("segments", "2").save())
+    assert Counter(_stream_events(client, scope, stream)) == Counter(str(i).encode() for i in range(120))
+    back = (registered.read.format("pravega").option("controller", controllers).option("scope", scope)
+            .option("stream", stream).option("decode", "text").load())
+    assert sorted(int(r.event) for r in back.collect()) == list(range(120))
+
+
 def test_write_creates_the_scope_and_stream_when_asked(registered, client, pravega_controller_uri, unique_name):
     from pyspark.errors import PySparkException
 
