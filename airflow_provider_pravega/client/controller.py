@@ -484,7 +484,7 @@ class ControllerClient:
             self._stub = None
 
     @property
-    def controller(self) -> Endpoint:
+    def current_controller(self) -> Endpoint:
         """The controller this client talks to now (the first of its list that answered)."""
         return self._controllers[self._current]
 
@@ -544,7 +544,7 @@ class ControllerClient:
                 raise ControllerError(f"controller client for {self.uri} is closed")
             if self._stub is None:
                 name_override = self._connect()
-                endpoint = self.controller
+                endpoint = self.current_controller
                 target = (
                     f"[{endpoint.host}]:{endpoint.port}"
                     if ":" in endpoint.host
@@ -640,7 +640,7 @@ class ControllerClient:
         lowered = details.lower()
         if self._tls and any(w in lowered for w in ("handshake", "certificate", "ssl", "tls")):
             return PravegaTLSError(f"controller {self.uri}", f"{method}: {details}")
-        endpoint = self.controller
+        endpoint = self.current_controller
         if not self._tls and speaks_tls(endpoint.host, endpoint.port, min(2.0, self.connect_timeout_s)):
             return PravegaTLSError(
                 f"controller {self.uri}",

@@ -163,7 +163,7 @@ def test_with_the_first_controller_down_admin_and_transactions_go_through_the_se
     with PravegaClient(f"tcp://127.0.0.1:{closed_port},{live}") as client:
         client.admin.create_scope(scope)
         client.admin.create_stream(scope, stream, 2)
-        assert str(client.controller.controller) == live
+        assert str(client.controller.current_controller) == live
         txn = client.transactions.begin(scope, stream)
         with client.transactions.writer(scope, stream, txn) as writer:
             writer.write_events([b"one", b"two", b"three"], routing_key="k")
@@ -180,11 +180,11 @@ def test_a_controller_that_dies_in_use_is_replaced_by_the_next_of_the_list(
     scope = f"list-{uuid.uuid4().hex[:8]}"
     with PravegaClient(f"tcp://127.0.0.1:{forwarder.port},{live}") as client:
         client.admin.create_scope(scope)
-        assert client.controller.controller == Endpoint("127.0.0.1", forwarder.port)
+        assert client.controller.current_controller == Endpoint("127.0.0.1", forwarder.port)
         assert forwarder.accepted >= 1
         forwarder.stop()  # the controller in use goes away between two calls
         client.admin.create_stream(scope, "after", 1)
-        assert str(client.controller.controller) == live
+        assert str(client.controller.current_controller) == live
         assert "after" in client.admin.list_streams(scope)
         txn = client.transactions.begin(scope, "after")
         client.transactions.commit(scope, "after", txn.txn_id)
