@@ -106,7 +106,7 @@ def operator_ingest(stream: str, source: Path, mode: str, expected: int) -> tupl
     from airflow.sdk import DAG, task
 
     from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
-    from airflow_provider_pravega.testing.dag_test import run_dag
+    from pravega_testing.dag_test import run_dag
 
     summaries: list[dict[str, Any]] = []
     with DAG(dag_id=f"bench_ingest_{stream.replace('-', '_')}", schedule=None,
@@ -176,7 +176,7 @@ def main() -> int:
             airflow_env(work / "airflow", server.controller_uri)
             from airflow_provider_pravega.client import PravegaClient
             from airflow_provider_pravega.spark.session import get_spark_session
-            from airflow_provider_pravega.testing.dag_test import ensure_airflow_db
+            from pravega_testing.dag_test import ensure_airflow_db
 
             ensure_airflow_db()
             log("Airflow metadata DB ready")

@@ -11,7 +11,7 @@ ingest from ``s3a://`` next to ingest from the local disk.
    that read and write the records are other processes and are not counted: their work grows with
    the data by design; their peak RSS is reported per process kind.
 2. s3a vs local: the same ``--events`` events in ``--files`` files ingested from moto's S3 server
-   (in this process, ``airflow_provider_pravega.testing.object_store``) through ``s3a://`` with
+   (in this process, ``pravega_testing.object_store``) through ``s3a://`` with
    ``hadoop-aws``, and from the local disk (``file://``), alternating; events/s over each run's
    write phase (from the job's "ingesting N file(s)" log line to its last: reading the files,
    writing, committing; the session start and listing, a fixed cost, are left out).
@@ -146,7 +146,7 @@ def main() -> int:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
     from airflow_provider_pravega.client import PravegaClient
     from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
-    from airflow_provider_pravega.testing.object_store import object_store_server
+    from pravega_testing.object_store import object_store_server
 
     work = Path(tempfile.mkdtemp(prefix="pravega-bench-lake-", dir=ROOT)).resolve()
     peaks: dict[str, float] = {}

@@ -143,7 +143,8 @@ if ! venv_is_usable; then
 fi
 
 # --- install, unless pyproject.toml is unchanged since the last successful install ------------
-extras="test,bench"
+# spark: classic local sessions (the embedded default); embedded: the embedded server.
+extras="spark,embedded,test,bench"
 constraints="${PRAVEGA_CONSTRAINTS:-constraints/default.txt}"
 [[ "$constraints" == /* ]] || constraints="$root/$constraints"
 [[ -f "$constraints" ]] || fail "PRAVEGA_CONSTRAINTS names $constraints, which does not exist (see constraints/)"

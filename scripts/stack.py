@@ -44,9 +44,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess  # noqa: E402
-from airflow_provider_pravega.testing import spark_standalone  # noqa: E402
-from airflow_provider_pravega.testing.net import free_port  # noqa: E402
-from airflow_provider_pravega.testing.wait import WaitTimeout, wait_until  # noqa: E402
+from pravega_testing import spark_standalone  # noqa: E402
+from pravega_testing.net import free_port  # noqa: E402
+from pravega_testing.wait import WaitTimeout, wait_until  # noqa: E402
 
 STATE = "stack.json"
 STACK_ID_VAR = "PRAVEGA_STACK_ID"  # every process of a stack inherits it: `down` finds stragglers by it

@@ -59,7 +59,8 @@ def outer(args: argparse.Namespace) -> int:
         run([args.python, "-m", "venv", str(venv)])
         py = venv / "bin" / "python"
         t1 = time.monotonic()
-        run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)], timeout=1800)
+        run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", f"{wheel}[spark,embedded]"],
+            timeout=1800)
         version = run([str(py), "-c", "import platform; print(platform.python_version())"]).stdout.strip()
         log(f"installed the wheel and its dependencies into Python {version} in {time.monotonic() - t1:.0f} s")
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")

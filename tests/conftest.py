@@ -39,7 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # Fixtures running the embedded Pravega-compatible server (pravega_controller_uri, ...). pytest only
 # accepts pytest_plugins in this top-level conftest, and it is imported after the Airflow
 # environment above is set.
-pytest_plugins = ["airflow_provider_pravega.testing.pytest_plugin"]
+pytest_plugins = ["airflow_provider_pravega.embedded.pytest_plugin"]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -47,7 +47,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     in a file under the temporary directory outside the tests' own directories."""
     if getattr(session.config.option, "collectonly", False) or os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    from airflow_provider_pravega.testing.pytest_plugin import SECURE_USERS
+    from airflow_provider_pravega.embedded.pytest_plugin import SECURE_USERS
 
     _stop_spark_gateway()  # the session's Spark JVM lives as long as this process: end it first
     processes = leftover_processes(_SESSION_MARK)
@@ -160,7 +160,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """``--suite-part`` splits the suite between the two processes of ``scripts/test``. Tests
     marked ``official_client`` skip, saying why, where the official client is missing (modules that
     need it throughout call ``pravega_clients.require_official_client()``)."""
-    from airflow_provider_pravega.testing.pytest_plugin import OFFICIAL_CLIENT_REASON, official_client_installed
+    from airflow_provider_pravega.embedded.pytest_plugin import OFFICIAL_CLIENT_REASON, official_client_installed
 
     part = config.getoption("--suite-part")
     if part != "all":
@@ -270,7 +270,7 @@ def read_stream():
     its head (until ``expected`` events arrived, or until nothing new came for a few seconds). Read
     with the official client's reader group (the oracle) where it is installed, else straight from
     the segment store with the provider's own client (each segment before its successors)."""
-    from airflow_provider_pravega.testing.pytest_plugin import official_client_installed
+    from airflow_provider_pravega.embedded.pytest_plugin import official_client_installed
 
     return _read_stream_official if official_client_installed() else _read_stream_own
 
@@ -339,7 +339,7 @@ def _read_stream_official(uri: str, scope: str, stream: str, expected: int | Non
 @pytest.fixture
 def run_dag():
     """``run_dag(dag, **dag_test_kwargs)``: ``dag.test()`` for a DAG defined in a test."""
-    from airflow_provider_pravega.testing.dag_test import run_dag as run
+    from pravega_testing.dag_test import run_dag as run
 
     return run
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pravega.testing.pytest_plugin import OFFICIAL_CLIENT_REASON, official_client_installed
+from airflow_provider_pravega.embedded.pytest_plugin import OFFICIAL_CLIENT_REASON, official_client_installed
 
 __all__ = ["OFFICIAL_CLIENT_REASON", "official_client_installed", "require_official_client", "stream_writer"]
 

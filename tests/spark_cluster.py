@@ -1,5 +1,5 @@
 """A Spark standalone cluster for tests: a master and workers (one core, 1 GB, their own work
-directories) from pyspark's own ``bin/spark-class`` on loopback (airflow_provider_pravega/testing/
+directories) from pyspark's own ``bin/spark-class`` on loopback (pravega_testing/
 spark_standalone.py), their executor processes, and stopping every process again.
 
 Each worker may get its own loopback address: Spark never launches a speculative copy of a task on
@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from airflow_provider_pravega.testing import spark_standalone
-from airflow_provider_pravega.testing.net import free_port
+from pravega_testing import spark_standalone
+from pravega_testing.net import free_port
 
 
 #: Short-lived JVMs on a busy machine start much quicker with C1 only and the serial GC (drivers

@@ -17,7 +17,7 @@ import pytest
 from bad_input_doc import check_section
 
 from airflow_provider_pravega.spark.session import SparkSessionError, get_spark_session, spark_target
-from airflow_provider_pravega.testing.net import free_port
+from pravega_testing.net import free_port
 
 
 def _connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, **fields: Any) -> None:

@@ -70,8 +70,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from py4j.protocol import Py4JError
-
 from airflow_provider_pravega.client.batch import (
     SegmentRange,
     plan_segment_ranges,
@@ -94,6 +92,7 @@ from airflow_provider_pravega.spark.connection_args import (
     spark_settings,
 )
 from airflow_provider_pravega.spark import datasource
+from airflow_provider_pravega.spark.session import Py4JError
 from airflow_provider_pravega.spark.filesystem import (
     ConnectPluginMissingError,
     FileSystemError,

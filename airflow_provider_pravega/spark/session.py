@@ -36,11 +36,18 @@ import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
-from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
+
+try:  # classic sessions only: the full pyspark (the `spark` extra) brings py4j, pyspark-client does not
+    from py4j.protocol import Py4JError
+except ImportError:  # a Spark Connect client: nothing can raise py4j's errors here
+
+    class Py4JError(Exception):  # type: ignore[no-redef]
+        """Stands in for py4j's error where py4j is not installed; never raised."""
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +132,22 @@ def spark_target(spark_conn_id: str | None) -> SparkTarget:
     if master.startswith("local"):
         master = _local(master)
     return SparkTarget(master=master, conf=conf)
+
+
+def classic_spark_missing() -> str | None:
+    """Why this process cannot start a driver JVM (None when it can): the default install has only
+    pyspark-client (Spark Connect), without py4j and Spark's jars."""
+    import importlib.util
+
+    import pyspark
+
+    if importlib.util.find_spec("py4j") is None:
+        return "py4j is not installed (pyspark-client only)"
+    home = os.environ.get("SPARK_HOME")
+    jars = (Path(home) if home else Path(pyspark.__file__).parent) / "jars"
+    if not jars.is_dir():
+        return f"Spark's jars are not installed ({jars} does not exist)"
+    return None
 
 
 def _local(master: str = "local[*]") -> str:
@@ -410,7 +433,10 @@ class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", 
 def _connect(remote: str, app_name: str, wanted: dict[str, str], source: str) -> Any:
     """A Spark Connect session whose first calls are bounded: a deadline on each and a few quick
     retries (the client's default retries an unreachable server for ten minutes, silently)."""
-    from pyspark import SparkContext
+    try:
+        from pyspark import SparkContext
+    except ImportError:  # pyspark-client: this process cannot hold a classic session at all
+        SparkContext = None
     from pyspark.sql.connect.client import DefaultChannelBuilder
     from pyspark.sql.connect.client.retries import DefaultPolicy
     from pyspark.sql.connect.session import SparkSession as ConnectSession
@@ -437,7 +463,7 @@ def _connect(remote: str, app_name: str, wanted: dict[str, str], source: str) ->
             raise SparkSessionError(
                 f"Spark Connect server {address} ({source}) is unreachable: {_grpc_reason(exc)}; check that the "
                 f"server runs and the connection's host, port and use_ssl") from exc
-        if SparkContext._active_spark_context is not None:
+        if SparkContext is not None and SparkContext._active_spark_context is not None:
             session.stop()
             raise SparkSessionError(
                 f"this process already runs a classic SparkSession, and a process holds either a classic or a "
@@ -507,6 +533,13 @@ def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str
     else:
         master, master_from = target.master or _local(), "local mode"
     settings = _Settings(_local(master) if master.startswith("local") else master, master_from, given)
+    missing = classic_spark_missing()
+    if missing is not None:
+        raise SparkSessionError(
+            f"Spark master {settings.master} ({master_from}) runs the driver in this process, which needs the full "
+            f"pyspark and Java 17+, but {missing}: install 'airflow-provider-pravega[spark]' (and a JRE), or give "
+            f"spark_conn_id a 'spark_connect' connection to run the job on a Spark Connect server"
+        )
     _check_master_reachable(settings)
     active = SparkSession.getActiveSession()
     if active is not None:

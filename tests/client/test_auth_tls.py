@@ -104,7 +104,7 @@ def auth_only(pravega_secure_embedded_factory_module: Callable[..., Any]) -> Any
 @pytest.fixture(scope="module")
 def pravega_secure_embedded_factory_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
     """Like the plugin's function-scoped factory, but the servers live for the whole module."""
-    from airflow_provider_pravega.testing import pytest_plugin
+    from pravega_testing import pytest_plugin
 
     started: list[Any] = []
 
@@ -130,7 +130,7 @@ def pravega_secure_embedded_factory_module(tmp_path_factory: pytest.TempPathFact
 def tls_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """TLS without authentication: the server hands out empty tokens."""
     from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
-    from airflow_provider_pravega.testing.tls import make_test_pki
+    from airflow_provider_pravega.embedded.local_pki import make_test_pki
 
     base = tmp_path_factory.mktemp("pravega-tls-only")
     pki = make_test_pki(base / "pki")
@@ -413,7 +413,7 @@ def test_plaintext_client_against_tls_server_fails_fast(pravega_secure_embedded:
 
 
 def test_tls_client_against_plaintext_server_fails_fast(auth_only: Any, tmp_path: Path) -> None:
-    from airflow_provider_pravega.testing.tls import make_test_pki
+    from airflow_provider_pravega.embedded.local_pki import make_test_pki
 
     ca = make_test_pki(tmp_path / "pki").ca_cert
     with PravegaClient(config_for(auth_only, "admin", tls=True, trust_store=ca)) as client:
@@ -422,7 +422,7 @@ def test_tls_client_against_plaintext_server_fails_fast(auth_only: Any, tmp_path
 
 
 def test_untrusted_certificate_fails_fast(pravega_secure_embedded: Any, tmp_path: Path) -> None:
-    from airflow_provider_pravega.testing.tls import make_test_pki
+    from airflow_provider_pravega.embedded.local_pki import make_test_pki
 
     other_ca = make_test_pki(tmp_path / "other").ca_cert
     with PravegaClient(config_for(pravega_secure_embedded, "admin", trust_store=other_ca)) as client:
@@ -485,7 +485,7 @@ def test_validate_hostname_off_drops_only_the_name_check(tmp_path: Path) -> None
     """A certificate for another name: refused with validate_hostname on (naming the host), accepted
     with it off - the chain is still verified (an unknown CA stays refused)."""
     from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
-    from airflow_provider_pravega.testing.tls import make_test_pki
+    from airflow_provider_pravega.embedded.local_pki import make_test_pki
 
     pki = make_test_pki(tmp_path / "pki", hosts=("pravega.example.internal",))
     process = EmbeddedPravegaProcess(tmp_path / "data", tls_cert=pki.server_cert, tls_key=pki.server_key)
@@ -556,8 +556,8 @@ def standalone_secure(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
         pytest.skip("Pravega standalone not selected (--pravega-backend standalone/both/auto)")
     from backends.standalone import PravegaStandalone, script
 
-    from airflow_provider_pravega.testing import pytest_plugin
-    from airflow_provider_pravega.testing.tls import make_java_stores, make_test_pki
+    from pravega_testing import pytest_plugin
+    from airflow_provider_pravega.embedded.local_pki import make_java_stores, make_test_pki
 
     base = tmp_path_factory.mktemp("standalone-secure")
     users = dict(pytest_plugin.SECURE_USERS)

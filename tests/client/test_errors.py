@@ -25,7 +25,7 @@ from airflow_provider_pravega.client.errors import (
     TransactionNotFoundError,
 )
 from airflow_provider_pravega.client.transactions import TransactionalWriter
-from airflow_provider_pravega.testing.net import free_port
+from pravega_testing.net import free_port
 
 
 

@@ -88,12 +88,12 @@ def test_api_pages_render_the_docstrings(built_site: Path) -> None:
 
 @functools.lru_cache(maxsize=1)
 def public_exceptions() -> dict[str, list[str]]:
-    """Module -> public exception classes defined there, for every module of the provider but the
-    test helpers (``airflow_provider_pravega.testing``); all import without Java."""
+    """Module -> public exception classes defined there, for every module of the provider; all
+    import without Java."""
     package = importlib.import_module(PACKAGE)
     found: dict[str, list[str]] = {}
     for info in pkgutil.walk_packages(package.__path__, f"{PACKAGE}."):
-        if info.name.startswith(f"{PACKAGE}.testing") or info.name.endswith(".__main__"):
+        if info.name.endswith(".__main__"):
             continue
         module = importlib.import_module(info.name)
         classes = [obj for name, obj in vars(module).items()

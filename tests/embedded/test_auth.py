@@ -32,8 +32,8 @@ from airflow_provider_pravega.embedded.controller import (
 from airflow_provider_pravega.protocol import controller_pb2 as pb
 from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
 from airflow_provider_pravega.protocol import wire
-from airflow_provider_pravega.testing.pytest_plugin import SecureServer
-from airflow_provider_pravega.testing.wire_peer import WirePeer
+from airflow_provider_pravega.embedded.pytest_plugin import SecureServer
+from pravega_testing.wire_peer import WirePeer
 
 # ------------------------------------------------------------------------------------- unit level
 
@@ -138,7 +138,7 @@ def test_cli_refuses_a_bad_auth_file_before_listening(tmp_path):
 @pytest.fixture(scope="module")
 def plain_secure(tmp_path_factory):
     """Authentication on, TLS off (the module fixture ``pravega_secure_embedded`` has both)."""
-    from airflow_provider_pravega.testing.pytest_plugin import _start_secure
+    from airflow_provider_pravega.embedded.pytest_plugin import _start_secure
 
     server = _start_secure(tmp_path_factory.mktemp("plain-secure"), token_ttl_s=None, tls=False, extra_users=None)
     yield server
@@ -152,7 +152,7 @@ def secure(request, plain_secure) -> SecureServer:
 
 @pytest.fixture(scope="module")
 def tls_without_auth(tmp_path_factory):
-    from airflow_provider_pravega.testing.pytest_plugin import _start_secure
+    from airflow_provider_pravega.embedded.pytest_plugin import _start_secure
 
     server = _start_secure(tmp_path_factory.mktemp("tls-no-auth"), token_ttl_s=None, tls=True, extra_users=None,
                            auth=False)
@@ -640,7 +640,7 @@ def test_same_auth_file_same_outcomes_as_pravega_standalone(request, pravega_sec
         pytest.skip("Pravega standalone not selected (--pravega-backend standalone/both/auto)")
     from backends.standalone import PravegaStandalone, script
 
-    from airflow_provider_pravega.testing.tls import make_java_stores, make_test_pki
+    from airflow_provider_pravega.embedded.local_pki import make_java_stores, make_test_pki
 
     embedded = pravega_secure_embedded_factory(tls=tls)
     admin_password = embedded.passwords["admin"]

@@ -29,13 +29,13 @@ from airflow_provider_pravega.embedded.process import (
 from airflow_provider_pravega.protocol import controller_pb2 as pb
 from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
 from airflow_provider_pravega.protocol import wire
-from airflow_provider_pravega.testing.tls import make_test_pki
+from airflow_provider_pravega.embedded.local_pki import make_test_pki
 
 
 @pytest.fixture(scope="module")
 def tls_only(tmp_path_factory):
     """TLS on, authentication off."""
-    from airflow_provider_pravega.testing.pytest_plugin import _start_secure
+    from airflow_provider_pravega.embedded.pytest_plugin import _start_secure
 
     server = _start_secure(tmp_path_factory.mktemp("tls-only"), token_ttl_s=None, tls=True, extra_users=None,
                            auth=False)

@@ -14,7 +14,7 @@ import pytest
 from pravega_clients import stream_writer
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.testing.net import free_port
+from pravega_testing.net import free_port
 from airflow_provider_pravega.client.streamcut import StreamCut, StreamCutMismatchError
 
 DAYS = ["2026-11-20", "2026-11-21", "2026-11-22"]

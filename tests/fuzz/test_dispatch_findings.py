@@ -12,7 +12,7 @@ import pytest
 from airflow_provider_pravega.embedded.segment_store import SegmentStoreServer
 from airflow_provider_pravega.embedded.storage import SegmentStorage
 from airflow_provider_pravega.protocol import wire
-from airflow_provider_pravega.testing.wire_peer import WirePeer
+from pravega_testing.wire_peer import WirePeer
 
 SEG = "fz/st/0.#epoch.0"
 

@@ -702,7 +702,7 @@ def test_test_connection_plaintext_against_tls_fails_fast(
 def test_test_connection_tls_against_plaintext_fails_fast(
     monkeypatch: pytest.MonkeyPatch, pravega_controller_uri: str, tmp_path: Path
 ) -> None:
-    from airflow_provider_pravega.testing.tls import make_test_pki
+    from airflow_provider_pravega.embedded.local_pki import make_test_pki
 
     ca = make_test_pki(tmp_path / "pki").ca_cert
     host, port = pravega_controller_uri.split("://", 1)[1].rsplit(":", 1)
@@ -820,7 +820,7 @@ def test_test_connection_with_hostname_checks_off_asks_the_controller(
     """validate_hostname=false with a trusted CA: the controller is really asked (gRPC is told the
     certificate's own name); only an untrusted chain falls back to a bare TLS handshake."""
     from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
-    from airflow_provider_pravega.testing.tls import make_test_pki
+    from airflow_provider_pravega.embedded.local_pki import make_test_pki
 
     pki = make_test_pki(tmp_path / "pki", hosts=("pravega.example.internal",))
     process = EmbeddedPravegaProcess(tmp_path / "data", tls_cert=pki.server_cert, tls_key=pki.server_key)

@@ -101,7 +101,7 @@ configure_logging(json_output=True, output=log_file, cache_logger_on_first_use=F
 
 from airflow.sdk import DAG, task
 from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
-from airflow_provider_pravega.testing.dag_test import run_dag
+from pravega_testing.dag_test import run_dag
 
 conn_id = params["conn_id"]
 with DAG(dag_id=params["dag_id"], schedule=None, start_date=datetime(2026, 11, 1, tzinfo=timezone.utc)) as dag:

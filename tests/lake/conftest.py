@@ -1,4 +1,4 @@
-"""An S3-compatible object store for the lake tests (see airflow_provider_pravega.testing.object_store)."""
+"""An S3-compatible object store for the lake tests (see pravega_testing.object_store)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_provider_pravega.testing.object_store import ObjectStore, object_store_server
+from pravega_testing.object_store import ObjectStore, object_store_server
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Ingest from and export to a real HDFS (Hadoop's MiniDFSCluster: a NameNode and a DataNode on
-loopback, see airflow_provider_pravega.testing.hdfs) with the session's local Spark and the shared
+loopback, see pravega_testing.hdfs) with the session's local Spark and the shared
 Pravega server: ``hdfs://`` sources listed and identified without reading data, a rerun skips
 everything, a same-size rewrite is detected (HDFS's modification time), a bad record is named by
 its hdfs:// URI and line with nothing written, a missing path is a clear error; the export
@@ -23,7 +23,7 @@ from airflow_provider_pravega.client.ingest import ChangedFileError
 from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
 from airflow_provider_pravega.spark.ingest_job import BadRecordError, IngestSpec, SourceError, run_ingest
-from airflow_provider_pravega.testing.hdfs import Hdfs, HdfsUnavailable, hdfs_minicluster
+from pravega_testing.hdfs import Hdfs, HdfsUnavailable, hdfs_minicluster
 
 from .test_object_store import parquet_pages
 

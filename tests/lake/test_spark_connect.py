@@ -2,10 +2,11 @@
 jar (``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer``) with the
 provider's filesystem plugin (built here from its Java source), reached through the Spark provider's
 ``spark_connect`` connection by ``PravegaTransactionalIngestOperator`` and
-``PravegaStreamCutExportOperator`` in their own process (a process holds either a classic or a
-Connect session). Every record once in the stream and in the export; the rerun ingests nothing and
-rewrites the same files; a server without the plugin is named as the cause. The server has Delta
-Lake, and a third export writes a Delta table: once, the rerun a no-op."""
+``PravegaStreamCutExportOperator`` in their own process. That process is a venv with the provider's
+default install only (its wheel: pyspark-client, no pyspark jars, no py4j) and no Java: a ``java``
+first on PATH records any start. Every record once in the stream and in the export; the rerun
+ingests nothing and rewrites the same files; a server without the plugin is named as the cause. The
+server has Delta Lake, and a third export writes a Delta table: once, the rerun a no-op."""
 
 from __future__ import annotations
 
@@ -23,15 +24,17 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pravega.testing.net import free_port
+from pravega_testing.client_venv import ClientVenv, default_install_venv, helpers_path, without_java
+from pravega_testing.net import free_port
 
 _RUN = r"""
 import hashlib, json, pathlib, sys
 from datetime import datetime, timezone
 from airflow.sdk import DAG
 from airflow_provider_pravega.operators import PravegaStreamCutExportOperator, PravegaTransactionalIngestOperator
-from airflow_provider_pravega.testing.dag_test import run_dag
+from pravega_testing.dag_test import run_dag
 
+assert "py4j" not in sys.modules
 p = json.loads(sys.argv[1])
 day = datetime(2026, 11, 2, tzinfo=timezone.utc)
 with DAG(dag_id=p["dag_id"], schedule=None, start_date=datetime(2026, 11, 1, tzinfo=timezone.utc)) as dag:
@@ -81,9 +84,67 @@ try:
     missing = "no error"
 except ConnectPluginMissingError as exc:
     missing = str(exc)
-print("RESULTS " + json.dumps({"runs": results, "missing_plugin": missing}))
+print("RESULTS " + json.dumps({"runs": results, "missing_plugin": missing, "py4j": "py4j" in sys.modules}))
 """
 
+
+
+_IMPORTS = r"""
+import importlib, json, sys
+sys.modules["airflow_provider_pravega.embedded"] = None  # what operators need must load without it
+import airflow_provider_pravega
+from airflow_provider_pravega import operators, sensors, triggers
+from airflow_provider_pravega.hooks.pravega import PravegaHook
+loaded = [PravegaHook] + [getattr(package, name) for package in (operators, sensors, triggers) for name in package.__all__]
+for module in ("spark.datasource", "spark.ingest_job", "spark.export_job", "spark.delta_export", "spark.filesystem",
+               "assets", "openlineage", "state_admin"):
+    importlib.import_module(f"airflow_provider_pravega.{module}")
+provider = airflow_provider_pravega.get_provider_info()
+from airflow_provider_pravega.spark.session import SparkSessionError, get_spark_session
+try:
+    get_spark_session(None)  # local mode: a driver JVM in this process
+    error = "no error"
+except SparkSessionError as exc:
+    error = str(exc)
+print("RESULTS " + json.dumps({"loaded": len(loaded), "py4j": "py4j" in sys.modules, "error": error,
+                               "connection_types": [c["connection-type"] for c in provider["connection-types"]]}))
+"""
+
+
+def test_the_default_install_is_a_lean_wheel_that_imports_without_java(
+    tmp_path: Path, default_install: tuple[ClientVenv, dict[str, str], Path],
+) -> None:
+    """``pip install airflow-provider-pravega`` (no extras): every operator, sensor, trigger, hook and
+    the data source import with no JVM, no py4j and without the embedded server; the wheel carries
+    no test helpers; a task that asks for local mode there is told to install the ``spark`` extra."""
+    client, env, java_started = default_install
+    assert not [n for n in client.wheel_files if "/testing/" in n or n.startswith("pravega_testing")]
+    assert "airflow_provider_pravega/embedded/pytest_plugin.py" in client.wheel_files  # the `embedded` extra's
+    assert not [n for n in client.wheel_files if n.endswith(".jar")]
+    done = subprocess.run([str(client.python), "-c", _IMPORTS], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    marker = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert done.returncode == 0 and marker, done.stdout[-3000:] + done.stderr[-4000:]
+    answer = json.loads(marker[0][len("RESULTS "):])
+    assert answer["loaded"] >= 14 and not answer["py4j"] and "pravega" in answer["connection_types"]
+    assert "airflow-provider-pravega[spark]" in answer["error"] and "spark_connect" in answer["error"], answer
+    assert "py4j is not installed" in answer["error"]
+    assert not java_started.exists()
+    listed = subprocess.run([str(client.python), "-m", "pip", "list", "--format=json"], capture_output=True, text=True,
+                            check=True).stdout
+    names = {d["name"].lower() for d in json.loads(listed)}
+    assert "pyspark-client" in names and "pyspark" not in names and "py4j" not in names
+
+
+@pytest.fixture(scope="module")
+def default_install(tmp_path_factory: pytest.TempPathFactory) -> tuple[ClientVenv, dict[str, str], Path]:
+    """The provider's default install (its wheel, no extras) in a venv, an environment without Java
+    for it, and the file a ``java`` start would be recorded in."""
+    tmp = tmp_path_factory.mktemp("default-install")
+    venv = default_install_venv()
+    env, started = without_java(tmp)
+    env["PYTHONPATH"] = helpers_path(tmp)
+    return venv, env, started
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +205,7 @@ def spark_connect_server(tmp_path_factory: pytest.TempPathFactory, plugin_jar: P
 
 def test_ingest_and_export_run_through_a_spark_connect_connection(
     tmp_path: Path, spark_connect_server: str, pravega_embedded: Any, unique_name: Any,
+    default_install: tuple[ClientVenv, dict[str, str], Path],
 ) -> None:
     from airflow_provider_pravega.client import PravegaClient
     from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
@@ -159,7 +221,8 @@ def test_ingest_and_export_run_through_a_spark_connect_connection(
     controller_host, controller_port = pravega_embedded.controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
     home = tmp_path / "airflow-home"
     home.mkdir()
-    env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'a.db'}",
+    client, no_java, java_started = default_install
+    env = dict(no_java, AIRFLOW_HOME=str(home), AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'a.db'}",
                AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
                AIRFLOW_CONN_SPARK_CONNECT_TEST=json.dumps({"conn_type": "spark_connect", "host": host,
                                                           "port": int(port)}),
@@ -167,12 +230,17 @@ def test_ingest_and_export_run_through_a_spark_connect_connection(
                                                         "port": int(controller_port)}))
     params = {"dag_id": f"connect_{scope.replace('-', '_')}", "scope": scope, "source": str(source / "*.jsonl"),
               "output": str(tmp_path / "out"), "remote": spark_connect_server}
-    done = subprocess.run([sys.executable, "-c", _RUN, json.dumps(params)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    # A script file, not `python -c`: with no __main__ file, pyspark.sql.connect takes the process for
+    # its own doctests and looks for a SPARK_HOME, which a pyspark-client install does not have.
+    script = tmp_path / "run_dag.py"
+    script.write_text(_RUN)
+    done = subprocess.run([str(client.python), str(script), json.dumps(params)], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path)
     marker = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
     output = done.stdout[-3000:] + done.stderr[-4000:]
     assert done.returncode == 0 and marker, output
     answer = json.loads(marker[0][len("RESULTS "):])
+    assert not java_started.exists() and not answer["py4j"]  # no JVM on the client's side, not even py4j
     results = answer["runs"]
     assert [r["states"] for r in results] == [{"ingest": "success", "export": "success", "export_json": "success",
                                                 "export_table": "success"}] * 2, output

@@ -20,7 +20,7 @@ from airflow_provider_pravega.client.controller import RetentionPolicy, ScalingP
 from airflow_provider_pravega.client.errors import ScaleError
 from airflow_provider_pravega.protocol.naming import qualified_segment_name
 from airflow_provider_pravega.protocol.streamcut import streamcut_from_text
-from airflow_provider_pravega.testing.dag_test import run_dag
+from pravega_testing.dag_test import run_dag
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
 

@@ -15,7 +15,7 @@ from pravega_clients import stream_writer
 from airflow_provider_pravega._streams import cut_text
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.protocol.streamcut import streamcut_from_text
-from airflow_provider_pravega.testing.dag_test import run_dag
+from pravega_testing.dag_test import run_dag
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
 

@@ -21,7 +21,7 @@ from pravega_clients import official_client_installed, require_official_client
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.controller import TransactionInfo
-from airflow_provider_pravega.testing.dag_test import run_dag
+from pravega_testing.dag_test import run_dag
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
 

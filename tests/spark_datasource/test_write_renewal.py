@@ -100,7 +100,7 @@ def test_a_renewer_needs_the_scope_of_its_registry_and_a_controller_that_answers
     """Bad input to ``register(spark, renew_writes=...)`` is said at registration, not at a write."""
     from airflow_provider_pravega.client.errors import ControllerUnreachableError
     from airflow_provider_pravega.spark.datasource import PravegaDataSourceError, register
-    from airflow_provider_pravega.testing.net import free_port
+    from pravega_testing.net import free_port
 
     with pytest.raises(PravegaDataSourceError, match="scope"):
         register(object(), renew_writes={"controller": "tcp://127.0.0.1:9090"})

@@ -58,7 +58,7 @@ import pytest
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
 from airflow_provider_pravega.client.streamcut import StreamCut
-from airflow_provider_pravega.testing.wait import WaitTimeout, wait_until
+from pravega_testing.wait import WaitTimeout, wait_until
 from airflow_provider_pravega.triggers.transaction import format_txn_id
 
 REPO = Path(__file__).resolve().parents[2]

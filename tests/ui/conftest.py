@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_provider_pravega.testing.net import free_port
+from pravega_testing.net import free_port
 
 CHROMIUM = os.environ.get("PRAVEGA_UI_CHROMIUM", "/usr/bin/chromium")
 # The flags that let Debian's Chromium run headless as root on a machine without internet access:

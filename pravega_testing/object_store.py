@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_pravega._cache import cache_dir
-from airflow_provider_pravega.testing.net import free_port
+from pravega_testing.net import free_port
 
 
 

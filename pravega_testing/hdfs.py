@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_provider_pravega._cache import cache_dir
-from airflow_provider_pravega.testing.object_store import hadoop_version
+from pravega_testing.object_store import hadoop_version
 
 #: JUnit 5 as Hadoop 3.5's build uses it (MiniDFSCluster calls its assertions).
 _JUNIT = ("org.junit.jupiter:junit-jupiter-api:5.13.3", "org.junit.platform:junit-platform-commons:1.13.3",

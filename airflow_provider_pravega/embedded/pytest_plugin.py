@@ -29,7 +29,7 @@ import pytest
 
 from airflow_provider_pravega.embedded.auth import auth_file_line
 from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
-from airflow_provider_pravega.testing.tls import TestPKI, make_test_pki
+from airflow_provider_pravega.embedded.local_pki import TestPKI, make_test_pki
 
 # Test-only accounts of the secure server: username -> (password, Pravega ACL).
 # 'admin' may do everything; 'reader' may read everything; 'writer-iot' may read and write in scope
