@@ -1,0 +1,178 @@
+"""Venvs the tests install the provider's wheel into, as users would.
+
+- :func:`default_install_venv`: the default install only (no extras): pyspark-client, no pyspark
+  jars, no py4j. It is what an Airflow component or a Spark Connect worker gets from
+  ``pip install airflow-provider-pravega``; the tests run the operators from it with no Java.
+- :func:`spark_server_venv`: a given pyspark release (e.g. 4.3.0, outside the ``spark`` extra's
+  range) with the provider beside it, to run a Spark Connect server of that release whose Python
+  workers run the ``pravega`` data source: a cluster on a newer Spark than the worker's client.
+
+Dependencies are installed once per ``pyproject.toml`` + constraints (a stamp in the venv); the
+provider itself is the wheel of this checkout, built and reinstalled on every call, so the venv
+always runs the code under test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def constraints_file() -> Path:
+    """The tested stack to install: ``$PRAVEGA_CONSTRAINTS`` (scripts/test sets it for each
+    interpreter tier), else constraints/default.txt."""
+    given = Path(os.environ.get("PRAVEGA_CONSTRAINTS") or "constraints/default.txt")
+    return given if given.is_absolute() else REPO / given
+
+
+class ClientVenvError(RuntimeError):
+    """The default-install venv could not be built (pip's own message included)."""
+
+
+@dataclass(frozen=True)
+class ClientVenv:
+    python: Path
+    wheel_files: tuple[str, ...]  # the paths inside the installed wheel
+
+
+def _pip(python: Path, *args: str, timeout: float = 1800) -> None:
+    done = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args],
+                          capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise ClientVenvError(f"pip {' '.join(args[:3])} ... failed ({done.returncode}):\n"
+                              f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+
+
+def default_venv_path() -> Path:
+    """One venv per interpreter version and constraints file, beside the project's own venvs."""
+    return REPO / f".venv-default-install-{sys.version_info[0]}.{sys.version_info[1]}-{constraints_file().stem}"
+
+
+def default_install_venv(where: Path | None = None) -> ClientVenv:
+    """``where`` (default :func:`default_venv_path`) with the default install of this checkout, on
+    this interpreter's version, pinned by :func:`constraints_file`. Safe to call from several
+    processes at once (a lock file beside the venv)."""
+    import fcntl
+
+    venv = where or default_venv_path()
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{venv}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _install(venv)
+
+
+def _install(venv: Path) -> ClientVenv:
+    constraints = constraints_file()
+    python = venv / "bin" / "python"
+    stamp = venv / ".deps.sha256"
+    want = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + constraints.read_bytes()).hexdigest()
+    with tempfile.TemporaryDirectory(prefix="pravega-wheel-") as out:
+        wheel = _build_wheel(Path(out))
+        names = _wheel_files(wheel)
+        if not (stamp.is_file() and stamp.read_text() == want and python.is_file()):
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+            _pip(python, "install", "-c", str(constraints), str(wheel))
+            stamp.write_text(want)
+        else:
+            _pip(python, "install", "--no-deps", "--force-reinstall", str(wheel), timeout=300)
+    return ClientVenv(python, names)
+
+
+#: What the provider's code needs in a Spark Connect server's Python workers (the data source).
+SERVER_WORKER_REQUIREMENTS = ("pyarrow>=15", "pandas>=2.2,<3", "grpcio>=1.85.1", "protobuf>=7.35.1,<8", "PyYAML>=6")
+
+
+def spark_server_venv(pyspark_version: str, where: Path | None = None) -> ClientVenv:
+    """A venv with ``pyspark==pyspark_version`` and this checkout's wheel (installed without its
+    dependencies: its pyspark range may not include that release)."""
+    import fcntl
+
+    venv = where or REPO / f".venv-spark-server-{pyspark_version}-{sys.version_info[0]}.{sys.version_info[1]}"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{venv}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        python = venv / "bin" / "python"
+        stamp = venv / ".deps.sha256"
+        want = hashlib.sha256(f"{pyspark_version} {SERVER_WORKER_REQUIREMENTS}".encode()).hexdigest()
+        if not (stamp.is_file() and stamp.read_text() == want and python.is_file()):
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+            _pip(python, "install", f"pyspark=={pyspark_version}", *SERVER_WORKER_REQUIREMENTS)
+            stamp.write_text(want)
+        with tempfile.TemporaryDirectory(prefix="pravega-wheel-") as out:
+            wheel = _build_wheel(Path(out))
+            _pip(python, "install", "--no-deps", "--force-reinstall", str(wheel), timeout=300)
+            names = _wheel_files(wheel)
+    return ClientVenv(python, names)
+
+
+def _build_wheel(out: Path) -> Path:
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)],
+                           capture_output=True, text=True, timeout=600)
+    if built.returncode != 0:
+        raise ClientVenvError(f"building the wheel failed:\n{built.stderr[-3000:]}")
+    (wheel,) = out.glob("airflow_provider_pravega-*.whl")
+    return wheel
+
+
+def _wheel_files(wheel: Path) -> tuple[str, ...]:
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        return tuple(archive.namelist())
+
+
+def without_java(tmp: Path) -> tuple[dict[str, str], Path]:
+    """An environment with no ``JAVA_HOME`` whose first ``java`` on ``PATH`` only records that it was
+    started (in the returned file) and fails: any JVM start is seen, whatever else is installed."""
+    bin_dir = tmp / "no-java-bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    started = tmp / "java-started"
+    java = bin_dir / "java"
+    java.write_text(f"#!/bin/sh\necho \"$@\" >> '{started}'\nexit 1\n")
+    java.chmod(0o755)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAVA_HOME", "SPARK_HOME", "PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_PYTHON")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    return env, started
+
+
+def helpers_path(tmp: Path) -> str:
+    """A ``PYTHONPATH`` entry with only ``pravega_testing`` on it (the repository root would put the
+    checkout's ``airflow_provider_pravega`` before the installed wheel)."""
+    link_dir = tmp / "helpers-path"
+    link_dir.mkdir(parents=True, exist_ok=True)
+    link = link_dir / "pravega_testing"
+    if not link.exists():
+        link.symlink_to(Path(__file__).resolve().parent, target_is_directory=True)
+    return str(link_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pravega_testing.venvs``: build (or bring up to date) the venv now, so the
+    tests that need it find it ready (scripts/test runs this in the background at its start)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--spark-server", metavar="PYSPARK_VERSION",
+                        help="also the Spark Connect server venv of this pyspark release")
+    args = parser.parse_args(argv)
+    venv = default_install_venv()
+    print(f"venvs: {venv.python} has the default install ({constraints_file().name})")
+    if args.spark_server:
+        server = spark_server_venv(args.spark_server)
+        print(f"venvs: {server.python} has pyspark {args.spark_server} and the provider")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
