@@ -200,3 +200,17 @@ def test_states_kept_in_a_state_scope_are_listed_reset_and_found_orphaned(praveg
         assert done.returncode == 0 and f"{state_scope}/{name}: reset" in done.stdout, done.stderr
     with PravegaClient(uri) as client:
         assert sorted(s.stream for s in find_states(client, state_scope)) == sorted(names[scopes[1]])
+
+
+def test_a_state_scope_is_refused_while_the_ingest_state_is_in_the_streams_scope(pravega_embedded,
+                                                                               unique_name) -> None:
+    """Setting state_scope on an existing ingest would start a state knowing no committed file."""
+    scope, state_scope = unique_name("moved"), unique_name("pravega-state")
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "s", 1)
+        open_ingest_state(client, scope, "s", "daily.ingest").close()
+        with pytest.raises(IngestError, match=f"keeps its state in {scope}/.*not in state_scope '{state_scope}'"):
+            open_ingest_state(client, scope, "s", "daily.ingest", state_scope=state_scope)
+        assert not client.admin.scope_exists(state_scope)  # refused before anything was created there
+        open_ingest_state(client, scope, "s", "daily.ingest").close()  # unchanged, it still opens

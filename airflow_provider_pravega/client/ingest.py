@@ -1453,10 +1453,11 @@ def open_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, s
     The state belongs to the stream it was first used with: once that stream was deleted and
     re-created, opening it is a RecreatedStreamError (see check_stream_origin).
     """
-    store = open_state_store(client, *state_location(scope, stream, ingest_id, state_scope))
+    location = state_location(scope, stream, ingest_id, state_scope)
+    _check_not_moved(client, location, scope, stream, ingest_id)
+    store = open_state_store(client, *location)
     try:
         if store.fetch().get("target") is None:
-            _check_not_moved(client, store, scope, stream, ingest_id)
             _init_state(client, store, scope, stream, ingest_id, stale_after_s)
         check_stream_origin(client, store, scope, stream, ingest_id)
     except BaseException:
@@ -1465,17 +1466,19 @@ def open_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, s
     return store
 
 
-def _check_not_moved(client: Any, store: Any, scope: str, stream: str, ingest_id: str) -> None:
-    """IngestError when a new state in a state scope would leave the ingest's state in the target's
-    own scope behind: the new one would know no committed file and ingest every file again."""
+def _check_not_moved(client: Any, location: tuple[str, str], scope: str, stream: str, ingest_id: str) -> None:
+    """IngestError (before anything is created) when a new state in a state scope would leave the
+    ingest's state in the target's own scope behind: it would know no committed file and ingest
+    every file again."""
     own_scope, own_stream = state_location(scope, stream, ingest_id)
-    if (store.scope, store.stream) == (own_scope, own_stream) or not client.admin.stream_exists(own_scope, own_stream):
+    if location == (own_scope, own_stream) or client.admin.stream_exists(*location) or \
+            not client.admin.stream_exists(own_scope, own_stream):
         return
     raise IngestError(
         f"ingest {ingest_id!r} into {scope}/{stream} keeps its state in {own_scope}/{own_stream} (the stream's own "
-        f"scope), not in state_scope {store.scope!r}: a new state there would ingest every file of the source again. "
+        f"scope), not in state_scope {location[0]!r}: a new state there would ingest every file of the source again. "
         f"Leave state_scope unset for this ingest, or forget the old state (python -m airflow_provider_pravega state "
-        f"--scope {own_scope} reset {own_stream} --yes) to start afresh in {store.scope}.")
+        f"--scope {own_scope} reset {own_stream} --yes) to start afresh in {location[0]}.")
 
 
 def _init_state(client: Any, store: Any, scope: str, stream: str, ingest_id: str, stale_after_s: float) -> None:
