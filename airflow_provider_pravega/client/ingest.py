@@ -53,6 +53,7 @@ with :class:`UnresolvedCommitError` naming the run, its files and ``unknown_comm
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -61,7 +62,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -1376,6 +1377,25 @@ def check_state_scope(state_scope: Any, option: str = "state_scope") -> str | No
         raise ValueError(f"{option}={state_scope!r} is not a usable scope for the provider's state: {exc}") from None
 
 
+@contextlib.contextmanager
+def state_scope_access(scope: str, state_scope: str | None) -> Iterator[None]:
+    """A permission denied in a state scope of its own (not the target's ``scope``) named as the
+    ``state_scope`` option's, with the rights the provider needs there."""
+    from airflow_provider_pravega.client.errors import PravegaPermissionError
+
+    try:
+        yield
+    except PravegaPermissionError as exc:
+        if not state_scope or state_scope == scope or state_scope not in f"{exc.resource} {exc.detail}":
+            raise
+        raise PravegaPermissionError(
+            exc.where, exc.user, exc.action, exc.resource,
+            f"state_scope {state_scope!r} keeps the provider's state: the user needs READ_UPDATE on "
+            f"prn::/scope:{state_scope} and prn::/scope:{state_scope}/*, and the scope must exist or the user be "
+            f"allowed to create it" + (f"; {exc.detail}" if exc.detail else ""),
+        ) from None
+
+
 def state_location(scope: str, stream: str, ingest_id: str, state_scope: str | None = None) -> tuple[str, str]:
     """The state of ingest ``ingest_id`` into ``scope/stream``: a one-segment stream in
     ``state_scope`` (default: the target's own scope; not `_`-prefixed: Pravega reserves those
@@ -1454,8 +1474,9 @@ def open_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, s
     re-created, opening it is a RecreatedStreamError (see check_stream_origin).
     """
     location = state_location(scope, stream, ingest_id, state_scope)
-    _check_not_moved(client, location, scope, stream, ingest_id)
-    store = open_state_store(client, *location)
+    with state_scope_access(scope, state_scope):
+        _check_not_moved(client, location, scope, stream, ingest_id)
+        store = open_state_store(client, *location)
     try:
         if store.fetch().get("target") is None:
             _init_state(client, store, scope, stream, ingest_id, stale_after_s)

@@ -392,10 +392,12 @@ def state_location(spec: ExportSpec) -> tuple[str, str]:
 
 def open_export_state(client: Any, spec: ExportSpec) -> Any:
     """The export's recorded cuts (the stream, and its scope, created if missing)."""
+    from airflow_provider_pravega.client.ingest import state_scope_access
     from airflow_provider_pravega.client.synchronizer import StateSynchronizer
 
     scope, stream = state_location(spec)
-    return StateSynchronizer(client, scope, stream, ExportState(), apply_update)
+    with state_scope_access(spec.scope, spec.state_scope):
+        return StateSynchronizer(client, scope, stream, ExportState(), apply_update)
 
 
 def reset_export_state(client: Any, scope: str, stream: str, export_id: str, *, state_scope: str | None = None
