@@ -1,10 +1,11 @@
 """The provider's own state in Pravega, for the people who run it: list, inspect, reset, orphans.
 
 The exactly-once ingest and the stream-cut export keep their bookkeeping in their state scope
-(``state_scope``; default: the scope of the stream they write or read): ``ingest-state-<digest>`` (a state synchronizer: runs, interval index;
-its committed files in a table segment beside it) and ``export-state-<digest>`` (recorded cuts per
-interval). The digests come from the target stream and the ingest id, or from the export id
-(``dag_id.task_id`` by default), so renaming a DAG or a task leaves the old state behind: an
+(``state_scope``; default: the scope of the stream they write or read): ``ingest-state-<digest>``
+(a state synchronizer: runs, interval index; its committed files in a table segment beside it) and
+``export-state-<digest>`` (recorded cuts per interval). The digests come from the target stream
+and the ingest id, or from the export id (with the stream in a state scope; ``dag_id.task_id`` by
+default), so renaming a DAG or a task leaves the old state behind: an
 orphan, which ``orphans`` finds by comparing the scope's states with the ids (and state scopes) a
 DAGs folder's operators use. ``--state-scope`` looks at the states kept in a state scope.
 

@@ -215,7 +215,7 @@ def _positive_seconds(text: str) -> float:
 def _state_scope(text: str) -> str:
     from airflow_provider_pravega.client.ingest import check_state_scope
 
-    return check_state_scope(text) or text
+    return check_state_scope(text) or text  # never empty: an empty option is an absent one
 
 
 _CREATED = ("create_stream", "true")
@@ -1065,7 +1065,8 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
         write = None if retire else {
             "scope": self.scope, "stream": self.stream, "run_id": run_id, "owner": self.owner,
             "ingest_id": f"spark-write:{self.write_id}" if self.write_id is not None else "spark-write",
-            "state_scope": self.state_scope, "stale_after_s": self.stale_after_s, "lease_ms": self.config.transaction_lease_ms}
+            "state_scope": self.state_scope, "stale_after_s": self.stale_after_s,
+            "lease_ms": self.config.transaction_lease_ms}
         try:
             write_renewal.announce(client, renewal, self.renewal_key, write)
         except PravegaError as exc:

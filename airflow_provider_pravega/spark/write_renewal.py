@@ -72,8 +72,8 @@ def write_key(renewal: Renewal, scope: str, stream: str, write_id: str | None, o
 
 def announce(client: Any, renewal: Renewal, key: str, write: Mapping[str, Any] | None) -> None:
     """Record (``write``) or retire (None) a write in the registry. ``write`` holds the target
-    ``scope``, ``stream``, ``ingest_id``, ``state_scope`` (None: the target's scope), ``run_id`` (None while the run is being started),
-    ``owner``, ``stale_after_s`` and ``lease_ms``."""
+    ``scope``, ``stream``, ``ingest_id``, ``state_scope`` (None: the target's scope), ``run_id``
+    (None while the run is being started), ``owner``, ``stale_after_s`` and ``lease_ms``."""
     with open_registry(client, renewal.scope) as registry:
         if write is None:
             registry.update(lambda s: {"op": "retire", "key": key} if key in s["writes"] else None)
