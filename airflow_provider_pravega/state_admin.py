@@ -1,12 +1,13 @@
 """The provider's own state in Pravega, for the people who run it: list, inspect, reset, orphans.
 
-The exactly-once ingest and the stream-cut export keep their bookkeeping in the scope of the
-stream they write or read: ``ingest-state-<digest>`` (a state synchronizer: runs, interval index;
-its committed files in a table segment beside it) and ``export-state-<digest>`` (recorded cuts per
-interval). The digests come from the target stream and the ingest id, or from the export id
-(``dag_id.task_id`` by default), so renaming a DAG or a task leaves the old state behind: an
-orphan, which ``orphans`` finds by comparing the scope's states with the ids a DAGs folder's
-operators use.
+The exactly-once ingest and the stream-cut export keep their bookkeeping in their state scope
+(``state_scope``; default: the scope of the stream they write or read): ``ingest-state-<digest>``
+(a state synchronizer: runs, interval index; its committed files in a table segment beside it) and
+``export-state-<digest>`` (recorded cuts per interval). The digests come from the target stream
+and the ingest id, or from the export id (with the stream in a state scope; ``dag_id.task_id`` by
+default), so renaming a DAG or a task leaves the old state behind: an
+orphan, which ``orphans`` finds by comparing the scope's states with the ids (and state scopes) a
+DAGs folder's operators use. ``--state-scope`` looks at the states kept in a state scope.
 
 Run: ``python -m airflow_provider_pravega state --help`` (a ``pravega`` connection id, or a
 controller URI).
@@ -99,7 +100,8 @@ def _ingest_summary(client: Any, scope: str, name: str) -> StateSummary:
 def _export_summary(client: Any, scope: str, name: str) -> StateSummary:
     state = export_state(client, scope, name)
     stamps = [v.get("at") for v in state.intervals.values() if v.get("at")]
-    target = f"{scope}/{state.stream}" if state.stream else None
+    # The stream's scope is recorded since states may live in a state scope; before, it was the state's own.
+    target = f"{state.scope or scope}/{state.stream}" if state.stream else None
     return StateSummary(scope=scope, stream=name, kind="export", id=state.export_id, target=target,
                         intervals=len(state.intervals), last_activity=max(stamps) if stamps else None)
 
@@ -117,10 +119,10 @@ def reset_state(client: Any, scope: str, name: str) -> bool:
         raise ValueError(f"{scope}/{name}: an ingest state without its ingest id or target recorded (an unfinished "
                          f"first use, or an old layout); delete the stream {scope}/{name} itself")
     target_scope, _, target_stream = summary.target.partition("/")
-    if state_location(target_scope, target_stream, summary.id) != (scope, name):
+    if state_location(target_scope, target_stream, summary.id, scope) != (scope, name):
         raise ValueError(f"{scope}/{name} is the old layout of ingest {summary.id!r} (adopted by its current state); "
                          f"delete the stream {scope}/{name} itself")
-    return reset_ingest_state(client, target_scope, target_stream, summary.id)
+    return reset_ingest_state(client, target_scope, target_stream, summary.id, state_scope=scope)
 
 
 # ------------------------------------------------------------------------------ orphans
@@ -137,8 +139,9 @@ class ExpectedState:
 
 
 def expected_states(dags: Iterable[Any], default_scope: str | None = None) -> tuple[list[ExpectedState], list[str]]:
-    """The state streams the ingest and export tasks of ``dags`` use, and the tasks whose state
-    cannot be told before they run (a templated scope, stream or id, or no scope at all)."""
+    """The state streams the ingest and export tasks of ``dags`` use (in each task's state scope),
+    and the tasks whose state cannot be told before they run (a templated scope, stream, id or
+    state scope, or no scope at all)."""
     from airflow_provider_pravega.client.ingest import state_location as ingest_location
     from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator
     from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
@@ -155,15 +158,17 @@ def expected_states(dags: Iterable[Any], default_scope: str | None = None) -> tu
             name = f"{dag.dag_id}.{task.task_id}"
             scope = task.scope or default_scope
             own_id = (task.ingest_id if is_ingest else task.export_id) or name
-            if not scope or any(_templated(v) for v in (scope, task.stream, own_id)):
+            state_scope = task.state_scope or None
+            if not scope or any(_templated(v) for v in (scope, task.stream, own_id, state_scope)):
                 unknown.append(name)
                 continue
             if is_ingest:
-                where = ingest_location(scope, task.stream, own_id)
+                where = ingest_location(scope, task.stream, own_id, state_scope)
             elif task.from_ingest:
                 continue  # reads the ingest's interval index: no state of its own
             else:
-                where = export_location(ExportSpec(scope, task.stream, "/unused", export_id=own_id))
+                where = export_location(ExportSpec(scope, task.stream, "/unused", export_id=own_id,
+                                                   state_scope=state_scope))
             found.append(ExpectedState(*where, task=name, kind="ingest" if is_ingest else "export"))
     return found, unknown
 
@@ -216,9 +221,10 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def _scope_of(args: argparse.Namespace, client: Any) -> str:
-    scope = args.scope or getattr(client.config, "scope", None)
+    """Where the states are looked for: the state scope when given, else the (user) scope."""
+    scope = getattr(args, "state_scope", None) or args.scope or getattr(client.config, "scope", None)
     if not scope:
-        raise SystemExit("state: give --scope (the connection has no default scope)")
+        raise SystemExit("state: give --scope or --state-scope (the connection has no default scope)")
     return scope
 
 
@@ -240,14 +246,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     where.add_argument("--controller-uri", help="a controller URI instead of a connection, e.g. tcp://host:9090")
     ap.add_argument("--scope", help="the scope (default: the connection's scope)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
+    # Accepted before or after the command (state --state-scope S list, or state list --state-scope S).
+    state_scope = argparse.ArgumentParser(add_help=False)
+    state_scope.add_argument("--state-scope", default=argparse.SUPPRESS,
+                             help="look at the states kept in this state scope (the tasks' state_scope) instead of "
+                                  "--scope")
+    ap.add_argument("--state-scope", help="the scope keeping the states (a task's state_scope; default: --scope)")
     sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="every ingest and export state in the scope, one line each")
-    show = sub.add_parser("inspect", help="one state in full (runs, intervals and their cuts)")
+    sub.add_parser("list", parents=[state_scope], help="every ingest and export state in the scope, one line each")
+    show = sub.add_parser("inspect", parents=[state_scope], help="one state in full (runs, intervals and their cuts)")
     show.add_argument("state", help="the state stream, e.g. ingest-state-0123abcd…")
-    reset = sub.add_parser("reset", help="forget one state: its next run starts afresh (refused under a live run)")
+    reset = sub.add_parser("reset", parents=[state_scope],
+                           help="forget one state: its next run starts afresh (refused under a live run)")
     reset.add_argument("state")
     reset.add_argument("--yes", action="store_true", help="needed: an ingest reset ingests every file again")
-    orphans = sub.add_parser("orphans", help="states no ingest or export task of a DAGs folder uses")
+    orphans = sub.add_parser("orphans", parents=[state_scope],
+                             help="states no ingest or export task of a DAGs folder uses")
     orphans.add_argument("--dags-folder", required=True, help="the folder the dag-processor parses")
     args = ap.parse_args(argv)
 

@@ -128,3 +128,89 @@ def test_a_renamed_dag_leaves_orphans_that_are_found(pravega_embedded, unique_na
     (dags / "broken.py").write_text("import nothing_of_that_name\n")
     broken = _cli(uri, scope, "orphans", "--dags-folder", str(dags))
     assert broken.returncode == 1 and "does not parse" in broken.stderr and "broken.py" in broken.stderr
+
+
+STATE_SCOPE_DAG = """
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_pravega.operators import PravegaStreamCutExportOperator, PravegaTransactionalIngestOperator
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 11, 1)):
+    PravegaTransactionalIngestOperator(task_id="ingest", scope="{scope}", stream="s", source="/in/*.jsonl",
+                                       state_scope="{state_scope}")
+    PravegaStreamCutExportOperator(task_id="export", scope="{scope}", stream="s", output_path="/out",
+                                   state_scope="{state_scope}")
+"""
+
+
+def test_states_kept_in_a_state_scope_are_listed_reset_and_found_orphaned(pravega_embedded, unique_name,
+                                                                          tmp_path: Path) -> None:
+    """Two user scopes with the same ingest and export ids share one state scope: four states
+    there, none in the user scopes; ``--state-scope`` lists, inspects, resets and finds orphans."""
+    uri = pravega_embedded.controller_uri
+    scopes = [unique_name("user-a"), unique_name("user-b")]
+    state_scope = unique_name("pravega-state")
+    dags = tmp_path / "dags"
+    dags.mkdir()  # the DAG of user-a only: user-b's states are orphans in the state scope
+    (dags / "daily.py").write_text(textwrap.dedent(STATE_SCOPE_DAG.format(dag_id="daily", scope=scopes[0],
+                                                                          state_scope=state_scope)))
+    with PravegaClient(uri) as client:
+        names = {}
+        for scope in scopes:
+            client.admin.create_scope(scope)
+            client.admin.create_stream(scope, "s", 1)
+            store = open_ingest_state(client, scope, "s", "daily.ingest", state_scope=state_scope)
+            coord = IngestCoordinator(store, client.transactions, scope, "s", tail_positions=lambda: {})
+            run_id, _plan = coord.start_run({"/in/a.jsonl": {"size": 10, "mtime": 1_790_000_000_000}})
+            coord.abandon(run_id)
+            store.close()
+            spec = ExportSpec(scope, "s", "/out", export_id="daily.export", interval_key="2026-11-01/2026-11-02",
+                              state_scope=state_scope)
+            with open_export_state(client, spec) as sync:
+                check_export_origin(client, sync, spec)
+                sync.update(lambda _s: {"op": "interval", "key": "2026-11-01/2026-11-02", "start": "head",
+                                        "end": "tail", "at": "2026-11-27T00:00:00Z"})
+            names[scope] = (ingest_location(scope, "s", "daily.ingest", state_scope)[1], export_location(spec)[1])
+            assert find_states(client, scope) == []  # nothing of ours in the user's scope
+
+        states = {s.stream: s for s in find_states(client, state_scope)}
+        assert set(states) == {n for pair in names.values() for n in pair}  # four: no collision
+        for scope, (ingest_name, export_name) in names.items():
+            assert (states[ingest_name].id, states[ingest_name].target) == ("daily.ingest", f"{scope}/s")
+            assert (states[export_name].id, states[export_name].target) == ("daily.export", f"{scope}/s")
+
+        orphans, undetermined = find_orphans(client, state_scope, load_dags(str(dags)))
+        assert sorted(o.stream for o in orphans) == sorted(names[scopes[1]]) and undetermined == []
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "airflow_provider_pravega", "state", "--controller-uri", uri,
+                               "--scope", scopes[0], *args], capture_output=True, text=True, timeout=300)
+
+    ingest_a, export_a = names[scopes[0]]
+    listed = cli("list", "--state-scope", state_scope)
+    assert listed.returncode == 0, listed.stderr
+    assert f"4 state(s) in scope {state_scope}" in listed.stdout and f"-> {scopes[1]}/s" in listed.stdout
+    assert "0 state(s)" in cli("list").stdout  # the user's scope holds none
+    shown = cli("inspect", ingest_a, "--state-scope", state_scope)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["summary"]["target"] == f"{scopes[0]}/s"
+    found = cli("--json", "orphans", "--dags-folder", str(dags), "--state-scope", state_scope)
+    assert sorted(o["stream"] for o in json.loads(found.stdout)["orphans"]) == sorted(names[scopes[1]])
+    for name in (ingest_a, export_a):
+        done = cli("--state-scope", state_scope, "reset", name, "--yes")
+        assert done.returncode == 0 and f"{state_scope}/{name}: reset" in done.stdout, done.stderr
+    with PravegaClient(uri) as client:
+        assert sorted(s.stream for s in find_states(client, state_scope)) == sorted(names[scopes[1]])
+
+
+def test_a_state_scope_is_refused_while_the_ingest_state_is_in_the_streams_scope(pravega_embedded,
+                                                                               unique_name) -> None:
+    """Setting state_scope on an existing ingest would start a state knowing no committed file."""
+    scope, state_scope = unique_name("moved"), unique_name("pravega-state")
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "s", 1)
+        open_ingest_state(client, scope, "s", "daily.ingest").close()
+        with pytest.raises(IngestError, match=f"keeps its state in {scope}/.*not in state_scope '{state_scope}'"):
+            open_ingest_state(client, scope, "s", "daily.ingest", state_scope=state_scope)
+        assert not client.admin.scope_exists(state_scope)  # refused before anything was created there
+        open_ingest_state(client, scope, "s", "daily.ingest").close()  # unchanged, it still opens

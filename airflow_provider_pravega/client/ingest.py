@@ -53,6 +53,7 @@ with :class:`UnresolvedCommitError` naming the run, its files and ``unknown_comm
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -61,7 +62,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -1361,21 +1362,57 @@ def record_run_done(store: StateStore, run_id: str, end: Mapping[str, int] | Non
 # ---------------------------------------------------------------------------------------------
 
 
-def state_location(scope: str, stream: str, ingest_id: str) -> tuple[str, str]:
-    """The state of ingest ``ingest_id`` into ``scope/stream``: a one-segment stream in the target
-    scope (not `_`-prefixed: Pravega reserves those names). Another target stream, another state."""
+def check_state_scope(state_scope: Any, option: str = "state_scope") -> str | None:
+    """``state_scope`` as given when it can name a Pravega scope (None: the target's own scope);
+    ValueError naming ``option`` otherwise, before anything is created there."""
+    if state_scope is None:
+        return None
+    from airflow_provider_pravega.protocol.naming import validate_scope_name
+
+    if not isinstance(state_scope, str):
+        raise ValueError(f"{option} must be a Pravega scope name (or None), got a {type(state_scope).__name__}")
+    try:
+        return validate_scope_name(state_scope)
+    except ValueError as exc:
+        raise ValueError(f"{option}={state_scope!r} is not a usable scope for the provider's state: {exc}") from None
+
+
+@contextlib.contextmanager
+def state_scope_access(scope: str, state_scope: str | None) -> Iterator[None]:
+    """A permission denied in a state scope of its own (not the target's ``scope``) named as the
+    ``state_scope`` option's, with the rights the provider needs there."""
+    from airflow_provider_pravega.client.errors import PravegaPermissionError
+
+    try:
+        yield
+    except PravegaPermissionError as exc:
+        if not state_scope or state_scope == scope or state_scope not in f"{exc.resource} {exc.detail}":
+            raise
+        raise PravegaPermissionError(
+            exc.where, exc.user, exc.action, exc.resource,
+            f"state_scope {state_scope!r} keeps the provider's state: the user needs READ_UPDATE on "
+            f"prn::/scope:{state_scope} and prn::/scope:{state_scope}/*, and the scope must exist or the user be "
+            f"allowed to create it" + (f"; {exc.detail}" if exc.detail else ""),
+        ) from None
+
+
+def state_location(scope: str, stream: str, ingest_id: str, state_scope: str | None = None) -> tuple[str, str]:
+    """The state of ingest ``ingest_id`` into ``scope/stream``: a one-segment stream in
+    ``state_scope`` (default: the target's own scope; not `_`-prefixed: Pravega reserves those
+    names). The digest covers scope, stream and id, so targets sharing a state scope never collide."""
     digest = hashlib.sha1(f"{scope}/{stream}\n{ingest_id}".encode()).hexdigest()[:20]
-    return scope, f"ingest-state-{digest}"
+    return state_scope or scope, f"ingest-state-{digest}"
 
 
-def reset_ingest_state(client: Any, scope: str, stream: str, ingest_id: str) -> bool:
+def reset_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, state_scope: str | None = None
+                       ) -> bool:
     """Forget everything ingest ``ingest_id`` recorded for ``scope/stream`` (runs, committed files,
     interval index): for a target stream that was deleted and re-created, whose old positions and
     files the state would otherwise keep describing. Refused while a run still heartbeats (a live
     run would lose its bookkeeping). Idempotent; returns False when there was nothing to forget."""
     from airflow_provider_pravega.client.committed_files import CommittedFiles
 
-    state_scope, state_stream = state_location(scope, stream, ingest_id)
+    state_scope, state_stream = state_location(scope, stream, ingest_id, state_scope)
     files = CommittedFiles(client, state_scope, state_stream)
     if not client.admin.stream_exists(state_scope, state_stream):
         return files.clear() > 0  # an earlier reset stopped between its two steps
@@ -1424,8 +1461,10 @@ def open_state_store(client: Any, scope: str, stream: str, *, create: bool = Tru
     return store
 
 
-def open_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, stale_after_s: float = 60.0) -> Any:
-    """The state of ingest ``ingest_id`` into ``scope/stream``, initialized on first use.
+def open_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, stale_after_s: float = 60.0,
+                      state_scope: str | None = None) -> Any:
+    """The state of ingest ``ingest_id`` into ``scope/stream``, initialized on first use (kept in
+    ``state_scope``, created if missing; default: the target's scope).
 
     Migration: when this state is new and an old-layout state of the same ingest id exists in the
     scope (not yet adopted by another target), and the target stream already holds data, the old
@@ -1434,7 +1473,10 @@ def open_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, s
     The state belongs to the stream it was first used with: once that stream was deleted and
     re-created, opening it is a RecreatedStreamError (see check_stream_origin).
     """
-    store = open_state_store(client, *state_location(scope, stream, ingest_id))
+    location = state_location(scope, stream, ingest_id, state_scope)
+    with state_scope_access(scope, state_scope):
+        _check_not_moved(client, location, scope, stream, ingest_id)
+        store = open_state_store(client, *location)
     try:
         if store.fetch().get("target") is None:
             _init_state(client, store, scope, stream, ingest_id, stale_after_s)
@@ -1443,6 +1485,21 @@ def open_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, s
         store.close()
         raise
     return store
+
+
+def _check_not_moved(client: Any, location: tuple[str, str], scope: str, stream: str, ingest_id: str) -> None:
+    """IngestError (before anything is created) when a new state in a state scope would leave the
+    ingest's state in the target's own scope behind: it would know no committed file and ingest
+    every file again."""
+    own_scope, own_stream = state_location(scope, stream, ingest_id)
+    if location == (own_scope, own_stream) or client.admin.stream_exists(*location) or \
+            not client.admin.stream_exists(own_scope, own_stream):
+        return
+    raise IngestError(
+        f"ingest {ingest_id!r} into {scope}/{stream} keeps its state in {own_scope}/{own_stream} (the stream's own "
+        f"scope), not in state_scope {location[0]!r}: a new state there would ingest every file of the source again. "
+        f"Leave state_scope unset for this ingest, or forget the old state (python -m airflow_provider_pravega state "
+        f"--scope {own_scope} reset {own_stream} --yes) to start afresh in {location[0]}.")
 
 
 def _init_state(client: Any, store: Any, scope: str, stream: str, ingest_id: str, stale_after_s: float) -> None:
@@ -1476,14 +1533,15 @@ def check_stream_origin(client: Any, store: Any, scope: str, stream: str, ingest
     if changed is None:
         return
     recorded, origin = changed
-    state_scope, state_stream = state_location(scope, stream, ingest_id)
     raise RecreatedStreamError(
-        f"the state of ingest {ingest_id!r} ({state_scope}/{state_stream}) belongs to an earlier stream "
+        f"the state of ingest {ingest_id!r} ({store.scope}/{store.stream}) belongs to an earlier stream "
         f"{scope}/{stream}, deleted and re-created since (the state's stream was created with segment(s) "
         f"{', '.join(map(str, recorded))}, the current one with {', '.join(map(str, origin))}). The files it "
         f"recorded as committed, and its interval index, describe the deleted stream: used as they are, they "
         f"would be skipped and never reach the new stream. Forget them with reset_ingest_state(client, "
-        f"{scope!r}, {stream!r}, {ingest_id!r}) (airflow_provider_pravega.client.ingest) to ingest into the new "
+        f"{scope!r}, {stream!r}, {ingest_id!r}"
+        f"{'' if store.scope == scope else f', state_scope={store.scope!r}'}) (airflow_provider_pravega.client.ingest) "
+        f"to ingest into the new "
         f"stream, or give this ingest another ingest_id."
     )
 

@@ -211,15 +211,18 @@ def _create_missing(admin: Any, scope: str, stream: str) -> None:
     its scope (READ_UPDATE on ``prn::/scope:S`` and ``prn::/scope:S/*``) needs no more."""
     if admin.stream_exists(scope, stream):
         return
+    what = f"the missing state stream {scope}/{stream}: no write permission on scope {scope}"
     try:
         if not admin.scope_exists(scope):
+            what = (f"the missing scope {scope} (for the state stream {scope}/{stream}): no permission to create "
+                    f"scopes; create scope {scope} first, or give the user create rights on it")
             admin.create_scope(scope)
+            what = f"the missing state stream {scope}/{stream}: no write permission on scope {scope}"
         admin.create_stream(scope, stream, scaling=ScalingPolicy.fixed(1))
     except PravegaPermissionError as exc:
         raise PravegaPermissionError(
             exc.where, exc.user, exc.action, exc.resource,
-            f"creating the missing state stream {scope}/{stream}: no write permission on scope {scope}"
-            + (f"; {exc.detail}" if exc.detail else ""),
+            f"creating {what}" + (f"; {exc.detail}" if exc.detail else ""),
         ) from None
 
 

@@ -49,6 +49,11 @@ class PravegaStreamCutExportOperator(BaseOperator):
         to the stream while such a run committed are included. An interval the ingest did not
         record (yet) fails with ``IntervalNotIngestedError`` naming it: let the export wait for the
         ingest (e.g. an ``ExternalTaskSensor`` on its commit sensor, as the example DAGs do).
+    :param state_scope: The scope that keeps this export's recorded cuts (templated; created if
+        missing), so the stream's scope needs no create rights. Default: the stream's own scope.
+        A new state scope starts with no recorded cuts ("previous" starts at the head again).
+    :param ingest_state_scope: With ``from_ingest``: the scope that keeps the ingest's state (its
+        ``state_scope``; templated). Default: ``state_scope``.
     :param on_truncated: ``fail`` (default) when the start cut lies before the stream's head, or
         ``head`` to start from the head there.
     :param num_partitions: Output files / Spark partitions (default one per segment range). About
@@ -72,7 +77,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "scope", "stream", "start_cut", "end_cut", "output_path", "export_id", "interval_key", "json_schema",
-        "from_ingest",
+        "from_ingest", "state_scope", "ingest_state_scope",
     )
     ui_color = "#9fd3c7"
 
@@ -93,12 +98,15 @@ class PravegaStreamCutExportOperator(BaseOperator):
         json_schema: str | None = None,
         compression: str | None = None,
         from_ingest: str | None = None,
+        state_scope: str | None = None,
+        ingest_state_scope: str | None = None,
         pravega_conn_id: str = PravegaHook.default_conn_name,
         spark_conn_id: str | None = "spark_default",
         spark_conf: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         _check_literal_cuts(scope, stream, start_cut, end_cut)  # before the task joins its DAG
+        _check_literal_state_scopes(state_scope=state_scope, ingest_state_scope=ingest_state_scope)
         if format == "delta" and isinstance(output_path, str) and not _templated(output_path):
             from airflow_provider_pravega.assets import table_asset
 
@@ -121,6 +129,8 @@ class PravegaStreamCutExportOperator(BaseOperator):
         self.json_schema = json_schema
         self.compression = compression
         self.from_ingest = from_ingest
+        self.state_scope = state_scope
+        self.ingest_state_scope = ingest_state_scope
         self.pravega_conn_id = pravega_conn_id
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf or {}
@@ -154,6 +164,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
             interval_key=self.interval_key or self.interval_of(context), on_truncated=self.on_truncated,
             num_partitions=self.num_partitions, json_schema=self.json_schema or None,
             compression=self.compression or None, from_ingest=self.from_ingest or None,
+            state_scope=self.state_scope, ingest_state_scope=self.ingest_state_scope,
         )
         spark_conf = dict(self.spark_conf)
         if spec.format == "delta":
@@ -211,3 +222,13 @@ def _check_literal_cuts(scope: Any, stream: Any, start_cut: Any, end_cut: Any) -
     for option, value in (("start_cut", start_cut), ("end_cut", end_cut)):
         if isinstance(value, str) and not _templated(value) or isinstance(value, dict):
             check_cut_option(option, value, scope, stream)
+
+
+def _check_literal_state_scopes(**options: Any) -> None:
+    """A bad literal state scope fails when the DAG is parsed, naming the option; a templated one
+    is checked at execute (by ExportSpec)."""
+    from airflow_provider_pravega.client.ingest import check_state_scope
+
+    for option, value in options.items():
+        if not _templated(value):
+            check_state_scope(value, option)

@@ -64,6 +64,10 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         ``mode="at_least_once"``). ``PravegaStreamCutExportOperator(from_ingest=<ingest id>)`` exports
         exactly what the runs of the same interval committed. Runs of one ingest with an interval
         commit one at a time (a run waits at its commit point for another one's commits to finish).
+    :param state_scope: The scope that keeps this ingest's state (templated; created if missing):
+        its state stream and committed-file table, so the target's scope needs no create rights and
+        holds only data. Default: the target stream's own scope. Changing it for an existing ingest
+        is refused while its state is in the stream's scope (a new state would ingest every file again).
     :param pravega_conn_id: The ``pravega`` connection.
     :param spark_conn_id: The Spark provider's ``spark`` connection (its host is the master URL) or
         ``spark_connect`` connection (``sc://…``); local mode when ``spark_default`` does not exist,
@@ -76,6 +80,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
 
     template_fields: Sequence[str] = (
         "scope", "stream", "source", "routing_key_field", "payload_field", "ingest_id", "interval_key",
+        "state_scope",
     )
     template_fields_renderers = {"source": "py"}
     ui_color = "#6dc0e3"
@@ -101,12 +106,15 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         unknown_commits: str | None = None,
         remember_files_for: timedelta | float | None = None,
         interval_key: str | None = None,
+        state_scope: str | None = None,
         durable: bool = True,
         pravega_conn_id: str = PravegaHook.default_conn_name,
         spark_conn_id: str | None = "spark_default",
         spark_conf: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        from airflow_provider_pravega.client.ingest import check_state_scope
+        from airflow_provider_pravega.operators.export import _templated
         from airflow_provider_pravega.spark.ingest_job import check_options
 
         # A retry resumes a killed try's run while its transactions are still leased: soon.
@@ -119,6 +127,8 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
                       payload_field=payload_field, num_writers=num_writers, stream_segments=stream_segments,
                       stale_after_s=float(stale_after_s), unknown_commits=unknown_commits,
                       remember_files_for_s=_seconds(remember_files_for))
+        if not _templated(state_scope):  # a template is checked once rendered (IngestSpec)
+            check_state_scope(state_scope)
         self.scope = scope
         self.stream = stream
         self.source = source
@@ -137,6 +147,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         self.unknown_commits = unknown_commits
         self.remember_files_for_s = _seconds(remember_files_for)
         self.interval_key = interval_key
+        self.state_scope = state_scope
         self.pravega_conn_id = pravega_conn_id
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf or {}
@@ -225,7 +236,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
             allow_changed_files=self.allow_changed_files, wait_for_commit=self.wait_for_commit,
             num_writers=self.num_writers, stale_after_s=self.stale_after_s, unknown_commits=self.unknown_commits,
             remember_files_for_s=self.remember_files_for_s, interval_key=self.interval_key or _data_interval(context),
-            **_task_try(context),
+            state_scope=self.state_scope, **_task_try(context),
         )
         return hook, spec
 

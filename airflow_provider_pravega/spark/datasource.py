@@ -212,6 +212,12 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _state_scope(text: str) -> str:
+    from airflow_provider_pravega.client.ingest import check_state_scope
+
+    return check_state_scope(text) or text  # never empty: an empty option is an absent one
+
+
 _CREATED = ("create_stream", "true")
 _EXACTLY_ONCE = ("mode", "exactly_once")
 _MODES = ("exactly_once", "at_least_once")
@@ -265,6 +271,9 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("stale_after_s", WRITES, _positive_seconds,
                "after a driver crash, how long a restarted query (or a rerun with the same write_id) waits before "
                "it finishes or rolls back the crashed commit", "60", _EXACTLY_ONCE),
+    OptionSpec("state_scope", WRITES, _state_scope,
+               "the scope keeping the write's record of committed partitions or micro-batches, created if missing "
+               "(default: the stream's scope)", None, _EXACTLY_ONCE),
     OptionSpec("create_stream", WRITES, _flag,
                "true creates the scope and the stream when missing, with the policy options below (false: a "
                "missing stream is an error)", "false"),
@@ -865,6 +874,7 @@ class _TaskWrites:
         self.event_text, self.has_key = _check_columns(schema)
         self.stale_after_s = _value(options, "stale_after_s")
         self.write_id = _option(options, "write_id")
+        self.state_scope = _value(options, "state_scope")
         self.run_id: str | None = None  # the run of a batch write (see PravegaBatchWriter)
         self.owner: str | None = None
         create = _value(options, "create_stream")
@@ -890,7 +900,7 @@ class _TaskWrites:
         task = TaskContext.get()
         unit = f"partition-{task.partitionId():05d}" if self.write_id is not None and task is not None else None
         with _client(self.config) as client:
-            store = _write_state(client, self.scope, self.stream, self.write_id, create=False)
+            store = _write_state(client, self.scope, self.stream, self.write_id, self.state_scope, create=False)
             try:
                 if unit is not None and known_files(store, store.fetch(), [unit]):
                     log.info("write %s: input partition %s was committed by an earlier job: skipped", self.write_id,
@@ -964,7 +974,7 @@ class _TaskWrites:
         from airflow_provider_pravega.client.ingest import open_ingest_state
 
         return open_ingest_state(client, self.scope, self.stream, f"spark-stream:{self.writer_id}",
-                                 stale_after_s=self.stale_after_s)
+                                 stale_after_s=self.stale_after_s, state_scope=self.state_scope)
 
     def _coordinator(self, client: Any, store: Any) -> Any:
         """The transactional stage's coordinator for this write's run (driver and tasks alike)."""
@@ -1024,7 +1034,7 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
         self.renewal = renewal
         with _client(self.config) as client:
             self._announce(client, run_id=None)  # a rerun's renewer lets go of the earlier run first
-            store = _write_state(client, self.scope, self.stream, self.write_id)
+            store = _write_state(client, self.scope, self.stream, self.write_id, self.state_scope)
             try:
                 coord = self._coordinator(client, store)
                 if self.write_id is None:  # independent jobs: none recovers another's run, dead ones are dropped
@@ -1055,7 +1065,8 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
         write = None if retire else {
             "scope": self.scope, "stream": self.stream, "run_id": run_id, "owner": self.owner,
             "ingest_id": f"spark-write:{self.write_id}" if self.write_id is not None else "spark-write",
-            "stale_after_s": self.stale_after_s, "lease_ms": self.config.transaction_lease_ms}
+            "state_scope": self.state_scope, "stale_after_s": self.stale_after_s,
+            "lease_ms": self.config.transaction_lease_ms}
         try:
             write_renewal.announce(client, renewal, self.renewal_key, write)
         except PravegaError as exc:
@@ -1073,7 +1084,7 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
         hex_ids = [f"{m.txn_id:032x}" for m in done]
         holds = {f"{m.txn_id:032x}": [m.unit] if m.unit else [] for m in done}
         with _client(self.config) as client:
-            store = _write_state(client, self.scope, self.stream, self.write_id, create=False)
+            store = _write_state(client, self.scope, self.stream, self.write_id, self.state_scope, create=False)
             try:
                 coord = self._coordinator(client, store)
                 _, status, returned = coord.commit_written(
@@ -1096,7 +1107,7 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
         if self.mode != "exactly_once":
             return
         with _client(self.config) as client:
-            store = _write_state(client, self.scope, self.stream, self.write_id, create=False)
+            store = _write_state(client, self.scope, self.stream, self.write_id, self.state_scope, create=False)
             try:
                 self._coordinator(client, store).abandon(self.run_id)  # aborts every registered transaction
             finally:
@@ -1219,15 +1230,17 @@ def _crash_point(step: str) -> None:
         time.sleep(0.2)
 
 
-def _write_state(client: Any, scope: str, stream: str, write_id: str | None, *, create: bool = True) -> Any:
-    """The state of batch writes into ``scope/stream``: one per ``write_id``, one shared by writes
-    without one (independent runs: their units are never recorded)."""
+def _write_state(client: Any, scope: str, stream: str, write_id: str | None, state_scope: str | None = None, *,
+                 create: bool = True) -> Any:
+    """The state of batch writes into ``scope/stream`` (kept in ``state_scope``; default: the
+    stream's scope): one per ``write_id``, one shared by writes without one (independent runs:
+    their units are never recorded)."""
     from airflow_provider_pravega.client.ingest import open_ingest_state, open_state_store, state_location
 
     ingest_id = f"spark-write:{write_id}" if write_id is not None else "spark-write"
     if create:
-        return open_ingest_state(client, scope, stream, ingest_id)
-    return open_state_store(client, *state_location(scope, stream, ingest_id), create=False)
+        return open_ingest_state(client, scope, stream, ingest_id, state_scope=state_scope)
+    return open_state_store(client, *state_location(scope, stream, ingest_id, state_scope), create=False)
 
 
 def _begin(manager: Any, scope: str, stream: str, lease_ms: int) -> Any:

@@ -210,8 +210,16 @@ class ExportSpec:
     #: The id of an exactly-once ingest into this stream: export what its runs of ``interval_key``
     #: committed (its interval index), instead of ``start_cut``/``end_cut``.
     from_ingest: str | None = None
+    #: The scope keeping this export's recorded cuts (None: the stream's own scope).
+    state_scope: str | None = None
+    #: ``from_ingest``: the scope keeping the ingest's state (None: ``state_scope``).
+    ingest_state_scope: str | None = None
 
     def __post_init__(self) -> None:
+        from airflow_provider_pravega.client.ingest import check_state_scope
+
+        check_state_scope(self.state_scope)
+        check_state_scope(self.ingest_state_scope, "ingest_state_scope")
         if self.format not in FORMATS:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.event_format not in EVENT_FORMATS:
@@ -346,6 +354,8 @@ class ExportState:
     #: ``python -m airflow_provider_pravega state``, since the stream's name holds only a digest.
     export_id: str | None = None
     stream: str | None = None
+    #: The exported stream's scope (None in states recorded before: the state's own scope).
+    scope: str | None = None
 
 
 def apply_update(state: ExportState, op: dict[str, Any]) -> ExportState:
@@ -362,30 +372,40 @@ def apply_update(state: ExportState, op: dict[str, Any]) -> ExportState:
     elif kind == "origin":
         if state.origin is None:
             state.origin = list(op["origin"])
-            state.export_id, state.stream = op.get("export_id"), op.get("stream")
+            state.export_id, state.stream, state.scope = op.get("export_id"), op.get("stream"), op.get("scope")
     return state
 
 
 def state_location(spec: ExportSpec) -> tuple[str, str]:
-    """Where an export id keeps its state: a one-segment stream in the exported stream's scope
-    (not ``_``-prefixed: Pravega reserves those names)."""
-    digest = hashlib.sha1(spec.effective_export_id.encode()).hexdigest()[:20]
-    return spec.scope, f"export-state-{digest}"
+    """Where an export id keeps its state: a one-segment stream in ``spec.state_scope`` (default:
+    the exported stream's scope; not ``_``-prefixed: Pravega reserves those names). In the stream's
+    own scope the digest is of the export id (as it always was); in another scope it also covers
+    the stream's scope and name, so exports of streams of several scopes sharing one state scope
+    never collide."""
+    state_scope = spec.state_scope or spec.scope
+    key = spec.effective_export_id
+    if state_scope != spec.scope:
+        key = f"{spec.scope}/{spec.stream}\n{key}"
+    return state_scope, f"export-state-{hashlib.sha1(key.encode()).hexdigest()[:20]}"
 
 
 def open_export_state(client: Any, spec: ExportSpec) -> Any:
+    """The export's recorded cuts (the stream, and its scope, created if missing)."""
+    from airflow_provider_pravega.client.ingest import state_scope_access
     from airflow_provider_pravega.client.synchronizer import StateSynchronizer
 
     scope, stream = state_location(spec)
-    return StateSynchronizer(client, scope, stream, ExportState(), apply_update)
+    with state_scope_access(spec.scope, spec.state_scope):
+        return StateSynchronizer(client, scope, stream, ExportState(), apply_update)
 
 
-def reset_export_state(client: Any, scope: str, stream: str, export_id: str) -> bool:
+def reset_export_state(client: Any, scope: str, stream: str, export_id: str, *, state_scope: str | None = None
+                       ) -> bool:
     """Forget every cut export ``export_id`` of ``scope/stream`` recorded (intervals, where
     ``previous`` continues): for a stream that was deleted and re-created. False when there was
     nothing to forget."""
-    state_scope, state_stream = state_location(ExportSpec(scope, stream, "/unused", export_id=export_id))
-    return client.admin.delete_stream(state_scope, state_stream, seal=True)
+    spec = ExportSpec(scope, stream, "/unused", export_id=export_id, state_scope=state_scope)
+    return client.admin.delete_stream(*state_location(spec), seal=True)
 
 
 def check_export_origin(client: Any, sync: Any, spec: ExportSpec) -> None:
@@ -394,7 +414,8 @@ def check_export_origin(client: Any, sync: Any, spec: ExportSpec) -> None:
     changed = client.admin.origin_changed(
         spec.scope, spec.stream, sync.fetch().origin,
         lambda origin: sync.update(lambda s: None if s.origin is not None else {
-            "op": "origin", "origin": origin, "export_id": spec.effective_export_id, "stream": spec.stream}).origin)
+            "op": "origin", "origin": origin, "export_id": spec.effective_export_id, "scope": spec.scope,
+            "stream": spec.stream}).origin)
     if changed is not None:
         recorded, origin = changed
         state_scope, state_stream = state_location(spec)
@@ -403,7 +424,8 @@ def check_export_origin(client: Any, sync: Any, spec: ExportSpec) -> None:
             f"earlier stream {spec.scope}/{spec.stream}, deleted and re-created since (created with segment(s) "
             f"{', '.join(map(str, recorded))}, the current one with {', '.join(map(str, origin))}): its intervals "
             f"and where 'previous' continues point into the deleted stream. Forget them with reset_export_state("
-            f"client, {spec.scope!r}, {spec.stream!r}, {spec.effective_export_id!r}) "
+            f"client, {spec.scope!r}, {spec.stream!r}, {spec.effective_export_id!r}"
+            f"{'' if state_scope == spec.scope else f', state_scope={state_scope!r}'}) "
             f"(airflow_provider_pravega.spark.export_job), and reset_ingest_state for an ingest into the stream, or "
             f"give the export another export_id."
         )
@@ -543,11 +565,13 @@ def ingest_interval_cuts(client: Any, spec: ExportSpec) -> tuple[_Decision, list
 
     key, ingest = spec.interval_key, spec.from_ingest
     where = f"ingest {ingest!r} into {spec.scope}/{spec.stream}"
-    state_scope, state_stream = ingest_state_location(spec.scope, spec.stream, ingest)
+    state_scope, state_stream = ingest_state_location(spec.scope, spec.stream, ingest,
+                                                      spec.ingest_state_scope or spec.state_scope)
     if not client.admin.stream_exists(state_scope, state_stream):
         raise IntervalNotIngestedError(
-            f"interval {key} was not ingested: {where} has no state (no run of it ever started; check the ingest id "
-            f"— the operator's default is '<dag_id>.<task_id>')")
+            f"interval {key} was not ingested: {where} has no state in scope {state_scope} (no run of it ever "
+            f"started; check the ingest id — the operator's default is '<dag_id>.<task_id>' — and the ingest's "
+            f"state_scope, which the export's ingest_state_scope must name)")
     with open_state_store(client, state_scope, state_stream, create=False) as store:
         check_stream_origin(client, store, spec.scope, spec.stream, ingest, record=False)
         state = store.fetch()
@@ -1169,6 +1193,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--export-id")
     ap.add_argument("--interval", help="interval key, e.g. 2026-11-20T00:00:00+00:00/2026-11-21T00:00:00+00:00")
     ap.add_argument("--from-ingest", help="export what this ingest id committed for --interval (its interval index)")
+    ap.add_argument("--state-scope", help="the scope keeping this export's recorded cuts, created if missing "
+                                          "(default: the stream's scope)")
+    ap.add_argument("--ingest-state-scope", help="with --from-ingest: the scope keeping the ingest's state "
+                                                 "(default: --state-scope)")
     ap.add_argument("--on-truncated", default="fail", choices=ON_TRUNCATED)
     ap.add_argument("--num-partitions", type=int)
     ap.add_argument("--json-schema")
@@ -1184,6 +1212,7 @@ def main(argv: list[str] | None = None) -> int:
             end_cut=args.end_cut, format=args.format, event_format=args.event_format, export_id=args.export_id,
             interval_key=args.interval, on_truncated=args.on_truncated, num_partitions=args.num_partitions,
             json_schema=args.json_schema, compression=args.compression, from_ingest=args.from_ingest,
+            state_scope=args.state_scope, ingest_state_scope=args.ingest_state_scope,
         )
         settings = spark_settings(args)
     except ValueError as exc:

@@ -42,6 +42,7 @@ from airflow_provider_pravega.client.ingest import (
     IngestCoordinator,
     IngestError,
     WriteResult,
+    check_state_scope,
     check_timing,
     check_write_access,
     committed_end,
@@ -144,8 +145,11 @@ class IngestSpec:
     #: Record the run's committed range under this key in the ingest's interval index (the
     #: operator passes its data interval, "<start ISO>/<end ISO>"); the export's interval_of reads it.
     interval_key: str | None = None
+    #: The scope keeping the ingest's state (created if missing); None: the stream's own scope.
+    state_scope: str | None = None
 
     def __post_init__(self) -> None:
+        check_state_scope(self.state_scope)
         check_options(format=self.format, mode=self.mode, on_empty=self.on_empty,
                       routing_key_field=self.routing_key_field, payload_field=self.payload_field,
                       num_writers=self.num_writers, stream_segments=self.stream_segments,
@@ -1055,8 +1059,9 @@ def _all_empty(batches: Iterator[Any]) -> bool:
 
 
 def state_location(spec: IngestSpec) -> tuple[str, str]:
-    """Where an ingest keeps its synchronizer state: keyed by the target stream and the ingest id."""
-    return _state_location(spec.scope, spec.stream, spec.effective_ingest_id)
+    """Where an ingest keeps its synchronizer state: keyed by the target stream and the ingest id,
+    in its state scope."""
+    return _state_location(spec.scope, spec.stream, spec.effective_ingest_id, spec.state_scope)
 
 
 def run_ingest(client: Any, spark: Any, spec: IngestSpec,
@@ -1088,7 +1093,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
     check_write_access(client, spec.scope, spec.stream)
     state_scope, state_stream = state_location(spec)
     store = open_ingest_state(client, spec.scope, spec.stream, spec.effective_ingest_id,
-                              stale_after_s=spec.stale_after_s)
+                              stale_after_s=spec.stale_after_s, state_scope=spec.state_scope)
     coord = _coordinator(client, store, spec)
     if precheck.files is not None:  # local files listed as Spark would: no JVM unless there is work
         listed = list(precheck.files)
@@ -1319,7 +1324,7 @@ def _record_empty_interval(client: Any, spec: IngestSpec) -> None:
     if spec.interval_key is None or spec.mode != "exactly_once" or not client.admin.stream_exists(spec.scope, spec.stream):
         return
     store = open_ingest_state(client, spec.scope, spec.stream, spec.effective_ingest_id,
-                              stale_after_s=spec.stale_after_s)
+                              stale_after_s=spec.stale_after_s, state_scope=spec.state_scope)
     try:
         coord = IngestCoordinator(store, client.transactions, spec.scope, spec.stream, stale_after_s=spec.stale_after_s,
                                   lease_ms=client.transactions.default_lease_ms,
@@ -1374,6 +1379,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds after which committed files are forgotten (default: never)")
     ap.add_argument("--interval", help="record the run's committed range under this interval key (see the export's "
                                        "--interval-of), e.g. 2026-11-20T00:00:00+00:00/2026-11-21T00:00:00+00:00")
+    ap.add_argument("--state-scope", help="the scope keeping the ingest's state, created if missing (default: the "
+                                          "stream's scope)")
     ap.add_argument("--on-empty", choices=("fail", "succeed"), default="fail",
                     help="what a source that matches no file does (default: fail)")
     ap.add_argument("--task-instance", help=argparse.SUPPRESS)  # what the operator passes: fast takeover
@@ -1383,15 +1390,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from airflow_provider_pravega.spark.session import get_spark_session
 
-    spec = IngestSpec(
-        scope=args.scope, stream=args.stream, source=args.source, format=args.format,
-        routing_key_field=args.routing_key_field, payload_field=args.payload_field, ingest_id=args.ingest_id,
-        mode=args.mode, create_stream=args.create_stream, stream_segments=args.segments,
-        num_writers=args.num_writers, stale_after_s=args.stale_after, unknown_commits=args.unknown_commits,
-        task_instance=args.task_instance, try_number=args.try_number, remember_files_for_s=args.remember_files_for,
-        interval_key=args.interval, on_empty=args.on_empty,
-    )
     try:
+        spec = IngestSpec(
+            scope=args.scope, stream=args.stream, source=args.source, format=args.format,
+            routing_key_field=args.routing_key_field, payload_field=args.payload_field, ingest_id=args.ingest_id,
+            mode=args.mode, create_stream=args.create_stream, stream_segments=args.segments,
+            num_writers=args.num_writers, stale_after_s=args.stale_after, unknown_commits=args.unknown_commits,
+            task_instance=args.task_instance, try_number=args.try_number,
+            remember_files_for_s=args.remember_files_for, interval_key=args.interval, on_empty=args.on_empty,
+            state_scope=args.state_scope,
+        )
         settings = spark_settings(args)
     except ValueError as exc:
         print(f"ingest failed: {exc}", file=sys.stderr)

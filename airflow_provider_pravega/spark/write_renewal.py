@@ -72,8 +72,8 @@ def write_key(renewal: Renewal, scope: str, stream: str, write_id: str | None, o
 
 def announce(client: Any, renewal: Renewal, key: str, write: Mapping[str, Any] | None) -> None:
     """Record (``write``) or retire (None) a write in the registry. ``write`` holds the target
-    ``scope``, ``stream``, ``ingest_id``, ``run_id`` (None while the run is being started),
-    ``owner``, ``stale_after_s`` and ``lease_ms``."""
+    ``scope``, ``stream``, ``ingest_id``, ``state_scope`` (None: the target's scope), ``run_id``
+    (None while the run is being started), ``owner``, ``stale_after_s`` and ``lease_ms``."""
     with open_registry(client, renewal.scope) as registry:
         if write is None:
             registry.update(lambda s: {"op": "retire", "key": key} if key in s["writes"] else None)
@@ -156,7 +156,8 @@ class _Followed:
         self.keeper = None
         try:
             self.store = open_state_store(
-                self.client, *state_location(entry["scope"], entry["stream"], entry["ingest_id"]), create=False)
+                self.client, *state_location(entry["scope"], entry["stream"], entry["ingest_id"],
+                                             entry.get("state_scope")), create=False)
             coord = IngestCoordinator(self.store, self.client.transactions, entry["scope"], entry["stream"],
                                       owner=entry["owner"], stale_after_s=entry["stale_after_s"],
                                       lease_ms=entry["lease_ms"], lease_keeper=self.client.lease_keeper)

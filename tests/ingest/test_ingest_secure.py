@@ -332,3 +332,28 @@ def test_a_read_only_user_is_told_it_cannot_write_the_stream(
     assert "createScope" not in message
     with _admin(server) as admin:
         assert admin.admin.list_streams(scope) == ["readings"]
+
+
+def test_a_state_scope_the_user_cannot_create_is_named(pravega_secure_embedded: Any, unique_name: Any) -> None:
+    """``writer-iot`` may write in scope ``iot`` only: a state scope it may not use fails before
+    anything is written, naming the option and the scope."""
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.client.config import PravegaConnectionConfig
+    from airflow_provider_pravega.client.errors import PravegaPermissionError
+    from airflow_provider_pravega.client.ingest import open_ingest_state, state_location
+
+    server = pravega_secure_embedded
+    stream, state_scope = unique_name("stated"), unique_name("iot-state")
+    with _admin(server) as admin:
+        admin.admin.create_scope("iot")
+        admin.admin.create_stream("iot", stream, 1)
+    host, port = server.controller_uri.split("://", 1)[1].rsplit(":", 1)
+    config = PravegaConnectionConfig.from_connection_fields(
+        host=host, port=int(port), login="writer-iot", password=server.passwords["writer-iot"],
+        extra={"tls": server.tls, "trust_store": str(server.ca_cert)})
+    with PravegaClient(config) as client, pytest.raises(PravegaPermissionError) as caught:
+        open_ingest_state(client, "iot", stream, "daily", state_scope=state_scope)
+    assert f"state_scope {state_scope!r} keeps the provider's state" in str(caught.value), str(caught.value)
+    with _admin(server) as admin:
+        assert not admin.admin.scope_exists(state_scope)
+        assert not admin.admin.stream_exists(*state_location("iot", stream, "daily"))  # nor in the stream's scope

@@ -389,3 +389,29 @@ def test_a_worker_interpreter_without_the_providers_dependencies_is_told_what_to
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: the pravega Spark data source cannot import grpc"), proc.stderr
     assert "PYSPARK_PYTHON" in last and sys.executable in last
+
+
+def test_a_write_keeps_its_record_in_the_state_scope(registered, client, pravega_controller_uri, unique_name):
+    """Option state_scope: the write's record (by write_id) lives there, none in the stream's scope,
+    and a rerun with the same write_id finds it (nothing written twice); a bad one is refused."""
+    from pyspark.errors import PySparkException
+
+    from airflow_provider_pravega.client.ingest import state_location
+
+    scope, state_scope = unique_name("ds-user"), unique_name("ds-state")
+    frame = registered.range(0, 60, 1, 3).selectExpr("cast(id as string) as event")
+
+    def save(**options: str) -> None:
+        writer = frame.write.format("pravega").mode("append")
+        for k, v in {"controller": pravega_controller_uri, "scope": scope, "stream": "s", "create_stream": "true",
+                     "write_id": "daily", **options}.items():
+            writer = writer.option(k, v)
+        writer.save()
+
+    with pytest.raises(PySparkException, match="state_scope='no spaces'"):
+        save(state_scope="no spaces")
+    for _ in range(2):
+        save(state_scope=state_scope)
+    assert Counter(_stream_events(client, scope, "s")) == Counter(str(i).encode() for i in range(60))
+    assert [n for n in client.admin.list_streams(scope) if n.startswith("ingest-state-")] == []
+    assert state_location(scope, "s", "spark-write:daily", state_scope)[1] in client.admin.list_streams(state_scope)
