@@ -104,7 +104,7 @@ def auth_only(pravega_secure_embedded_factory_module: Callable[..., Any]) -> Any
 @pytest.fixture(scope="module")
 def pravega_secure_embedded_factory_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
     """Like the plugin's function-scoped factory, but the servers live for the whole module."""
-    from pravega_testing import pytest_plugin
+    from airflow_provider_pravega.embedded import pytest_plugin
 
     started: list[Any] = []
 
@@ -556,7 +556,7 @@ def standalone_secure(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
         pytest.skip("Pravega standalone not selected (--pravega-backend standalone/both/auto)")
     from backends.standalone import PravegaStandalone, script
 
-    from pravega_testing import pytest_plugin
+    from airflow_provider_pravega.embedded import pytest_plugin
     from airflow_provider_pravega.embedded.local_pki import make_java_stores, make_test_pki
 
     base = tmp_path_factory.mktemp("standalone-secure")
