@@ -15,6 +15,7 @@ always runs the code under test.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -60,31 +61,9 @@ def default_install_venv(where: Path | None = None) -> ClientVenv:
     """``where`` (default :func:`default_venv_path`) with the default install of this checkout, on
     this interpreter's version, pinned by :func:`constraints_file`. Safe to call from several
     processes at once (a lock file beside the venv)."""
-    import fcntl
-
-    venv = where or default_venv_path()
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{venv}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _install(venv)
-
-
-def _install(venv: Path) -> ClientVenv:
     constraints = constraints_file()
-    python = venv / "bin" / "python"
-    stamp = venv / ".deps.sha256"
-    want = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + constraints.read_bytes()).hexdigest()
-    with tempfile.TemporaryDirectory(prefix="pravega-wheel-") as out:
-        wheel = _build_wheel(Path(out))
-        names = _wheel_files(wheel)
-        if not (stamp.is_file() and stamp.read_text() == want and python.is_file()):
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-            _pip(python, "install", "-c", str(constraints), str(wheel))
-            stamp.write_text(want)
-        else:
-            _pip(python, "install", "--no-deps", "--force-reinstall", str(wheel), timeout=300)
-    return ClientVenv(python, names)
+    deps = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + constraints.read_bytes()).hexdigest()
+    return _venv_with_wheel(where or default_venv_path(), deps, ("-c", str(constraints)))
 
 
 #: What the provider's code needs in a Spark Connect server's Python workers (the data source).
@@ -94,41 +73,81 @@ SERVER_WORKER_REQUIREMENTS = ("pyarrow>=15", "pandas>=2.2,<3", "grpcio>=1.85.1",
 def spark_server_venv(pyspark_version: str, where: Path | None = None) -> ClientVenv:
     """A venv with ``pyspark==pyspark_version`` and this checkout's wheel (installed without its
     dependencies: its pyspark range may not include that release)."""
+    venv = where or REPO / f".venv-spark-server-{pyspark_version}-{sys.version_info[0]}.{sys.version_info[1]}"
+    deps = hashlib.sha256(f"{pyspark_version} {SERVER_WORKER_REQUIREMENTS}".encode()).hexdigest()
+    return _venv_with_wheel(venv, deps, (f"pyspark=={pyspark_version}", *SERVER_WORKER_REQUIREMENTS), no_deps=True)
+
+
+def _venv_with_wheel(venv: Path, deps: str, install_args: tuple[str, ...], no_deps: bool = False) -> ClientVenv:
+    """``venv`` with its dependencies (installed again when ``deps`` changes) and this checkout's
+    wheel (installed again when the package's sources change), under a lock per venv."""
     import fcntl
 
-    venv = where or REPO / f".venv-spark-server-{pyspark_version}-{sys.version_info[0]}.{sys.version_info[1]}"
     venv.parent.mkdir(parents=True, exist_ok=True)
+    python = venv / "bin" / "python"
+    deps_stamp, wheel_stamp, listing = venv / ".deps.sha256", venv / ".wheel.sha256", venv / ".wheel-files.json"
     with open(f"{venv}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        python = venv / "bin" / "python"
-        stamp = venv / ".deps.sha256"
-        want = hashlib.sha256(f"{pyspark_version} {SERVER_WORKER_REQUIREMENTS}".encode()).hexdigest()
-        if not (stamp.is_file() and stamp.read_text() == want and python.is_file()):
+        fresh = not (deps_stamp.is_file() and deps_stamp.read_text() == deps and python.is_file())
+        if fresh:
             shutil.rmtree(venv, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-            _pip(python, "install", f"pyspark=={pyspark_version}", *SERVER_WORKER_REQUIREMENTS)
-            stamp.write_text(want)
-        with tempfile.TemporaryDirectory(prefix="pravega-wheel-") as out:
-            wheel = _build_wheel(Path(out))
-            _pip(python, "install", "--no-deps", "--force-reinstall", str(wheel), timeout=300)
-            names = _wheel_files(wheel)
-    return ClientVenv(python, names)
+        sources = _sources_digest()
+        if fresh or not (wheel_stamp.is_file() and wheel_stamp.read_text() == sources and listing.is_file()):
+            with tempfile.TemporaryDirectory(prefix="pravega-wheel-") as out:
+                wheel = _build_wheel(Path(out))
+                if fresh and not no_deps:
+                    _pip(python, "install", *install_args, str(wheel))
+                else:
+                    if fresh:
+                        _pip(python, "install", *install_args)
+                    _pip(python, "install", "--no-deps", "--force-reinstall", str(wheel), timeout=300)
+                listing.write_text(json.dumps(_wheel_files(wheel)))
+            deps_stamp.write_text(deps)
+            wheel_stamp.write_text(sources)
+        return ClientVenv(python, tuple(json.loads(listing.read_text())))
+
+
+#: What goes into the wheel: pyproject.toml's packages (the package only) and the readme.
+_WHEEL_SOURCES = ("pyproject.toml", "README.md")
+
+
+def _package_files() -> list[Path]:
+    files = [REPO / name for name in _WHEEL_SOURCES]
+    files += sorted(p for p in (REPO / "airflow_provider_pravega").rglob("*")
+                    if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    return files
+
+
+def _sources_digest() -> str:
+    digest = hashlib.sha256()
+    for path in _package_files():
+        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _build_wheel(out: Path) -> Path:
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)],
-                           capture_output=True, text=True, timeout=600)
+    """The wheel of a copy of the package's sources: setuptools builds in its source tree
+    (``build/``, ``*.egg-info``), so building in the checkout itself could ship files left there
+    by an older build, and builds run side by side would share those directories."""
+    tree = out / "src"
+    for path in _package_files():
+        target = tree / path.relative_to(REPO)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                            str(out), str(tree)], capture_output=True, text=True, timeout=600)
     if built.returncode != 0:
         raise ClientVenvError(f"building the wheel failed:\n{built.stderr[-3000:]}")
     (wheel,) = out.glob("airflow_provider_pravega-*.whl")
     return wheel
 
 
-def _wheel_files(wheel: Path) -> tuple[str, ...]:
+def _wheel_files(wheel: Path) -> list[str]:
     import zipfile
 
     with zipfile.ZipFile(wheel) as archive:
-        return tuple(archive.namelist())
+        return archive.namelist()
 
 
 def without_java(tmp: Path) -> tuple[dict[str, str], Path]:

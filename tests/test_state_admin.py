@@ -214,3 +214,22 @@ def test_a_state_scope_is_refused_while_the_ingest_state_is_in_the_streams_scope
             open_ingest_state(client, scope, "s", "daily.ingest", state_scope=state_scope)
         assert not client.admin.scope_exists(state_scope)  # refused before anything was created there
         open_ingest_state(client, scope, "s", "daily.ingest").close()  # unchanged, it still opens
+
+
+def test_a_state_scope_is_refused_while_the_export_state_is_in_the_streams_scope(pravega_embedded,
+                                                                               unique_name) -> None:
+    """The same for an export: a new state would start 'previous' at the head and forget its intervals."""
+    from airflow_provider_pravega.spark.export_job import ExportError, ExportSpec, open_export_state
+
+    scope, state_scope = unique_name("moved"), unique_name("pravega-state")
+    spec = ExportSpec(scope, "s", "/unused", export_id="daily.export")
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "s", 1)
+        open_export_state(client, spec).close()
+        moved = ExportSpec(scope, "s", "/unused", export_id="daily.export", state_scope=state_scope)
+        with pytest.raises(ExportError, match=f"keeps its recorded cuts in {scope}/.*not in state_scope '{state_scope}'"):
+            open_export_state(client, moved)
+        assert not client.admin.scope_exists(state_scope)  # refused before anything was created there
+        fresh = ExportSpec(scope, "s", "/unused", export_id="another.export", state_scope=state_scope)
+        open_export_state(client, fresh).close()  # an export with no state yet may start in a state scope

@@ -59,6 +59,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 import uuid
@@ -1386,7 +1387,9 @@ def state_scope_access(scope: str, state_scope: str | None) -> Iterator[None]:
     try:
         yield
     except PravegaPermissionError as exc:
-        if not state_scope or state_scope == scope or state_scope not in f"{exc.resource} {exc.detail}":
+        # the state scope as a whole name ("scope iot-state", "stream iot-state/x"), not inside another
+        named = state_scope in {word.rstrip(".") for word in re.split(r"[\s/:,;()'\"]+", f"{exc.resource} {exc.detail}")}
+        if not state_scope or state_scope == scope or not named:
             raise
         raise PravegaPermissionError(
             exc.where, exc.user, exc.action, exc.resource,

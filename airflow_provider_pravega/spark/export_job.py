@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -396,6 +397,15 @@ def open_export_state(client: Any, spec: ExportSpec) -> Any:
 
     scope, stream = state_location(spec)
     with state_scope_access(spec.scope, spec.state_scope):
+        if scope != spec.scope and not client.admin.stream_exists(scope, stream):
+            own = state_location(dataclasses.replace(spec, state_scope=None))
+            if client.admin.stream_exists(*own):  # a fresh state would forget every recorded cut
+                raise ExportError(
+                    f"export {spec.effective_export_id!r} of {spec.scope}/{spec.stream} keeps its recorded cuts in "
+                    f"{own[0]}/{own[1]} (the stream's own scope), not in state_scope {scope!r}: a new state there "
+                    f"would start 'previous' at the head again and forget every interval. Leave state_scope unset "
+                    f"for this export, or forget the old state (python -m airflow_provider_pravega state --scope "
+                    f"{own[0]} reset {own[1]} --yes) to start afresh in {scope}.")
         return StateSynchronizer(client, scope, stream, ExportState(), apply_update)
 
 

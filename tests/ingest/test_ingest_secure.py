@@ -160,7 +160,8 @@ def test_ingest_with_credentials_over_tls_exactly_once_and_no_password_in_logs(
     _set_connection(monkeypatch, "pravega_secure_admin", server, "admin", scope)
     env = {k: v for k, v in os.environ.items() if not k.startswith("pravega_client_")}
     env.update(AIRFLOW_HOME=str(home), AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
-               AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"))
+               AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))  # pravega_testing, from any directory
     params = {"log_file": str(log_file), "conn_id": "pravega_secure_admin", "dag_id": dag_id,
               "source": str(source), "runs": 2}
     done = subprocess.run([sys.executable, "-c", _LOGGED_RUN, json.dumps(params)], env=env, capture_output=True,
