@@ -149,7 +149,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_provider_pravega.client.errors import StreamNotFoundError
         from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
-        from airflow_provider_pravega.spark.session import get_spark_session
+        from airflow_provider_pravega.spark.session import get_spark_session, starts_local_session
 
         hook = PravegaHook(self.pravega_conn_id)
         config = hook.get_config()
@@ -176,9 +176,10 @@ class PravegaStreamCutExportOperator(BaseOperator):
         with hook.get_client() as client:
             if not client.admin.stream_exists(scope, self.stream):  # said before any JVM or Connect session
                 raise StreamNotFoundError(scope, self.stream)
-            spark = get_spark_session(self.spark_conn_id, f"pravega-export-{self.dag_id}.{self.task_id}",
-                                      **spark_conf)
-            result = run_export(client, spark, spec)
+            result = run_export(  # Spark starts when there is something to read
+                client, lambda: get_spark_session(self.spark_conn_id, f"pravega-export-{self.dag_id}.{self.task_id}",
+                                                  **spark_conf),
+                spec, local_files=starts_local_session(self.spark_conn_id, **spark_conf))
         self._result = result.to_dict()
         self.log.info(
             "exported %d events (%d bytes) of %s/%s%s to %d file(s) in %s (%.1f s)", result.events, result.bytes,

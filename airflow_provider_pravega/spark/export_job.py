@@ -93,13 +93,15 @@ from airflow_provider_pravega.spark.connection_args import (
     spark_settings,
 )
 from airflow_provider_pravega.spark import datasource
-from airflow_provider_pravega.spark.session import Py4JError
+from airflow_provider_pravega.spark.session import Py4JError, started_on_first_use
 from airflow_provider_pravega.spark.filesystem import (
     ConnectPluginMissingError,
     FileSystemError,
+    LocalFileSystem,
     filesystem_for,
     is_connect,
     java_message,
+    local_path,
 )
 
 log = logging.getLogger(__name__)
@@ -660,11 +662,10 @@ class OutputLocation:
     Hadoop path texts; ``fs`` is the session's filesystem access (:func:`filesystem_for`: py4j in a
     classic session, the server plugin through Spark Connect)."""
 
-    def __init__(self, spark: Any, path: str) -> None:
-        self.spark = spark
+    def __init__(self, spark: Any, path: str, fs: Any = None) -> None:
         self.given = path.strip()
         self.text = self.given.rstrip("/") or "/"
-        self.fs = filesystem_for(spark)
+        self.fs = fs if fs is not None else filesystem_for(spark)
         try:
             where = self.fs.resolve(self.text)
         except ConnectPluginMissingError as exc:
@@ -1009,9 +1010,49 @@ def config_of(client: Any) -> PravegaConnectionConfig:
     return ingest_config_of(client)
 
 
-def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
-    """Export ``spec.scope/spec.stream`` between the spec's cuts to ``spec.output_path``."""
+def _without_spark(spec: ExportSpec, local_files: bool) -> LocalFileSystem | None:
+    """This machine's files when an export with nothing to read can be written without Spark: its
+    output is a local path that Spark would write on this machine too (``local_files``: the session
+    would run here), in a format whose empty output is known (not Delta, not JSON columns, Spark's
+    default compression)."""
+    if (not local_files or spec.format == "delta" or spec.event_format == "json" or spec.compression is not None
+            or local_path(spec.output_path) is None):
+        return None
+    return LocalFileSystem()
+
+
+def _write_empty(output: OutputLocation, spec: ExportSpec) -> list[str]:
+    """Into the temporary directory, what Spark writes for no rows, with the part names the export
+    gives them: a Parquet file with only the schema (Spark's own schema metadata included, so Spark
+    reads the same types back), an empty JSON-lines file, a CSV file with only its header."""
+    fields = [("event", "binary" if spec.event_format == "binary" else "string"), ("segment_id", "long"),
+              ("offset", "long")]
+    output.fs.mkdirs(output.temp)
+    if spec.format == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        arrow = {"binary": pa.binary(), "string": pa.string(), "long": pa.int64()}
+        # The export's columns are never null (the data source's rows), and Spark records it so.
+        row = {"type": "struct", "fields": [{"name": n, "type": t, "nullable": False, "metadata": {}} for n, t in fields]}
+        schema = pa.schema([pa.field(n, arrow[t], nullable=False) for n, t in fields],
+                           metadata={"org.apache.spark.sql.parquet.row.metadata": json.dumps(row, separators=(",", ":"))})
+        name = "part-00000.snappy.parquet"
+        pq.write_table(schema.empty_table(), output.child(output.temp, name), compression="snappy")
+    else:
+        name = f"part-00000.{'json' if spec.format == 'jsonl' else 'csv'}"
+        output.write_text(output.child(output.temp, name),
+                          "" if spec.format == "jsonl" else ",".join(n for n, _ in fields) + "\n")
+    return [name]
+
+
+def run_export(client: Any, spark: Any, spec: ExportSpec, *, local_files: bool = False) -> ExportResult:
+    """Export ``spec.scope/spec.stream`` between the spec's cuts to ``spec.output_path``.
+
+    ``spark`` is a SparkSession, or a function that starts one: an export with nothing to read into
+    a local path (``local_files``: a session would run on this machine) then starts none."""
     started = time.monotonic()
+    get_spark = started_on_first_use(spark)
     scope, stream = spec.scope, spec.stream
     if not client.admin.stream_exists(scope, stream):
         raise StreamNotFoundError(scope, stream)
@@ -1019,7 +1060,11 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
         spec.start_cut, scope, stream, unbounded=HEAD, what="start cut")
     end_given = StreamCut.coerce(spec.end_cut, scope, stream, unbounded=TAIL, what="end cut")
     export_id = spec.effective_export_id
-    output = OutputLocation(spark, spec.output_path) if spec.format != "delta" else None
+    local_fs = _without_spark(spec, local_files)
+    output = None
+    if spec.format != "delta":
+        output = OutputLocation(None, spec.output_path, local_fs) if local_fs else OutputLocation(
+            get_spark(), spec.output_path)
     existing = None
     if output is not None:
         output.check_writable()
@@ -1059,62 +1104,72 @@ def run_export(client: Any, spark: Any, spec: ExportSpec) -> ExportResult:
         if pieces is not None:
             result.ingest_runs = ingest_runs
         if output is None:  # a Delta table always has an interval (ExportSpec): its cuts are recorded
-            _export_to_delta(client, spark, spec, decision, pieces, result, started, planned_bytes)
+            _export_to_delta(client, get_spark(), spec, decision, pieces, result, started, planned_bytes)
             if sync is not None:
                 _maybe_compact(sync)
             return result
-        # Counted by an observation of the rows (the data source's tasks have no accumulators).
-        if is_connect(spark):  # no SparkContext: no progress thread
-            from pyspark.sql.connect.observation import Observation
-
-            progress = None
-        else:
-            from pyspark.sql import Observation
-
-            progress = _Progress(spark, f"export {export_id}")
-        observation = Observation("pravega_export_counts")
         try:
-            groups = group_ranges(decision.ranges, spec.num_partitions)
-            order = launch_order(decision.ranges, groups)
-            frame = build_frame(spark, config_of(client), spec, decision.ranges, [groups[g] for g in order],
-                                observation)
-            # "error" is "errorifexists" (the only spelling Spark Connect takes)
-            writer = frame.write.mode("error").format(_SPARK_FORMAT[spec.format])
-            if spec.format == "csv":  # RFC 4180 quoting ("" inside quotes), readable by any CSV reader
-                writer = writer.option("header", True).option("escape", '"')
-            if spec.format == "parquet" and spec.event_format != "json":
-                writer = writer.options(**PARQUET_OPTIONS)
-            if spec.compression is not None:
-                writer = writer.option("compression", spec.compression)
-            if progress is not None:
-                progress.start()
+            if local_fs is not None and not decision.ranges:  # nothing to read: no Spark
+                result.phases["prepare"] = round(time.monotonic() - started, 3)
+                names = _write_empty(output, spec)
+                result.phases["write"] = 0.0
+                published_at = time.monotonic()
+                log.info("export %s: nothing to read; wrote the empty output without Spark", export_id)
             else:
-                log.info("export %s: writing %d partition(s) through Spark Connect", export_id, len(groups))
-            written_at = time.monotonic()
-            result.phases["prepare"] = round(written_at - started, 3)
-            try:
-                writer.save(output.temp)
-            except Exception as exc:
-                clear = _worker_failure(spec, exc)
-                if clear is not None:
-                    raise clear from None
-                raise
-            finally:
+                if local_fs is not None:  # Spark writes the files: its filesystem moves them
+                    output = OutputLocation(get_spark(), spec.output_path)
+                spark = get_spark()
+                # Counted by an observation of the rows (the data source's tasks have no accumulators).
+                if is_connect(spark):  # no SparkContext: no progress thread
+                    from pyspark.sql.connect.observation import Observation
+
+                    progress = None
+                else:
+                    from pyspark.sql import Observation
+
+                    progress = _Progress(spark, f"export {export_id}")
+                observation = Observation("pravega_export_counts")
+                groups = group_ranges(decision.ranges, spec.num_partitions)
+                order = launch_order(decision.ranges, groups)
+                frame = build_frame(spark, config_of(client), spec, decision.ranges, [groups[g] for g in order],
+                                    observation)
+                # "error" is "errorifexists" (the only spelling Spark Connect takes)
+                writer = frame.write.mode("error").format(_SPARK_FORMAT[spec.format])
+                if spec.format == "csv":  # RFC 4180 quoting ("" inside quotes), readable by any CSV reader
+                    writer = writer.option("header", True).option("escape", '"')
+                if spec.format == "parquet" and spec.event_format != "json":
+                    writer = writer.options(**PARQUET_OPTIONS)
+                if spec.compression is not None:
+                    writer = writer.option("compression", spec.compression)
                 if progress is not None:
-                    progress.stop()
-            result.phases["write"] = round(time.monotonic() - written_at, 3)
-            published_at = time.monotonic()
-            counted = observation.get  # missing metrics: 0, and the check below counts the output
-            result.events, result.bytes = int(counted.get("events") or 0), int(counted.get("bytes") or 0)
-            if result.bytes + wire.EVENT_HEADER_LEN * result.events != planned_bytes:
-                log.warning("the observed counts (%d events, %d bytes) do not add up to the %d bytes planned (a task "
-                            "ran twice?); counting the output instead", result.events, result.bytes, planned_bytes)
-                reader = spark.read.format(_SPARK_FORMAT[spec.format])
-                if spec.format == "csv":
-                    reader = reader.option("header", True).option("multiLine", True).option("escape", '"')
-                result.events = reader.load(output.temp).count()
-                result.bytes = planned_bytes - wire.EVENT_HEADER_LEN * result.events
-            names = output.finalize_parts(order)
+                    progress.start()
+                else:
+                    log.info("export %s: writing %d partition(s) through Spark Connect", export_id, len(groups))
+                written_at = time.monotonic()
+                result.phases["prepare"] = round(written_at - started, 3)
+                try:
+                    writer.save(output.temp)
+                except Exception as exc:
+                    clear = _worker_failure(spec, exc)
+                    if clear is not None:
+                        raise clear from None
+                    raise
+                finally:
+                    if progress is not None:
+                        progress.stop()
+                result.phases["write"] = round(time.monotonic() - written_at, 3)
+                published_at = time.monotonic()
+                counted = observation.get  # missing metrics: 0, and the check below counts the output
+                result.events, result.bytes = int(counted.get("events") or 0), int(counted.get("bytes") or 0)
+                if result.bytes + wire.EVENT_HEADER_LEN * result.events != planned_bytes:
+                    log.warning("the observed counts (%d events, %d bytes) do not add up to the %d bytes planned (a task "
+                                "ran twice?); counting the output instead", result.events, result.bytes, planned_bytes)
+                    reader = spark.read.format(_SPARK_FORMAT[spec.format])
+                    if spec.format == "csv":
+                        reader = reader.option("header", True).option("multiLine", True).option("escape", '"')
+                    result.events = reader.load(output.temp).count()
+                    result.bytes = planned_bytes - wire.EVENT_HEADER_LEN * result.events
+                names = output.finalize_parts(order)
             marker = {
                 "export_id": export_id, "scope": scope, "stream": stream, "interval": spec.interval_key,
                 "start_cut": start_text, "end_cut": end_text, "format": spec.format,
@@ -1214,7 +1269,7 @@ def main(argv: list[str] | None = None) -> int:
     add_spark_arguments(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from airflow_provider_pravega.spark.session import get_spark_session
+    from airflow_provider_pravega.spark.session import get_spark_session, starts_local_session
 
     try:
         spec = ExportSpec(
@@ -1235,8 +1290,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = session_conf(settings)
 
     def job(client: Any) -> ExportResult:
-        spark = get_spark_session(None, "pravega-export", **settings)
-        return run_export(client, spark, spec)
+        return run_export(client, lambda: get_spark_session(None, "pravega-export", **settings), spec,
+                          local_files=starts_local_session(None, **settings))
 
     return run_job_command("export", args, job, (PravegaError, ValueError))
 

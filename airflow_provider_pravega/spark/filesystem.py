@@ -5,19 +5,23 @@ so the moves see what Spark's writers wrote. A classic session reaches it throug
 driver's JVM (:class:`JvmFileSystem`); a Spark Connect client has no JVM, so each call goes to the
 server as an extension relation that the plugin of :mod:`~airflow_provider_pravega.spark.connect_plugin`
 answers (:class:`ConnectFileSystem`). Paths are Hadoop path texts; both raise
-:class:`FileSystemError` with the first line of the Java exception.
+:class:`FileSystemError` with the first line of the Java exception. An export with nothing to
+write to this machine's files needs no Spark at all: :class:`LocalFileSystem` does the same calls
+with Python's own file functions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ConnectFileSystem", "ConnectPluginMissingError", "FileSystemError", "JvmFileSystem", "Resolved",
-           "filesystem_for", "is_connect"]
+__all__ = ["ConnectFileSystem", "ConnectPluginMissingError", "FileSystemError", "JvmFileSystem", "LocalFileSystem",
+           "Resolved", "filesystem_for", "is_connect", "local_path"]
 
 
 class FileSystemError(Exception):
@@ -58,6 +62,86 @@ def java_message(exc: BaseException | None) -> str:
             return str(java.toString()).splitlines()[0]
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def local_path(path: str) -> str | None:
+    """The absolute local path of a plain path or a ``file:`` URI; None for any other filesystem."""
+    head, sep, _ = path.partition("://")
+    if sep and head.isidentifier() and head.lower() != "file":
+        return None
+    if path.startswith("file:"):
+        from urllib.parse import unquote, urlsplit
+
+        path = unquote(urlsplit(path).path) if path.startswith("file://") else path[len("file:"):]
+    elif ":" in path.split("/", 1)[0]:  # another scheme without "//" (e.g. "s3a:bucket")
+        return None
+    return os.path.abspath(path)
+
+
+class LocalFileSystem:
+    """This machine's files, with the calls of :class:`JvmFileSystem`, for an export that writes
+    without Spark (nothing to read, a local output path): no JVM is started for it."""
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except OSError as exc:
+            raise FileSystemError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
+
+    def resolve(self, path: str) -> Resolved:
+        local = local_path(path)
+        if local is None:
+            raise FileSystemError(f"{path} is not a local path")
+        parent = os.path.dirname(local)
+        return Resolved(local, None if parent == local else parent, os.path.basename(local), "file")
+
+    def child(self, base: str, name: str) -> str:
+        return os.path.join(base, name)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def mkdirs(self, path: str) -> bool:
+        self._call(os.makedirs, path, 0o777, True)
+        return True
+
+    def create(self, path: str) -> None:
+        self._call(lambda: open(path, "wb").close())
+
+    def list(self, path: str) -> list[str]:
+        return sorted(self._call(os.listdir, path))
+
+    def rename(self, src: str, dst: str) -> bool:
+        if os.path.exists(dst):  # Hadoop's rename refuses to replace
+            return False
+        self._call(os.rename, src, dst)
+        return True
+
+    def delete(self, path: str, recursive: bool) -> bool:
+        if not os.path.lexists(path):
+            return False
+        if os.path.isdir(path) and not os.path.islink(path):
+            self._call(shutil.rmtree if recursive else os.rmdir, path)
+        else:
+            self._call(os.remove, path)
+        return True
+
+    def read_text(self, path: str) -> str:
+        def read() -> str:
+            with open(path, encoding="utf-8") as file:
+                return file.read().rstrip("\n")
+
+        return self._call(read)
+
+    def write_text(self, path: str, text: str) -> None:
+        def write() -> None:
+            with open(path, "w", encoding="utf-8") as file:
+                file.write(text)
+
+        self._call(write)
 
 
 class JvmFileSystem:

@@ -69,6 +69,7 @@ from airflow_provider_pravega.spark.connection_args import (
     run_job_command,
     spark_settings,
 )
+from airflow_provider_pravega.spark.session import started_on_first_use
 
 log = logging.getLogger(__name__)
 
@@ -1077,7 +1078,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
     lease_ms = client.transactions.default_lease_ms
     check_timing(spec.stale_after_s, lease_ms)  # before anything is written
     # Everything checkable without Spark comes first; the session starts only when there is work.
-    get_spark = _once(spark if callable(spark) else (lambda: spark))
+    get_spark = started_on_first_use(spark)
     precheck = precheck_sources(spec.source)
     if precheck.empty:
         result = _nothing_to_ingest(spec, precheck.skipped)
@@ -1188,18 +1189,6 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
 
 
 RETURNED_RUNS = 3  # runs again at once for files whose transactions lapsed after the commit point
-
-
-def _once(make: Callable[[], Any]) -> Callable[[], Any]:
-    """``make`` called at the first use only (the SparkSession: started when there is work)."""
-    made: list[Any] = []
-
-    def get() -> Any:
-        if not made:
-            made.append(make())
-        return made[0]
-
-    return get
 
 
 def _coordinator(client: Any, store: Any, spec: IngestSpec) -> IngestCoordinator:

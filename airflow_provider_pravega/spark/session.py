@@ -134,6 +134,30 @@ def spark_target(spark_conn_id: str | None) -> SparkTarget:
     return SparkTarget(master=master, conf=conf)
 
 
+def starts_local_session(spark_conn_id: str | None = DEFAULT_CONN_ID, **conf: Any) -> bool:
+    """Whether :func:`get_spark_session` with these arguments would run Spark in local mode in this
+    process, so the files it writes are this machine's (not a cluster's or a Connect server's)."""
+    target = spark_target(spark_conn_id)
+    wanted = {**target.conf, **{str(k): str(v) for k, v in conf.items()}}
+    if "spark.remote" in wanted or target.remote is not None:
+        return False
+    master = wanted.get("spark.master") or target.master or "local"
+    return master.startswith("local")
+
+
+def started_on_first_use(spark: Any) -> Any:
+    """A SparkSession, or a function that starts one, as a function that returns the session and
+    starts it at its first call only: a job with nothing to do starts no Spark."""
+    made: list[Any] = []
+
+    def get() -> Any:
+        if not made:
+            made.append(spark() if callable(spark) else spark)
+        return made[0]
+
+    return get
+
+
 def classic_spark_missing() -> str | None:
     """Why this process cannot start a driver JVM (None when it can): the default install has only
     pyspark-client (Spark Connect), without py4j and Spark's jars."""
