@@ -167,8 +167,9 @@ def classic_spark_missing() -> str | None:
 
     if importlib.util.find_spec("py4j") is None:
         return "py4j is not installed (pyspark-client only)"
-    home = os.environ.get("SPARK_HOME")
-    jars = (Path(home) if home else Path(pyspark.__file__).parent) / "jars"
+    if os.environ.get("SPARK_HOME"):  # a Spark of the user's own: its launcher finds its jars
+        return None
+    jars = Path(pyspark.__file__).parent / "jars"
     if not jars.is_dir():
         return f"Spark's jars are not installed ({jars} does not exist)"
     return None

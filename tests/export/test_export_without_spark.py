@@ -3,7 +3,8 @@ writes what Spark writes for no rows (a schema-only Parquet file, an empty JSON-
 header) with Python's own file functions, and publishes it with the same marker.
 
 The runs under test get a "Spark" that fails the test when it is asked for, so a start is seen
-whatever the timing; the same exports through a real local session are the reference."""
+whatever the timing; the same exports through a real local session are the reference. The embedded
+server only: what is written does not depend on the Pravega backend."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ from airflow_provider_pravega.spark.session import starts_local_session
 SPARK_ROW_METADATA = b"org.apache.spark.sql.parquet.row.metadata"
 
 
+@pytest.fixture
+def embedded_client(pravega_embedded):
+    from airflow_provider_pravega.client import PravegaClient
+
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        yield client
+
+
 def _no_spark() -> None:
     raise AssertionError("the export asked for a SparkSession")
 
@@ -31,7 +40,8 @@ def _visible(path: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize(("fmt", "event_format"), [("parquet", "text"), ("parquet", "binary"), ("jsonl", "text"),
                                                    ("csv", "text")])
 def test_an_export_with_nothing_to_read_writes_what_spark_writes_without_spark(
-        tmp_path: Path, client, spark, unique_name, fmt: str, event_format: str) -> None:
+        tmp_path: Path, embedded_client, spark, unique_name, fmt: str, event_format: str) -> None:
+    client = embedded_client
     scope = unique_name("emptyexport")
     client.admin.create_scope(scope)
     client.admin.create_stream(scope, "s", segments=2)
@@ -67,13 +77,14 @@ def test_an_export_with_nothing_to_read_writes_what_spark_writes_without_spark(
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing temporary left
 
 
-def test_an_export_with_something_to_read_asks_for_spark(tmp_path: Path, client, pravega_controller_uri,
+def test_an_export_with_something_to_read_asks_for_spark(tmp_path: Path, embedded_client, pravega_embedded,
                                                          unique_name) -> None:
     """The guard above is live: a range with events reaches for Spark (and nothing is published)."""
+    client = embedded_client
     scope = unique_name("emptyexport")
     client.admin.create_scope(scope)
     client.admin.create_stream(scope, "s", segments=1)
-    writer = stream_writer(pravega_controller_uri, scope, "s")
+    writer = stream_writer(pravega_embedded.controller_uri, scope, "s")
     writer.write_event("one", routing_key="k")
     writer.flush()
     with pytest.raises(AssertionError, match="asked for a SparkSession"):

@@ -306,11 +306,11 @@ def test_ingest_and_export_run_through_a_spark_connect_connection(
     assert Counter(events) == Counter(lines)  # every record once
 
 
-def test_plugin_command_prints_what_the_server_needs(plugin_jar: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from airflow_provider_pravega.spark.connect_plugin import main
-
-    assert main(["--out", str(plugin_jar.parent)]) == 0  # the jar is there: not compiled again
-    printed = capsys.readouterr().out
+def test_plugin_command_prints_what_the_server_needs(plugin_jar: Path, server_python: str) -> None:
+    """The command a Spark Connect server's operator runs, with the server's own pyspark."""
+    done = subprocess.run([server_python, "-m", "airflow_provider_pravega.spark.connect_plugin", "--out",
+                           str(plugin_jar.parent)], capture_output=True, text=True, timeout=300, cwd=plugin_jar.parent)
+    assert done.returncode == 0, done.stderr[-3000:]  # the jar is there: not compiled again
     assert f"--jars {plugin_jar} --conf spark.connect.extensions.relation.classes=" \
-           "airflow_provider_pravega.spark.PravegaFsRelationPlugin" in printed
+           "airflow_provider_pravega.spark.PravegaFsRelationPlugin" in done.stdout
     assert sorted(p.name for p in plugin_jar.parent.iterdir()) == [plugin_jar.name]  # nothing partial left
