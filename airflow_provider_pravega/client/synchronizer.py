@@ -25,6 +25,7 @@ import dataclasses
 import json
 import logging
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -96,6 +97,12 @@ class _ConditionalAppender:
     Event numbers only grow, so after a broken connection the AppendSetup's last event number
     tells whether the in-doubt append landed (the segment store deduplicates by writer id and
     event number, so resending the same append cannot write it twice).
+
+    That answer is only sound while this writer id has one append outstanding at a time: its
+    connection carries one request at a time, and a later event number of the same writer id
+    landing says nothing about an earlier one. Appends are therefore serialized (``_lock``), and
+    an in-doubt append whose writer id shows a later event number than its own is an error, never
+    taken as written.
     """
 
     def __init__(self, segments: SegmentStoreClient, segment: str, *, reconnect_timeout_s: float = 60.0) -> None:
@@ -105,6 +112,7 @@ class _ConditionalAppender:
         self.reconnect_timeout_s = reconnect_timeout_s
         self._conn: SegmentStoreConnection | None = None
         self._event_number = 0
+        self._lock = threading.RLock()
 
     def _setup(self) -> int:
         endpoint = self.segments.endpoint_for(self.segment)
@@ -156,7 +164,26 @@ class _ConditionalAppender:
                 delay = min(delay * 2, 1.0)
 
     def append(self, expected_offset: int, payloads: list[bytes]) -> bool:
-        """Append the framed ``payloads`` at ``expected_offset``; False when the segment is elsewhere."""
+        """Append ``payloads`` (one event each) at ``expected_offset``: True when written there,
+        False when the segment's length was not ``expected_offset`` (ConditionalCheckFailed)."""
+        with self._lock:
+            return self._append(expected_offset, payloads)
+
+    def _landed(self, number: int, last: int) -> bool:
+        """Whether the in-doubt append ``number`` was written, from the writer id's last event
+        number after reconnecting."""
+        if last > number:
+            # Event number ``last`` was never sent by this (serialized) appender: someone else
+            # appends with this writer id, and ``last`` says nothing about ``number``.
+            raise SegmentStoreError(
+                f"cannot tell whether the conditional append {number} to {self.segment} was written: its writer id "
+                f"{self.writer_id:032x} already reached event number {last} (is one state synchronizer used by "
+                f"several processes?)",
+                segment=self.segment,
+            )
+        return last == number
+
+    def _append(self, expected_offset: int, payloads: list[bytes]) -> bool:
         if self._conn is None:
             self._event_number = max(self._event_number, self._reconnect())
         self._event_number += 1
@@ -179,7 +206,7 @@ class _ConditionalAppender:
                 self.close()
                 last = self._reconnect()
                 self._event_number = max(self._event_number, last)
-                if last >= number:
+                if self._landed(number, last):
                     return True
                 continue
             if isinstance(reply, wire.DataAppended):
@@ -191,7 +218,7 @@ class _ConditionalAppender:
                 self.close()
                 last = self._reconnect()
                 self._event_number = max(self._event_number, last)
-                if last >= number:
+                if self._landed(number, last):
                     return True
                 continue
             raise_for_reply(reply, endpoint=conn.endpoint, segment=self.segment)
@@ -238,8 +265,11 @@ class StateSynchronizer(Generic[S, U]):
     and from JSON-able values; by default a dataclass state goes through ``asdict`` and its
     constructor, anything else must already be JSON-able.
 
-    One instance is meant for one thread; many instances (threads, processes, machines) may share
-    a stream. Every instance appends with its own writer id.
+    Many instances (threads, processes, machines) may share a stream; every instance appends with
+    its own writer id. One instance may also be shared by threads (an ingest's driver and its
+    heartbeat thread do): its reads and updates take turns (``_lock``), because its state, its
+    revision, its append connection and its writer id's event numbers belong to one update at a
+    time.
     """
 
     def __init__(
@@ -297,6 +327,8 @@ class StateSynchronizer(Generic[S, U]):
         self.segment_id = current[0].segment_id
         self.segment = naming.qualified_segment_name(scope, stream, self.segment_id)
         self._appender = _ConditionalAppender(self._segments, self.segment)
+        #: Held by each fetch, update attempt and compaction attempt (re-entrant: ``fn`` may fetch).
+        self._lock = threading.RLock()
         self._state: S = copy.deepcopy(self._initial)
         self._revision: int | None = None  # None: nothing read yet (start from the head)
         self._parts: dict[str, Any] | None = None  # a chunked snapshot being read
@@ -317,7 +349,8 @@ class StateSynchronizer(Generic[S, U]):
     @property
     def state(self) -> S:
         """A copy of the state as of :attr:`revision` (call fetch_updates() to catch up)."""
-        return copy.deepcopy(self._state)
+        with self._lock:
+            return copy.deepcopy(self._state)
 
     def _fold(self, state: S, payload: bytes, offset: int) -> S:
         try:
@@ -360,6 +393,10 @@ class StateSynchronizer(Generic[S, U]):
         A reader whose revision is below the stream's head (someone compacted) restarts from the
         head, where compaction left a full state.
         """
+        with self._lock:
+            return self._fetch_updates()
+
+    def _fetch_updates(self) -> S:
         for _ in range(100):
             info = self._segments.get_segment_info(self.segment)
             if self._revision is None:
@@ -451,9 +488,10 @@ class StateSynchronizer(Generic[S, U]):
         backoff); then SynchronizerConflictError.
         """
         for attempt in range(self.max_attempts):
-            self.fetch_updates()
-            if self._attempt(fn):
-                return copy.deepcopy(self._state)
+            with self._lock:
+                self._fetch_updates()
+                if self._attempt(fn):
+                    return copy.deepcopy(self._state)
             self._sleep(attempt)
         raise SynchronizerConflictError(self.scope, self.stream, self.max_attempts)
 
@@ -466,36 +504,41 @@ class StateSynchronizer(Generic[S, U]):
         (readers ignore it) and compaction starts over. Retried like :meth:`update`.
         """
         for attempt in range(self.max_attempts):
-            self.fetch_updates()
-            revision = self._revision
-            assert revision is not None
-            text = json.dumps(self._encode_state(self._state), separators=(",", ":"))
-            if len(text) <= SNAPSHOT_CHUNK_CHARS:
-                records = [{"t": FULL, "state": json.loads(text)}]
-            else:
-                chunks = [text[i:i + SNAPSHOT_CHUNK_CHARS] for i in range(0, len(text), SNAPSHOT_CHUNK_CHARS)]
-                snap = uuid.uuid4().hex
-                records = [{"t": PART, "id": snap, "i": i, "n": len(chunks), "data": c} for i, c in enumerate(chunks)]
-            offset = revision
-            won = True
-            for payload in self._encode(records):
-                try:
-                    won = self._appender.append(offset, [payload])
-                except (SegmentSealedError, NoSuchSegmentError) as exc:
-                    raise SynchronizerError(f"cannot compact the state in {self.scope}/{self.stream}: {exc}") from None
-                if not won:
-                    break
-                offset += wire.EVENT_HEADER_LEN + len(payload)
-            if won:
-                self._revision = offset
-                self._parts = None
-                self.last_written_revision = revision
-                self._truncate(revision)
-                return revision
-            # Our partial snapshot stays in the stream; readers (we too) skip it as incomplete.
-            self.conflicts += 1
+            with self._lock:
+                revision = self._compact_attempt()
+                if revision is not None:
+                    return revision
+                # Our partial snapshot stays in the stream; readers (we too) skip it as incomplete.
+                self.conflicts += 1
             self._sleep(attempt)
         raise SynchronizerConflictError(self.scope, self.stream, self.max_attempts)
+
+    def _compact_attempt(self) -> int | None:
+        """One compaction (the caller holds ``_lock``): the new head offset, or None when lost."""
+        self._fetch_updates()
+        revision = self._revision
+        assert revision is not None
+        text = json.dumps(self._encode_state(self._state), separators=(",", ":"))
+        if len(text) <= SNAPSHOT_CHUNK_CHARS:
+            records = [{"t": FULL, "state": json.loads(text)}]
+        else:
+            chunks = [text[i:i + SNAPSHOT_CHUNK_CHARS] for i in range(0, len(text), SNAPSHOT_CHUNK_CHARS)]
+            snap = uuid.uuid4().hex
+            records = [{"t": PART, "id": snap, "i": i, "n": len(chunks), "data": c} for i, c in enumerate(chunks)]
+        offset = revision
+        for payload in self._encode(records):
+            try:
+                won = self._appender.append(offset, [payload])
+            except (SegmentSealedError, NoSuchSegmentError) as exc:
+                raise SynchronizerError(f"cannot compact the state in {self.scope}/{self.stream}: {exc}") from None
+            if not won:
+                return None
+            offset += wire.EVENT_HEADER_LEN + len(payload)
+        self._revision = offset
+        self._parts = None
+        self.last_written_revision = revision
+        self._truncate(revision)
+        return revision
 
     def _truncate(self, offset: int) -> None:
         """Truncate at ``offset`` unless a later compaction already moved the head past it."""

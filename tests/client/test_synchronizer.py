@@ -1,25 +1,32 @@
 """State synchronizer against the embedded server: concurrent updaters in threads and in spawned
-processes (no lost update, one winner per revision), restart survival and compaction."""
+processes (no lost update, one winner per revision), restart survival, compaction, one instance
+shared by two threads and appends in doubt."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import multiprocessing as mp
+import select
 import threading
 from typing import Any
 
 import pytest
 
-from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.client import PravegaClient, synchronizer
 from airflow_provider_pravega.client.batch import SegmentRange, read_segment_range
-from airflow_provider_pravega.client.errors import StreamNotFoundError
+from airflow_provider_pravega.client.connection import SegmentStoreConnection
+from airflow_provider_pravega.client.errors import (
+    SegmentStoreError,
+    SegmentStoreUnreachableError,
+    StreamNotFoundError,
+)
 from airflow_provider_pravega.client.synchronizer import (
     StateSynchronizer,
     SynchronizerConflictError,
     SynchronizerError,
 )
-from airflow_provider_pravega.protocol import naming
+from airflow_provider_pravega.protocol import naming, wire
 
 SPAWN = mp.get_context("spawn")
 
@@ -295,8 +302,6 @@ def test_a_state_larger_than_one_chunk_is_compacted_in_parts(client: PravegaClie
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Compaction of a state bigger than one event writes it in chunk records; readers rebuild it.
     A snapshot interrupted by another writer's update is incomplete and ignored by readers."""
-    from airflow_provider_pravega.client import synchronizer
-
     monkeypatch.setattr(synchronizer, "SNAPSHOT_CHUNK_CHARS", 100)
     scope, stream = unique_name("sync"), "chunked"
     writer = counter_sync(client, scope, stream)
@@ -320,3 +325,122 @@ def test_a_state_larger_than_one_chunk_is_compacted_in_parts(client: PravegaClie
     # The compactor itself retries past its lost chunk and writes a complete snapshot.
     compactor.compact()
     assert counter_sync(client, scope, stream).fetch_updates() == writer.fetch_updates()
+
+
+# ------------------------------------------------------------------- one instance, two threads
+
+
+class _ReportingRLock:
+    """An RLock that reports (``waiting``) when a thread has to wait for it."""
+
+    def __init__(self, waiting: threading.Event) -> None:
+        self._inner = threading.RLock()
+        self._waiting = waiting
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._inner.acquire(blocking=False):
+            return True
+        if not blocking:
+            return False
+        self._waiting.set()
+        return self._inner.acquire(timeout=timeout)
+
+    def release(self) -> None:
+        self._inner.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_one_instance_shared_by_two_threads_updates_in_turn(client: PravegaClient, unique_name,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ingest's driver and its heartbeat thread share one synchronizer (and so its append
+    connection and writer id). The interleaving that once broke it, crafted with hooks: thread A's
+    conditional append is sent and answered but A has not read the answer yet when thread B
+    updates. B must wait for A: before the fix B folded A's record, sent its own append on the same
+    connection, took A's reply (an older request id) as its own answer and dropped the connection;
+    A's append was then "in doubt", counted as written because B's later event number had landed,
+    and A folded its update a second time and moved the revision backwards (in CI, into the middle
+    of a record: "no valid event header")."""
+    scope, stream = unique_name("sync"), "shared"
+    sync = counter_sync(client, scope, stream)
+    add_one(sync, "before")  # the append connection is set up
+    a_answered, release_a, b_waits_or_done = threading.Event(), threading.Event(), threading.Event()
+    sync._lock = _ReportingRLock(b_waits_or_done)  # reports B waiting for it (the fixed code's turn-taking)
+    real_send = SegmentStoreConnection.send
+
+    def send(conn: SegmentStoreConnection, cmd: wire.Command) -> None:
+        real_send(conn, cmd)
+        conditional = isinstance(cmd, (wire.ConditionalAppend, wire.ConditionalBlockEnd))
+        if conditional and threading.current_thread().name == "A" and not a_answered.is_set():
+            # The segment store has decided A's append (its reply is on the socket), unread yet.
+            assert select.select([conn.sock], [], [], 60)[0], "A's conditional append was not answered"
+            a_answered.set()
+            assert release_a.wait(60)
+
+    monkeypatch.setattr(SegmentStoreConnection, "send", send)
+    errors: list[BaseException] = []
+
+    def update(member: str, done: threading.Event | None = None) -> None:
+        try:
+            add_one(sync, member)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread below
+            errors.append(exc)
+        finally:
+            if done is not None:
+                done.set()
+
+    a = threading.Thread(target=update, args=("a",), name="A")
+    b = threading.Thread(target=update, args=("b", b_waits_or_done), name="B")
+    a.start()
+    assert a_answered.wait(60)
+    b.start()
+    assert b_waits_or_done.wait(60)  # B either waits for A (fixed) or already went through (not)
+    release_a.set()
+    a.join(60)
+    b.join(60)
+    assert not a.is_alive() and not b.is_alive()
+    assert not errors, errors
+
+    members = {"before", "a", "b"}
+    assert sync.state == {"counter": 3, "members": sorted(members)}
+    length = client.segments.get_segment_info(sync.segment).length
+    assert sync.revision == length
+    check_winners(client, scope, stream, sync.written_revisions, members)
+    assert sync.fetch_updates() == counter_sync(client, scope, stream, create=False).fetch_updates()
+
+
+def test_an_append_in_doubt_is_not_taken_as_written_when_a_later_event_number_landed(
+        client: PravegaClient, unique_name, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append whose reply was lost is resolved by its writer id's last event number after
+    reconnecting. A later event number of the same writer id having landed says nothing about this
+    one (that is how the unanswered append of one thread was once counted as written): an error,
+    not a success."""
+    scope, stream = unique_name("sync"), "doubt"
+    sync = counter_sync(client, scope, stream)
+    sync.fetch_updates()
+    appender = sync._appender
+    other = synchronizer._ConditionalAppender(client.segments, sync.segment)
+    other.writer_id = appender.writer_id  # another user of the same writer id
+    record = json.dumps({"t": "upd", "op": {"add": 1, "member": "mine"}}).encode()
+    theirs = json.dumps({"t": "upd", "op": {"add": 1, "member": "theirs"}}).encode()
+    real_call = SegmentStoreConnection.call
+    lost: list[wire.Request] = []
+
+    def call(conn: SegmentStoreConnection, request: wire.Request) -> wire.Reply:
+        if isinstance(request, wire.ConditionalAppend) and request.writer_id == appender.writer_id and not lost:
+            lost.append(request)  # never sent: the connection "breaks" first ...
+            other._event_number = request.event_number  # ... while the same writer id's next event lands
+            assert other.append(0, [theirs])
+            raise SegmentStoreUnreachableError("connection lost (test)")
+        return real_call(conn, request)
+
+    monkeypatch.setattr(SegmentStoreConnection, "call", call)
+    with pytest.raises(SegmentStoreError, match="cannot tell whether the conditional append"):
+        appender.append(0, [record])
+    assert lost and lost[0].event_number == 1
+    assert [r["op"]["member"] for _, r in records_in_stream(client, scope, stream)] == ["theirs"]
+    other.close()
