@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 #: Spark names each write's files ``part-<partition>-<write UUID>-c<n>.<suffix>``.
-_WRITE_UUID = re.compile(r"^(part-\d+)-[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}(-c\d+)")
+_WRITE_UUID = re.compile(r"(part-\d+)-[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}(-c\d+)")
 
 
 def part_files(path: str | Path) -> list[Path]:
