@@ -29,6 +29,17 @@ def start_date() -> datetime:
     return day.replace(tzinfo=timezone.utc)
 
 
+def spark_conn_id(job: str) -> str:
+    """The Spark connection of the examples' ``job`` (``"ingest"`` or ``"export"``):
+    ``$PRAVEGA_EXAMPLES_INGEST_SPARK_CONN`` or ``$PRAVEGA_EXAMPLES_EXPORT_SPARK_CONN``, default
+    ``spark_default`` (local mode on this worker when that connection does not exist).
+    ``scripts/stack`` and ``scripts/demo`` point the ingest at their warm local Spark Connect server
+    (``spark_connect_default``); read when a pipeline file is parsed."""
+    if job not in ("ingest", "export"):
+        raise ValueError(f"job must be 'ingest' or 'export', not {job!r}")
+    return os.environ.get(f"PRAVEGA_EXAMPLES_{job.upper()}_SPARK_CONN") or "spark_default"
+
+
 def daily(**overrides: Any) -> dict[str, Any]:
     """Keyword arguments of a daily example pipeline from :func:`start_date` with catchup, one run
     at a time, and two retries 5 s apart (a retry resumes or recovers a killed ingest: soon, while
