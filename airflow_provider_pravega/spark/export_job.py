@@ -38,11 +38,12 @@ ingest into the same stream (:mod:`airflow_provider_pravega.client.ingest`): the
 the same interval key committed, in commit order, whatever order the intervals ran in. Events other
 writers appended to the stream while such a range was open are inside it, so they are exported with
 that interval. An interval no run of the ingest recorded (yet) is an
-:class:`IntervalNotIngestedError` naming it. Nothing is recorded in the export's own state: a re-run
-reads the index again, so it writes the same files unless a later run of that interval added a range.
+:class:`IntervalNotIngestedError` naming it. Its cuts are not recorded in the export's own state
+(only its output's claim and manifest): a re-run reads the index again, so it writes the same files
+unless a later run of that interval added a range.
 
-An existing directory at the output path is replaced only when its marker says it holds the export
-of the same export id, interval and cuts (a re-run reproduces it); anything else there is an error.
+Files at the output path are replaced only when the export's state claims the path for the same
+export id, interval and cuts (a re-run reproduces them); anything else there is an error.
 
 Speed: the export is CPU-bound, its read stage (reading, Arrow to the JVM, rows) and Spark's
 Parquet writer (including the JVM's JIT compiler on every job) adding up; ``num_partitions`` near

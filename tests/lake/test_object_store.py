@@ -39,14 +39,23 @@ with DAG("lake_pipeline", schedule="@daily", start_date=pendulum.datetime(2026, 
         routing_key_field="sensor_id", create_stream=True, spark_conf=CONF)
     export = PravegaStreamCutExportOperator(
         task_id="export", scope=SCOPE, stream=STREAM, output_path="s3a://lake/out/{{ ds }}", spark_conf=CONF)
+    lines = PravegaStreamCutExportOperator(  # JSON lines: the S3A magic committer (see MAGIC)
+        task_id="export_jsonl", scope=SCOPE, stream=STREAM, output_path="s3a://lake/out-jsonl/{{ ds }}",
+        format="jsonl", spark_conf=CONF)
     table = PravegaStreamCutExportOperator(
         task_id="export_table", scope=SCOPE, stream=STREAM, output_path="s3a://lake/tables/readings",
         format="delta", event_format="json", json_schema="sensor_id string, value bigint, day string, part int",
         spark_conf=CONF)
-    ingest >> export >> table
+    ingest >> export >> lines >> table
 '''
 
 DAY = "2026-11-01"
+#: The S3A magic committer, as docs/deployment.md gives it: files written once, as multipart uploads
+#: completed at job commit (no copy by rename). Spark's Parquet writer keeps its own committer.
+MAGIC = {
+    "spark.hadoop.fs.s3a.committer.name": "magic",
+    "spark.hadoop.mapreduce.outputcommitter.factory.scheme.s3a": "org.apache.hadoop.fs.s3a.commit.S3ACommitterFactory",
+}
 
 
 def parquet_pages(data: bytes) -> bytes:
@@ -113,7 +122,7 @@ def test_dag_ingests_from_and_exports_to_s3a(
     scope = unique_name("lake")
     env = dict(fresh_airflow_env, AIRFLOW__CORE__DAGS_FOLDER=str(dags), LAKE_SCOPE=scope,
                # One session serves every task of `dags test`: it has Delta's package from the start.
-               LAKE_SPARK_CONF=json.dumps(session_conf(s3.spark_conf())),
+               LAKE_SPARK_CONF=json.dumps(session_conf({**s3.spark_conf(), **MAGIC})),
                AIRFLOW_CONN_PRAVEGA_DEFAULT=json.dumps({"conn_type": "pravega", "host": host, "port": int(port)}))
     migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
                              text=True, timeout=300)
@@ -147,6 +156,16 @@ def test_dag_ingests_from_and_exports_to_s3a(
     for key in first_bytes:
         if key.endswith(".parquet"):
             assert parquet_footer(second_bytes[key]) == parquet_footer(first_bytes[key])
+
+    # JSON lines through the magic committer: its _SUCCESS names it; every record once; nothing of
+    # the committer's own (__magic) left.
+    lines_keys = s3.keys("lake", f"out-jsonl/{DAY}/")
+    assert json.loads(s3.read("lake", f"out-jsonl/{DAY}/_SUCCESS"))["committer"] == "magic"
+    assert not any("__magic" in key or "_temporary" in key for key in s3.keys("lake", "out-jsonl/"))
+    exported_lines = [json.loads(json.loads(line)["event"]) for key in lines_keys if key.endswith(".json")
+                      for line in s3.read("lake", key).decode().splitlines()]
+    assert sorted(exported_lines, key=lambda row: (row["part"], row["value"])) == sorted(
+        sent, key=lambda row: (row["part"], row["value"]))
 
     # The table: every record once, in one version whose metadata names the day's cuts.
     assert read_table(s3, tmp_path / "table-2") == table

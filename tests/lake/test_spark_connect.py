@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +23,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from pravega_testing import spark_connect
 from pravega_testing.venvs import ClientVenv, default_install_venv, helpers_path, spark_server_venv, without_java
-from pravega_testing.net import free_port
 from export_files import stable_name
 
 _RUN = r"""
@@ -158,37 +156,14 @@ def delta_arguments() -> list[str]:
 def spark_connect_server(tmp_path_factory: pytest.TempPathFactory, server_python: str) -> Iterator[str]:
     """A stock Spark Connect server (local[2]) on a free loopback port; its ``sc://`` URL. With
     Delta Lake when the server is the Spark that Delta's package is built for."""
-    home = Path(subprocess.run([server_python, "-c", "import pyspark; print(pyspark.__file__)"], check=True,
-                               capture_output=True, text=True, cwd=tmp_path_factory.getbasetemp()).stdout.strip()).parent
-    port = free_port()
     log = tmp_path_factory.mktemp("spark-connect") / "server.log"
-    env = dict(os.environ, SPARK_HOME=str(home), PYSPARK_PYTHON=server_python)
-    server = subprocess.Popen(
-        [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-         "--master", "local[2,4]", "--conf", f"spark.connect.grpc.binding.port={port}",
-         "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false",
-         *(delta_arguments() if SERVER_PYSPARK is None else [])],
-        env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True,
-    )
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"Spark Connect server did not start:\n{log.read_text()[-3000:]}")
-                time.sleep(0.5)
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        with spark_connect.running_server(log, master="local[2,4]", python=server_python, extra_args=[
+                *(delta_arguments() if SERVER_PYSPARK is None else [])],
+                timeout_s=120) as server:
+            yield server.url
+    except spark_connect.SparkConnectServerError as exc:
+        pytest.fail(f"Spark Connect server did not start: {exc}")
 
 
 def stable(files: dict[str, str]) -> dict[str, str]:
