@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from export_files import stable_name
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
@@ -293,7 +294,8 @@ def _hashes(folder: Path) -> dict[str, str]:
     """Each file's SHA-256; of a Parquet file, its bytes before the footer (every data page) and its
     footer's data (schema, row groups, statistics; parquet-java may list a column's encodings in
     another order in another Spark application, nothing else of the file may differ). Hadoop's
-    hidden ``.*.crc`` checksums of the files are left out."""
+    hidden ``.*.crc`` checksums of the files are left out; files by their names without Spark's
+    per-write UUID."""
     import pyarrow.parquet as pq
 
     out = {}
@@ -308,7 +310,7 @@ def _hashes(folder: Path) -> dict[str, str]:
                 for column in group["columns"]:
                     column["encodings"] = sorted(column["encodings"])
             data = data[:-8 - footer] + json.dumps(meta, sort_keys=True, default=str).encode()
-        out[path.relative_to(folder).as_posix()] = hashlib.sha256(data).hexdigest()
+        out[stable_name(path.relative_to(folder).as_posix())] = hashlib.sha256(data).hexdigest()
     return out
 
 
