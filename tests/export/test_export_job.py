@@ -222,6 +222,13 @@ def test_intervals_tile_the_stream_and_reruns_are_byte_identical(tmp_path, clien
     assert (again.start_cut, again.end_cut, again.events) == (r2.start_cut, r2.end_cut, r2.events)
     assert by_partition(tmp_path / "d2") == before  # no stale file of the first run left
     assert siblings(tmp_path / "d2") == []
+    # A run that died in its job commit left part of its files and no _SUCCESS: the directory is
+    # this export's (its claim is in the state), so the next run replaces what is there.
+    (tmp_path / "d2" / "_SUCCESS").unlink()
+    (tmp_path / "d2" / "part-00007-0b1e4c7a-5f0c-4c51-9d7e-3d1f0e2a9b11-c000.snappy.parquet").write_bytes(b"partial")
+    healed = export(DAY2, "d2")
+    assert healed.replaced_output and by_partition(tmp_path / "d2") == before
+    assert (tmp_path / "d2" / "_SUCCESS").exists()
 
     # Other formats reproduce too (parquet was checked above).
     for fmt in ("jsonl", "csv"):
@@ -368,6 +375,7 @@ def test_bad_inputs_fail_fast_and_leave_nothing(tmp_path, client, spark, pravega
     (tmp_path / "file").write_text("a file, not a directory")
     fails(OutputPathError, "is not writable", path=tmp_path / "file" / "out")
     fails(OutputPathError, "is a file", path=tmp_path / "file")
+    fails(OutputPathError, "output path 'nosuchfs://bucket/out' is not usable", path="nosuchfs://bucket/out")
 
     # Files that no export wrote are never replaced.
     foreign = tmp_path / "foreign"
