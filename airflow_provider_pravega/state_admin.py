@@ -298,6 +298,7 @@ def _run(args: argparse.Namespace, client: Any, scope: str) -> int:
             state = export_state(client, scope, args.state)
             detail["intervals"] = state.intervals
             detail["last"], detail["pending"] = state.last, state.pending
+            detail["outputs"] = state.outputs  # per output path: its claim and cut manifest
         print(json.dumps(detail, indent=1, sort_keys=True, default=str))
         return 0
     if args.command == "reset":

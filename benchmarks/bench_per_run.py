@@ -1,15 +1,25 @@
 """Seconds per scheduled run: what one daily ingest task costs, as a new Airflow task pays it (a
 fresh process each time), for a day with new files and for a day with nothing new.
 
-Run: ``python benchmarks/bench_per_run.py [--events 10000] [--repeat 3] [--json PATH]``
+Run: ``python benchmarks/bench_per_run.py [--events 10000] [--repeat 3] [--no-connect] [--json PATH]``
 
 Each sample runs the ingest job's command (what the operator runs in its task process) against the
-embedded server, on one day of sample data (``--events`` readings in 4 files):
+embedded server, on one day of sample data (``--events`` readings in 4 files, routed by
+``sensor_id`` as the example DAG does), side by side in one run:
 
 * a day with new files: a classic local Spark session ingests it into a fresh scope;
+* the same day through a warm local Spark Connect server: one stock server from pyspark's own jars
+  (no plugin, Spark's default SQL settings; ``pravega_testing.spark_connect``), started once by the
+  benchmark, warmed by one ingest that is not counted (a scheduled run meets a server that has been
+  up for a while), and stopped at the end; each sample is a new process and a new Connect session,
+  as an Airflow task is;
 * the same day again, nothing new (a backfill of a done day): local files are listed without Spark
-  and no JVM starts. Its baseline is the same run listed through Spark, as every run was before
-  (forced here by spelling the source as a ``file:`` URI with ``..``, which only Spark may list).
+  and no JVM starts, nor any Connect session. Its baseline is the same run listed through Spark, as
+  every run was before (forced here by spelling the source as a ``file:`` URI with ``..``, which
+  only Spark may list), in a classic local session and on the Connect server.
+
+For the Connect runs the server's own REST API (its UI on a loopback port) counts the Spark jobs,
+stages and tasks of one new day's run; they are printed and kept in the result's notes.
 
 Figures: the run's own seconds (``run_ingest``, from its summary; target for nothing new: <= 1 s)
 and the whole process's wall seconds (Python's start and imports included). No CPU seconds: the
@@ -20,12 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,11 +48,13 @@ DAY = "2026-11-01"
 INTERVAL = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 
 
-def ingest(uri: str, scope: str, source: str) -> tuple[dict, float]:
-    """One ingest task's process: (its summary, wall seconds)."""
+def ingest(uri: str, scope: str, source: str, remote: str | None = None) -> tuple[dict, float]:
+    """One ingest task's process: (its summary, wall seconds). ``remote``: through that Spark Connect
+    server, else a classic local session."""
+    spark = ["--conf", f"spark.remote={remote}"] if remote else ["--master", "local[2]"]
     cmd = [sys.executable, "-m", "airflow_provider_pravega.spark.ingest_job", "--controller-uri", uri,
            "--scope", scope, "--stream", "readings", "--source", source, "--routing-key-field", "sensor_id",
-           "--create-stream", "--ingest-id", "daily", "--interval", INTERVAL, "--master", "local[2]"]
+           "--create-stream", "--ingest-id", "daily", "--interval", INTERVAL, *spark]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     wall = time.perf_counter() - t0
@@ -51,17 +63,41 @@ def ingest(uri: str, scope: str, source: str) -> tuple[dict, float]:
     return json.loads(done.stdout.strip().splitlines()[-1]), wall
 
 
+def _get(ui: str, path: str) -> list:
+    with urllib.request.urlopen(f"{ui}/api/v1{path}", timeout=30) as resp:
+        return json.load(resp)
+
+
+def spark_work(ui: str, after_job: int) -> dict[str, int]:
+    """Jobs, stages (run and skipped) and tasks the server ran after job ``after_job``."""
+    app = _get(ui, "/applications")[0]["id"]
+    jobs = [j for j in _get(ui, f"/applications/{app}/jobs") if j["jobId"] > after_job]
+    stages = {sid for j in jobs for sid in j["stageIds"]}
+    run = [st for st in _get(ui, f"/applications/{app}/stages") if st["stageId"] in stages and st["status"] != "SKIPPED"]
+    return {"jobs": len(jobs), "stages": len(run), "skipped_stages": len(stages) - len(run),
+            "tasks": sum(st["numTasks"] for st in run), "last_job": max([after_job] + [j["jobId"] for j in jobs])}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=10_000, help="readings in the day (4 files)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-connect", dest="connect", action="store_false",
+                        help="classic local sessions only (no Spark Connect server)")
     parser.add_argument("--json", type=Path, default=None, help="write the result file here")
     args = parser.parse_args()
+    from contextlib import ExitStack
+
     from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
+    from pravega_testing import spark_connect
+    from pravega_testing.net import free_port
 
     new_day: list[tuple[float, float]] = []
     nothing: list[tuple[float, float]] = []
     nothing_spark: list[tuple[float, float]] = []
+    c_new_day: list[tuple[float, float]] = []
+    c_nothing_spark: list[tuple[float, float]] = []
+    work: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="bench-per-run-") as tmp:
         data = Path(tmp) / "incoming"
         subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_sample_data.py"), "--out", str(data),
@@ -71,6 +107,22 @@ def main() -> int:
         local = str(day / "*.jsonl")
         via_spark = f"file://{day}/../{DAY}/*.jsonl"  # the same files; only Spark may list this spelling
         server = EmbeddedPravegaProcess(Path(tmp) / "pravega", extra_args=["--no-fsync"]).start()
+        try:
+            servers = ExitStack()
+            remote = ui = None
+            if args.connect:
+                t0 = time.perf_counter()
+                connect = servers.enter_context(spark_connect.running_server(Path(tmp) / "spark-connect.log",
+                                                                             ui_port=free_port()))
+                remote, ui = connect.url, connect.ui_url
+                print(f"  Spark Connect server {remote} up in {time.perf_counter() - t0:.1f} s; warming it with one "
+                      f"ingest (not counted)", flush=True)
+                summary, wall = ingest(server.controller_uri, "perrunwarm", local, remote)
+                assert summary["events"] == args.events, summary
+                print(f"  warm-up ingest: run {summary['seconds']:.2f} s (process {wall:.1f} s)", flush=True)
+        except BaseException:
+            server.stop()
+            raise
         try:
             for n in range(args.repeat):
                 scope = f"perrun{n}"
@@ -85,7 +137,23 @@ def main() -> int:
                 print(f"  round {n + 1}: new day {new_day[-1][0]:.2f} s (process {new_day[-1][1]:.1f} s); nothing "
                       f"new: no JVM {nothing[-1][0]:.2f} s (process {nothing[-1][1]:.1f} s), listed by Spark "
                       f"{nothing_spark[-1][0]:.2f} s (process {nothing_spark[-1][1]:.1f} s)", flush=True)
+                if remote is None:
+                    continue
+                scope = f"perrunconnect{n}"
+                before = spark_work(ui, -1)["last_job"]
+                summary, wall = ingest(server.controller_uri, scope, local, remote)
+                assert summary["events"] == args.events, summary
+                c_new_day.append((summary["seconds"], wall))
+                work = spark_work(ui, before)
+                summary, wall = ingest(server.controller_uri, scope, via_spark, remote)
+                assert summary["run_id"] is None and summary.get("files_skipped"), summary
+                c_nothing_spark.append((summary["seconds"], wall))
+                print(f"  round {n + 1}, warm Spark Connect server: new day {c_new_day[-1][0]:.2f} s (process "
+                      f"{c_new_day[-1][1]:.1f} s; {work['jobs']} jobs, {work['stages']} stages run + "
+                      f"{work['skipped_stages']} skipped, {work['tasks']} tasks); nothing new listed by Spark "
+                      f"{c_nothing_spark[-1][0]:.2f} s (process {c_nothing_spark[-1][1]:.1f} s)", flush=True)
         finally:
+            servers.close()
             server.stop()
 
     def med(rows: list[tuple[float, float]], i: int) -> float:
@@ -95,9 +163,36 @@ def main() -> int:
           f"{med(new_day, 1):.1f} s")
     print(f"nothing new: run {med(nothing, 0):.2f} s without a JVM vs {med(nothing_spark, 0):.2f} s listed by Spark "
           f"(target <= 1 s); process {med(nothing, 1):.1f} s vs {med(nothing_spark, 1):.1f} s")
+    connect_figures = []
+    notes = ["each sample is a fresh ingest process (as an Airflow task); run seconds come from its summary"]
+    if c_new_day:
+        print(f"a day of {args.events:,} readings, warm Spark Connect server: run {med(c_new_day, 0):.2f} s "
+              f"(target <= 2 s), process {med(c_new_day, 1):.1f} s; nothing new listed by Spark there: run "
+              f"{med(c_nothing_spark, 0):.2f} s")
+        connect_figures = [
+            rf.figure(f"a day of {args.events:,} readings, warm local Spark Connect server: run seconds", "s",
+                      [r[0] for r in c_new_day], higher_is_better=False,
+                      baseline=("classic local session", [r[0] for r in new_day]), target=2.0),
+            rf.figure(f"a day of {args.events:,} readings, warm local Spark Connect server: process seconds", "s",
+                      [r[1] for r in c_new_day], higher_is_better=False,
+                      baseline=("classic local session", [r[1] for r in new_day])),
+            rf.figure("nothing new, listed by Spark on the warm Spark Connect server: run seconds", "s",
+                      [r[0] for r in c_nothing_spark], higher_is_better=False,
+                      baseline=("listed by Spark, classic local session", [r[0] for r in nothing_spark]),
+                      target=1.0),
+        ]
+        notes += [
+            "Spark Connect: a stock local server (pyspark's own jars, no plugin, default SQL settings), started "
+            "once and warmed by one uncounted ingest; every sample is a new process and a new Connect session",
+            f"Spark Connect, one new day's run: {work['jobs']} jobs, {work['stages']} stages run (+ "
+            f"{work['skipped_stages']} skipped), {work['tasks']} tasks (the server's REST API)",
+            "nothing new without a JVM: the same with a Spark Connect connection (no session is opened)",
+        ]
+    else:
+        notes.append("no Spark Connect figures (--no-connect)")
     rf.write(args.json, rf.result(
         "per_run",
-        {"events": args.events, "repeat": args.repeat},
+        {"events": args.events, "repeat": args.repeat, "connect": bool(c_new_day)},
         [
             rf.figure("nothing new (a done day again): run seconds, no JVM", "s", [r[0] for r in nothing],
                       higher_is_better=False, baseline=("listed by Spark (before)", [r[0] for r in nothing_spark]),
@@ -108,9 +203,9 @@ def main() -> int:
                       [r[0] for r in new_day], higher_is_better=False),
             rf.figure(f"a day of {args.events:,} readings, classic local session: process seconds", "s",
                       [r[1] for r in new_day], higher_is_better=False),
+            *connect_figures,
         ],
-        notes=["each sample is a fresh ingest process (as an Airflow task); run seconds come from its summary",
-               "no Spark Connect figure yet: the warm local Connect server of issue 28 is not built"],
+        notes=notes,
     ))
     return 0
 

@@ -51,8 +51,9 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
     "ingest_state": {"script": HERE / "bench_ingest_state.py", "events": "--files", "repeat": "--repeat"},
     # Driver cost vs input bytes, and s3a vs local disk ("events" is the s3a/local comparison's size).
     "lake": {"script": HERE / "bench_lake.py", "events": "--events", "repeat": "--repeat"},
-    # One daily ingest task as a fresh process: a day with new files, and nothing new without a JVM
-    # against the same run listed by Spark ("events" is the day's readings).
+    # One daily ingest task as a fresh process: a day with new files in a classic local session and
+    # through a warm local stock Spark Connect server (started once by the benchmark), and nothing new
+    # without a JVM against the same run listed by Spark ("events" is the day's readings).
     "per_run": {"script": HERE / "bench_per_run.py", "events": "--events", "repeat": "--repeat"},
     # Not one of the figures (our batch readers vs the official reader): only with --only.
     "batch_read": {"script": HERE / "bench_batch_read.py", "events": "--events", "repeat": "--rounds", "default": False},

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from airflow.sdk import DAG, task
-from pravega_examples_common import SCOPE, STREAM, daily, data_dir
+from pravega_examples_common import SCOPE, STREAM, daily, data_dir, spark_conn_id
 
 from airflow_provider_pravega.operators import (
     PravegaCreateScopeOperator,
@@ -42,6 +42,7 @@ with DAG(dag_id="pravega_exactly_once_ingest", **daily()) as dag:
         routing_key_field="sensor_id",
         wait_for_commit=False,
         on_empty="succeed",
+        spark_conn_id=spark_conn_id(),  # scripts/stack and scripts/demo: their Spark Connect server
         # How long a silent run of another copy (another day's run, a backfill) counts as alive; a
         # retry of this task takes its killed try's run over at once (the demo shortens it).
         stale_after_s=float(os.environ.get("PRAVEGA_EXAMPLES_STALE_AFTER_S", "60")),

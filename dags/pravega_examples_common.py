@@ -29,6 +29,14 @@ def start_date() -> datetime:
     return day.replace(tzinfo=timezone.utc)
 
 
+def spark_conn_id() -> str:
+    """The Spark connection of the examples' ingest and export tasks: ``$PRAVEGA_EXAMPLES_SPARK_CONN``,
+    default ``spark_default`` (local mode on this worker when that connection does not exist).
+    ``scripts/stack`` and ``scripts/demo`` point it at their warm local Spark Connect server
+    (``spark_connect_default``); read when a pipeline file is parsed."""
+    return os.environ.get("PRAVEGA_EXAMPLES_SPARK_CONN") or "spark_default"
+
+
 def daily(**overrides: Any) -> dict[str, Any]:
     """Keyword arguments of a daily example pipeline from :func:`start_date` with catchup, one run
     at a time, and two retries 5 s apart (a retry resumes or recovers a killed ingest: soon, while

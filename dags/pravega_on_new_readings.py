@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, task
-from pravega_examples_common import SCOPE, STREAM, data_dir
+from pravega_examples_common import SCOPE, STREAM, data_dir, spark_conn_id
 
 from airflow_provider_pravega.hooks.pravega import PravegaHook
 
@@ -47,7 +47,7 @@ with DAG(dag_id="pravega_on_new_readings", schedule=[readings], tags=["pravega",
                           output_path=f"{DATA}/export/on-new-readings/{run_id}", format="jsonl",
                           export_id="pravega_on_new_readings")
         with PravegaHook().get_client() as client:
-            result = run_export(client, get_spark_session("spark_default", "pravega-on-new-readings"), spec)
+            result = run_export(client, get_spark_session(spark_conn_id(), "pravega-on-new-readings"), spec)
         return result if isinstance(result, dict) else result.to_dict()
 
     export_new_range()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from airflow.providers.standard.sensors.external_task import ExternalTaskSensor
 from airflow.sdk import DAG
-from pravega_examples_common import SCOPE, STREAM, daily, data_dir
+from pravega_examples_common import SCOPE, STREAM, daily, data_dir, spark_conn_id
 
 from airflow_provider_pravega.operators import PravegaStreamCutExportOperator
 
@@ -39,5 +39,6 @@ with DAG(dag_id="pravega_stream_cut_export", **daily()) as dag:
         output_path=DATA + "/export/readings/{{ ds }}",
         format="parquet",
         event_format="json",
+        spark_conn_id=spark_conn_id(),
     )
     ingested >> export

@@ -5,15 +5,20 @@ Run it with ``scripts/demo`` (which sets up .venv first). It
 1. makes a work directory (``demo-work/``, or ``--work-dir``): an Airflow home on SQLite, the
    embedded Pravega server's data, and generated sample input (sensor readings, several days);
 2. starts the embedded Pravega-compatible server on free loopback ports and points the
-   ``pravega_default`` connection at it;
+   ``pravega_default`` connection at it, and one stock Spark Connect server from pyspark's own jars
+   (no plugin, 127.0.0.1, a free port; ``pravega_testing.spark_connect``) that the
+   ``spark_connect_default`` connection and the example DAGs use (``--no-spark-connect``: a
+   classic local session per task instead);
 3. runs the example ingest DAG (``dags/pravega_exactly_once_ingest.py``) for every day with the real
-   Airflow CLI (``airflow dags test``: Spark in local mode does the writing);
+   Airflow CLI (``airflow dags test``: its ingest task's Spark jobs run on the warm Connect server,
+   which the demo checks in the task's log);
 4. kills one day's run with SIGKILL after its commit point and runs that day again: the rerun
    recovers the crashed run and nothing is duplicated;
-5. runs the example export DAG for every day when it is present (``dags/pravega_stream_cut_export.py``);
+5. runs the example export DAG for every day when it is present (``dags/pravega_stream_cut_export.py``,
+   on the same Connect server);
 6. reads the stream back and prints a report: events per day in the stream vs in the source,
-   duplicates, transaction states, exported files, throughput. It exits non-zero when any check
-   fails, and leaves nothing running.
+   duplicates, transaction states, exported files, throughput, the ingest task's seconds. It exits
+   non-zero when any check fails, and leaves nothing running (also on a failure, Ctrl-C or SIGTERM).
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import ExitStack
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -108,10 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files-per-day", type=int, default=4)
     ap.add_argument("--events-per-file", type=int, default=2500)
     ap.add_argument("--keep", action="store_true", help="keep the work directory afterwards")
+    ap.add_argument("--no-spark-connect", dest="spark_connect", action="store_false",
+                    help="no Spark Connect server: every Spark task starts its own classic local session")
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(REPO))
     from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
+    from pravega_testing import spark_connect
+
+    # SIGTERM ends the demo as Ctrl-C does: through the `finally` below, which stops every server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     work = args.work_dir.resolve()
     if work.exists():
@@ -124,9 +138,22 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run([sys.executable, str(REPO / "scripts" / "generate_sample_data.py"), "--out", str(data / "incoming"),
                     "--start", days[0], "--days", str(args.days + 1), "--files-per-day", str(args.files_per_day),
                     "--events-per-file", str(args.events_per_file)], check=True)
+    servers = ExitStack()
     server = EmbeddedPravegaProcess(work / "pravega").start()
+    servers.callback(server.stop)
     log(f"embedded Pravega: controller {server.controller_uri}, segment store {server.segment_store_endpoint}")
     host, port = server.controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
+    connect = None
+    try:
+        if args.spark_connect:
+            log("starting a stock Spark Connect server (pyspark's own jars, no plugin)")
+            connect = servers.enter_context(spark_connect.running_server(
+                work / "spark-connect.log", env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}))
+            log(f"Spark Connect server: {connect.url} (pid {connect.pid}; connection {spark_connect.CONN_ID})")
+    except BaseException:
+        servers.close()
+        raise
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(work / "airflow"),
@@ -138,8 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         "PRAVEGA_EXAMPLES_STALE_AFTER_S": "5",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
+    if connect is not None:
+        env.update(spark_connect.example_dags_env(connect.port))
     failures: list[str] = []
     timings: dict[str, float] = {}
+    ingest_s: dict[str, float] = {}  # the ingest task's own run (run_ingest), from its log
     try:
         log("migrating the Airflow metadata DB (SQLite)")
         airflow(env, "db", "migrate")
@@ -147,8 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         for day in days:
             log(f"ingest DAG for {day}")
             t0 = time.monotonic()
-            airflow(env, "dags", "test", INGEST_DAG, day)
+            r = airflow(env, "dags", "test", INGEST_DAG, day)
             timings[day] = time.monotonic() - t0
+            ran = re.search(r"events \(\d+ bytes\) from \d+ file\(s\) in ([\d.]+) s", r.stdout + r.stderr)
+            if ran:
+                ingest_s[day] = float(ran.group(1))
+            if connect is not None and f"connecting to Spark Connect server {connect.url}" not in r.stdout + r.stderr:
+                failures.append(f"{day}: the ingest task did not use the Spark Connect server {connect.url}")
         log(f"ingest DAG for {crash_day}, killed with SIGKILL right after its commit point")
         r = airflow(env, "dags", "test", INGEST_DAG, crash_day, check=False,
                     extra_env={"PRAVEGA_INGEST_CRASH_AT": "after_commit_record"})
@@ -177,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         duplicates = sum(c - 1 for c in counts.values() if c > 1)
 
         print()
-        print(f"{'day':12} {'source':>8} {'stream':>8} {'duplicates':>10} {'events/s':>9}  runs of the ingest task")
+        print(f"{'day':12} {'source':>8} {'stream':>8} {'duplicates':>10} {'events/s':>9} {'task s':>7}  "
+              f"runs of the ingest task")
         for day in days + [crash_day]:
             summaries = xcoms(env, INGEST_DAG, "ingest", day)
             committed = [set(v or []) for v in xcoms(env, INGEST_DAG, "wait_for_commit", day)]
@@ -200,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs.insert(0, "killed after its commit point")
             dups = sum(c - 1 for e, c in counts.items() if c > 1 and json.loads(e)["reading_id"].startswith(day))
             rate = max((s.get("events_per_second") or 0 for s in summaries), default=0)
-            print(f"{day:12} {len(source_lines[day]):>8} {per_day[day]:>8} {dups:>10} {rate:>9,.0f}  "
+            seconds = "/".join(f"{s['seconds']:.1f}" for s in summaries if s.get("seconds") is not None) or "-"
+            print(f"{day:12} {len(source_lines[day]):>8} {per_day[day]:>8} {dups:>10} {rate:>9,.0f} {seconds:>7}  "
                   + "; ".join(runs))
             if per_day[day] != len(source_lines[day]):
                 failures.append(f"{day}: {per_day[day]} events in the stream, {len(source_lines[day])} in the source")
@@ -210,14 +247,22 @@ def main(argv: list[str] | None = None) -> int:
         if exported:
             print(f"export: {exported} files under {data / 'export'}")
         if timings:
+            spark = (f"the ingest's Spark jobs on the warm Spark Connect server {connect.url}" if connect is not None
+                     else "a classic local Spark session started by each ingest task")
             print(f"each daily DAG run took {min(timings.values()):.0f}-{max(timings.values()):.0f} s end to end "
-                  f"(a new Airflow process and Spark session each time; events/s above is the ingest itself)")
+                  f"(a new Airflow process each time; {spark}; task s above is the ingest task's own run, of "
+                  f"the last run of the day)")
+        if ingest_s:
+            print(f"the ingest task's own run for a day of new files took {min(ingest_s.values()):.1f}-"
+                  f"{max(ingest_s.values()):.1f} s")
         if duplicates:
             failures.append(f"{duplicates} duplicated events")
         if missing:
             failures.append(f"{len(missing)} source records missing from the stream")
     finally:
-        server.stop()
+        servers.close()  # the Spark Connect server's whole process group, then Pravega
+        if connect is not None:
+            log(f"Spark Connect server stopped (pid {connect.pid})")
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     if failures:

@@ -5,6 +5,10 @@
 * PostgreSQL: a private cluster (``initdb``; as the ``postgres`` user when run as root, which
   initdb refuses) holding Airflow's metadata database;
 * the embedded Pravega-compatible server (``python -m airflow_provider_pravega.embedded``);
+* a stock Spark Connect server from pyspark's own jars (no plugin; ``pravega_testing.spark_connect``),
+  long-running and warm: the ``spark_connect_default`` connection points at it and the example
+  DAGs run their Spark jobs there (seconds per daily run instead of a JVM started per task);
+  ``--no-spark-connect``: no server, every task starts its own local session, as before;
 * with ``--spark``: a Spark standalone master and worker from pyspark's ``bin/spark-class``
   (the ``spark_default`` connection then points at it, so the example DAGs run their Spark jobs there);
 * Airflow's api-server, scheduler (LocalExecutor), dag-processor and triggerer with the example
@@ -44,7 +48,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess  # noqa: E402
-from pravega_testing import spark_standalone  # noqa: E402
+from pravega_testing import spark_connect, spark_standalone  # noqa: E402
 from pravega_testing.net import free_port  # noqa: E402
 from pravega_testing.wait import WaitTimeout, wait_until  # noqa: E402
 
@@ -52,8 +56,8 @@ STATE = "stack.json"
 STACK_ID_VAR = "PRAVEGA_STACK_ID"  # every process of a stack inherits it: `down` finds stragglers by it
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 # Stopped in this order (the reverse of starting, the scheduler first: no new task starts while the rest stops).
-STOP_ORDER = ("scheduler", "triggerer", "dag-processor", "api-server", "spark-worker", "spark-master", "pravega",
-              "postgres")
+STOP_ORDER = ("scheduler", "triggerer", "dag-processor", "api-server", "spark-connect", "spark-worker", "spark-master",
+              "pravega", "postgres")
 ADMIN = "admin"
 
 
@@ -292,6 +296,8 @@ def airflow_env(work: Path, state: dict[str, Any], base: dict[str, str]) -> dict
     }
     if state.get("examples_start"):
         env["PRAVEGA_EXAMPLES_START"] = state["examples_start"]
+    if state.get("spark_connect_port"):
+        env.update(spark_connect.example_dags_env(state["spark_connect_port"]))
     if state.get("spark_master"):
         env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": state["spark_master"]})
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -384,6 +390,25 @@ def up(args: argparse.Namespace) -> int:
                 ui, 1, timeout_s=args.timeout,
                 still_running=lambda: all(group_alive(comps[n]["pgid"]) for n in ("spark-master", "spark-worker")))
 
+        if args.spark_connect:
+            port, ui = free_port(), free_port()
+            # Its Python workers run the jobs' functions: the provider must import there.
+            senv = dict(spark_connect.server_env(base), PYTHONPATH=os.pathsep.join(
+                filter(None, [str(REPO), base.get("PYTHONPATH")])))
+            comps["spark-connect"] = spawn("spark-connect", spark_connect.server_command(
+                port, master=args.spark_connect_master, ui_port=ui), senv, logs)
+            comps["spark-connect"]["port"] = port
+            state["spark_connect_port"] = port
+            state["spark_connect_url"] = spark_connect.url(port)
+            state["spark_connect_ui"] = f"http://127.0.0.1:{ui}"
+            write_state(work, state)
+            say(f"waiting for the Spark Connect server on {state['spark_connect_url']}")
+            try:
+                spark_connect.wait_ready(port, still_running=lambda: group_alive(comps["spark-connect"]["pgid"]),
+                                         log=comps["spark-connect"]["log"], timeout_s=args.timeout)
+            except spark_connect.SparkConnectServerError as exc:
+                raise StackError(str(exc)) from None
+
         env = airflow_env(work, state, base)
         write_env_sh(work, env, base)
         pw_file = Path(env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"])
@@ -437,6 +462,9 @@ def print_info(work: Path, state: dict[str, Any]) -> None:
 Airflow UI:      {state['api_url']}   login: {ADMIN} / {password}
 Pravega:         {state.get('controller_uri')} (embedded; connection pravega_default)
 PostgreSQL:      {state.get('sql_alchemy_conn')}""")
+    if state.get("spark_connect_url"):
+        print(f"Spark Connect:   {state['spark_connect_url']} (UI {state['spark_connect_ui']}; connection "
+              f"{spark_connect.CONN_ID}: the example DAGs' Spark jobs)")
     if state.get("spark_master"):
         print(f"Spark:           {state['spark_master']} (UI {state['spark_ui']}; connection spark_default)")
     print(f"""Example data:    {state['examples_data']}   DAGs: {state['dags_folder']} (paused: unpause them in the UI)
@@ -547,6 +575,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     u = sub.add_parser("up", help="start everything and wait until healthy")
     u.add_argument("--spark", action="store_true", help="also a Spark standalone master + worker (spark_default)")
+    u.add_argument("--no-spark-connect", dest="spark_connect", action="store_false",
+                   help="no Spark Connect server: every Spark task starts its own local session")
+    u.add_argument("--spark-connect-master", default=spark_connect.DEFAULT_MASTER,
+                   help=f"the Spark Connect server's master (default {spark_connect.DEFAULT_MASTER})")
     u.add_argument("--spark-cores", type=int, default=1)
     u.add_argument("--spark-memory", default="1g")
     u.add_argument("--dags", type=Path, default=None, help="DAG folder (default: the repository's dags/)")

@@ -48,6 +48,8 @@ def _export_interval(client: PravegaClient, scope: str, export_id: str, interval
         check_export_origin(client, sync, spec)  # records the origin, the export id and the stream
         sync.update(lambda _s: {"op": "interval", "key": interval, "start": "head", "end": "tail",
                                 "at": "2026-11-27T00:00:00Z"})
+        sync.update(lambda _s: {"op": "output", "path": "/out", "key": interval, "start": "head", "end": "tail"})
+        sync.update(lambda _s: {"op": "written", "path": "/out", "events": 3, "bytes": 30, "files": ["part-0"]})
 
 
 def _cli(uri: str, scope: str, *args: str) -> subprocess.CompletedProcess:
@@ -80,6 +82,9 @@ def test_list_inspect_and_a_reset_refused_under_a_live_run(pravega_embedded, uni
         assert "export daily.export" in listed.stdout and "1 interval(s)" in listed.stdout
         shown = _cli(uri, scope, "inspect", export_name)
         assert json.loads(shown.stdout)["intervals"]["2026-11-01/2026-11-02"]["end"] == "tail"
+        assert json.loads(shown.stdout)["outputs"]["/out"] | {"at": None, "written_at": None} == {
+            "interval": "2026-11-01/2026-11-02", "start": "head", "end": "tail", "events": 3, "bytes": 30,
+            "files": ["part-0"], "at": None, "written_at": None}  # the output's claim and cut manifest
         shown = _cli(uri, scope, "inspect", ingest_name)
         assert json.loads(shown.stdout)["runs"][run_id]["phase"] == "WRITING"
 

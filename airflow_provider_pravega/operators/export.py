@@ -66,8 +66,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
         (figures: docs/benchmarks.md).
     :param pravega_conn_id: The ``pravega`` connection.
     :param spark_conn_id: The Spark provider's ``spark`` connection (its host is the master URL) or
-        ``spark_connect`` connection (``sc://…``; the Connect server needs the provider's plugin, see
-        ``python -m airflow_provider_pravega.spark.connect_plugin``); local mode when
+        ``spark_connect`` connection (``sc://…``, a stock or managed Connect server); local mode when
         ``spark_default`` does not exist, an error for any other missing id. See docs/deployment.md.
     :param spark_conf: Extra Spark settings.
 

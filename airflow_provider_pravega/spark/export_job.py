@@ -14,16 +14,15 @@ parallel straight from the segment store and writes the rows through its own wri
   ranges with a read-ahead thread and cuts the events out of each segment-store reply in Arrow
   (:func:`~airflow_provider_pravega.client.batch.read_segment_range_arrow`), so no Python object
   is made per event; the events and bytes are counted by an ``Observation`` of the rows;
-* the output is written to a hidden sibling directory, its part files get names that depend only
-  on their partition (``part-00000.snappy.parquet``), a marker ``_PRAVEGA_EXPORT.json`` records the
-  cuts, and only then is the directory renamed into place: a failed run leaves nothing at the
-  final path. On object stores (S3A, GCS, Azure, ...), where a directory rename copies object by
-  object and is not atomic, the files are moved into the final directory one by one under a
-  pending marker and ``_PRAVEGA_EXPORT.json`` (which lists the files) is written last: a reader
-  that waits for that marker never sees a partial export, and an interrupted publish is finished
-  by the next run. The moves use the Hadoop FileSystem Spark writes through: the driver JVM's in a
-  classic session, the Spark Connect server's through the provider's server plugin
-  (:mod:`~airflow_provider_pravega.spark.filesystem`, :mod:`~airflow_provider_pravega.spark.connect_plugin`).
+* the rows are written with Spark's own commit protocol, ``mode("overwrite")`` on the output
+  directory (:mod:`~airflow_provider_pravega.spark.export_output`): the output committer makes the
+  files visible at job commit and writes ``_SUCCESS`` last, so a reader that waits for
+  ``_SUCCESS`` sees a complete interval; a re-run replaces the directory, so no stale file of an
+  earlier run stays visible. On object stores the S3A committers avoid copying each object again
+  (docs/export.md). The same code runs on a classic session and on any Spark Connect server; it
+  calls no filesystem API of its own. Before the write the output is claimed in the export's
+  state in Pravega, and files at the path that no claim of this export covers are never replaced;
+  after it, the state records what was written (the cut manifest: cuts, events, bytes, files).
 
 Repeatable scheduled runs: with an ``interval_key`` (the operator passes the data interval) the
 first export of an interval records (interval -> start cut, end cut); every later run of that
@@ -39,11 +38,12 @@ ingest into the same stream (:mod:`airflow_provider_pravega.client.ingest`): the
 the same interval key committed, in commit order, whatever order the intervals ran in. Events other
 writers appended to the stream while such a range was open are inside it, so they are exported with
 that interval. An interval no run of the ingest recorded (yet) is an
-:class:`IntervalNotIngestedError` naming it. Nothing is recorded in the export's own state: a re-run
-reads the index again, so it writes the same files unless a later run of that interval added a range.
+:class:`IntervalNotIngestedError` naming it. Its cuts are not recorded in the export's own state
+(only its output's claim and manifest): a re-run reads the index again, so it writes the same files
+unless a later run of that interval added a range.
 
-An existing directory at the output path is replaced only when its marker says it holds the export
-of the same export id, interval and cuts (a re-run reproduces it); anything else there is an error.
+Files at the output path are replaced only when the export's state claims the path for the same
+export id, interval and cuts (a re-run reproduces them); anything else there is an error.
 
 Speed: the export is CPU-bound, its read stage (reading, Arrow to the JVM, rows) and Spark's
 Parquet writer (including the JVM's JIT compiler on every job) adding up; ``num_partitions`` near
@@ -56,7 +56,6 @@ Run it without Airflow as ``python -m airflow_provider_pravega.spark.export_job 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -65,7 +64,6 @@ import re
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -94,14 +92,15 @@ from airflow_provider_pravega.spark.connection_args import (
 )
 from airflow_provider_pravega.spark import datasource
 from airflow_provider_pravega.spark.session import Py4JError, started_on_first_use
-from airflow_provider_pravega.spark.filesystem import (
-    ConnectPluginMissingError,
-    FileSystemError,
-    LocalFileSystem,
-    filesystem_for,
-    is_connect,
+from airflow_provider_pravega.spark.export_output import (
+    UnusablePathError,
     java_message,
     local_path,
+    local_visible_files,
+    output_key,
+    path_problem,
+    visible_files,
+    write_empty_locally,
 )
 
 log = logging.getLogger(__name__)
@@ -127,13 +126,6 @@ FORMATS = ("parquet", "jsonl", "csv", "delta")
 EVENT_FORMATS = ("text", "json", "binary")
 ON_TRUNCATED = ("fail", "head")
 PREVIOUS = "previous"
-MARKER = "_PRAVEGA_EXPORT.json"
-#: On object stores: present while a publish is under way (or was interrupted), before the files
-#: change and until ``MARKER`` is written; it says the directory is this provider's.
-PENDING_MARKER = "_PRAVEGA_EXPORT.pending.json"
-#: Filesystems whose directory rename is a copy of each object (not atomic): S3A, GCS, Azure
-#: (ABFS/WASB), Aliyun OSS, Tencent COS, Huawei OBS. Exports there publish in place, marker last.
-OBJECT_STORE_SCHEMES = frozenset({"s3a", "s3", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs", "oss", "cosn", "obs"})
 _SPARK_FORMAT = {"parquet": "parquet", "jsonl": "json", "csv": "csv"}
 #: Parquet settings for the event columns (a profile of the writer showed min/max statistics of
 #: the opaque event payloads and dictionary attempts on unique values as its largest costs): no
@@ -155,7 +147,6 @@ COMPRESSION = {
     "csv": ("none", "gzip", "bzip2", "deflate", "lz4", "snappy", "zstd"),
     "delta": (),  # the table's Parquet codec is the session's spark.sql.parquet.compression.codec
 }
-_PART_NAME = re.compile(r"^part-(\d+)-.*?(?:-c\d+)?(\.[A-Za-z0-9.]+)$")
 _WORKER_ERRORS = (
     "PravegaDataSourceError",
     "SegmentRangeTruncatedError",
@@ -324,8 +315,8 @@ class ExportResult:
     table_version: int | None = None
     #: ``format="delta"``: the interval's write was a no-op (Delta had its transaction version already).
     already_written: bool = False
-    #: Seconds per phase: ``prepare`` (checks, cuts, plan), ``write`` (the Spark job), ``publish``
-    #: (file names, marker, rename into place, state update).
+    #: Seconds per phase: ``prepare`` (checks, cuts, plan, what is at the output path), ``write``
+    #: (the Spark job and its commit), ``publish`` (listing what was written, recording it).
     phases: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -359,6 +350,9 @@ class ExportState:
     stream: str | None = None
     #: The exported stream's scope (None in states recorded before: the state's own scope).
     scope: str | None = None
+    #: Output path -> its claim (``interval``, ``start``, ``end``, ``at``), made before each write of
+    #: files there, and the cut manifest of the last write (``events``, ``bytes``, ``files``).
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def apply_update(state: ExportState, op: dict[str, Any]) -> ExportState:
@@ -372,6 +366,11 @@ def apply_update(state: ExportState, op: dict[str, Any]) -> ExportState:
     elif kind == "done":
         state.last = cuts
         state.pending = None
+    elif kind == "output":  # a new claim (the caller checked it may) replaces the manifest too
+        state.outputs[op["path"]] = {"interval": op.get("key"), **cuts, "at": op.get("at", "")}
+    elif kind == "written":
+        state.outputs.setdefault(op["path"], {}).update(
+            {k: v for k, v in op.items() if k not in ("op", "path", "at")}, written_at=op.get("at", ""))
     elif kind == "origin":
         if state.origin is None:
             state.origin = list(op["origin"])
@@ -653,185 +652,64 @@ def fix_cuts(client: Any, sync: Any, spec: ExportSpec, start_given: StreamCut | 
 
 
 # ---------------------------------------------------------------------------------------------
-# Output location (Hadoop FileSystem of the Spark session: local paths, HDFS, S3A, ...)
+# The output directory (spark/export_output.py) and its claim in the export's state
 # ---------------------------------------------------------------------------------------------
 
 
-class OutputLocation:
-    """The final directory, its hidden temporary sibling and the moves between them. Paths are
-    Hadoop path texts; ``fs`` is the session's filesystem access (:func:`filesystem_for`: py4j in a
-    classic session, the server plugin through Spark Connect)."""
+def _is_the_path(uri: str, given: str) -> bool:
+    """Whether a listed file is the output path itself (a file where a directory belongs)."""
+    mine = local_path(given)
+    if mine is not None:
+        return local_path(uri) == mine
+    return uri.partition("://")[2].rstrip("/") == output_key(given).partition("://")[2]
 
-    def __init__(self, spark: Any, path: str, fs: Any = None) -> None:
-        self.given = path.strip()
-        self.text = self.given.rstrip("/") or "/"
-        self.fs = fs if fs is not None else filesystem_for(spark)
-        try:
-            where = self.fs.resolve(self.text)
-        except ConnectPluginMissingError as exc:
-            raise ExportError(str(exc)) from None
-        except FileSystemError as exc:  # an invalid URI, an unknown scheme, a missing filesystem library
-            raise OutputPathError(f"output path {self.given!r} is not usable: {exc}") from None
-        if where.parent is None:
-            raise OutputPathError(f"output path {self.given!r} must name a directory below a parent directory")
-        self.final = where.path
-        self.parent = where.parent
-        self.name = where.name
-        self.token = uuid.uuid4().hex[:12]
-        self.temp = self.fs.child(self.parent, f".{self.name}.pravega-export-{self.token}")
-        self.object_store = where.scheme.lower() in OBJECT_STORE_SCHEMES
 
-    def child(self, base: str, name: str) -> str:
-        return self.fs.child(base, name)
+def check_output(spec: ExportSpec, state: ExportState, visible: list[str] | None, start_text: str,
+                 end_text: str) -> bool:
+    """Whether this export may write at its output path, given what a reader finds there
+    (``visible``) and the export's claims; True when it replaces files of its own. Raises
+    OutputPathError for a file, files no claim of this export covers, or its export of another
+    interval or of other cuts."""
+    given = spec.output_path
+    if not visible:
+        return False
+    if len(visible) == 1 and _is_the_path(visible[0], given):
+        raise OutputPathError(f"output path {given!r} is a file; exports write a directory there")
+    claim = state.outputs.get(output_key(given))
+    if claim is None:
+        raise OutputPathError(
+            f"output path {given!r} already holds files that no export wrote as {spec.effective_export_id!r} "
+            f"({len(visible)} file(s), e.g. {visible[0].rsplit('/', 1)[-1]}); remove them or choose another path")
+    if claim.get("interval") != spec.interval_key:
+        raise OutputPathError(
+            f"output path {given!r} holds export {spec.effective_export_id!r} of interval {claim.get('interval')!r}, "
+            f"not of {spec.interval_key!r}; remove it or choose another path")
+    if spec.from_ingest is None and (claim.get("start"), claim.get("end")) != (start_text, end_text):
+        raise OutputPathError(
+            f"output path {given!r} holds an export of other cuts ({claim.get('start')} .. {claim.get('end')}) than "
+            f"this run's ({start_text} .. {end_text}); remove it or choose another path")
+    return True
 
-    def _fail(self, what: str, exc: BaseException | None = None) -> OutputPathError:
-        detail = f": {java_message(exc)}" if exc is not None else ""
-        return OutputPathError(f"output path {self.given!r} is not writable ({what}{detail})")
 
-    def check_writable(self) -> None:
-        """Create the temporary directory and a file in it, then remove them: an unwritable path is
-        found now, before any state is recorded or any Spark task runs."""
-        try:
-            if self.fs.exists(self.final) and not self.fs.is_dir(self.final):
-                raise OutputPathError(f"output path {self.given!r} is a file; exports write a directory there")
-            if not self.fs.mkdirs(self.temp):
-                raise self._fail(f"cannot create {self.temp}")
-            self.fs.create(self.child(self.temp, "_probe"))
-        except FileSystemError as exc:  # permission denied, a parent that is a file, a read-only filesystem
-            raise self._fail(f"cannot create {self.temp}", exc) from None
-        finally:
-            self.remove_temp()
+def _claim_output(sync: Any, spec: ExportSpec, start_text: str, end_text: str) -> None:
+    """Record, before the write, that the output path holds this export's interval."""
+    sync.update(lambda _state: {"op": "output", "path": output_key(spec.output_path), "key": spec.interval_key,
+                                "start": start_text, "end": end_text, "at": _now()})
 
-    def existing(self) -> dict[str, Any] | None:
-        """What is at the final path: None (nothing), {} (an empty directory) or the marker of an
-        earlier export; raises OutputPathError when it holds data no export wrote."""
-        try:
-            return self._existing()
-        except FileSystemError as exc:
-            raise OutputPathError(f"output path {self.given!r} cannot be read: {exc}") from None
 
-    def _existing(self) -> dict[str, Any] | None:
-        if not self.fs.exists(self.final):
-            return None
-        if not self.fs.is_dir(self.final):
-            raise OutputPathError(f"output path {self.given!r} is a file; exports write a directory there")
-        marker = self.child(self.final, MARKER)
-        if self.fs.exists(marker):
-            try:
-                found = json.loads(self.read_text(marker))
-            except ValueError:
-                found = None
-            if not isinstance(found, dict) or not found:
-                raise OutputPathError(f"output path {self.given!r} has an unreadable {MARKER}; remove the "
-                                      f"directory or choose another path")
-            return found
-        pending = self.child(self.final, PENDING_MARKER)
-        if self.fs.exists(pending):  # an interrupted in-place publish (object stores): ours to finish
-            try:
-                found = json.loads(self.read_text(pending))
-            except ValueError:
-                found = None
-            if isinstance(found, dict) and found:
-                log.warning("output path %s holds an interrupted publish of export %r; replacing it",
-                            self.given, found.get("export_id"))
-                return found
-        if self.fs.list(self.final):
-            raise OutputPathError(
-                f"output path {self.given!r} already holds files that no export wrote (no {MARKER}); "
-                f"remove them or choose another path"
-            )
-        return {}
+def _record_written(sync: Any, spec: ExportSpec, result: ExportResult,
+                    pieces: list[tuple[str, str]] | None) -> None:
+    """The cut manifest of what the write left at the output path, in the export's state (with
+    ``from_ingest``: the ingest's runs and the committed ranges exported)."""
+    op = {"op": "written", "path": output_key(spec.output_path), "events": result.events, "bytes": result.bytes,
+          "files": [f.rsplit("/", 1)[-1] for f in result.files], "at": _now()}
+    if pieces is not None:
+        op.update(from_ingest=spec.from_ingest, ingest_runs=result.ingest_runs, pieces=[list(p) for p in pieces])
+    sync.update(lambda _state: op)
 
-    def read_text(self, path: str) -> str:
-        return self.fs.read_text(path)
 
-    def write_text(self, path: str, text: str) -> None:
-        try:
-            self.fs.write_text(path, text)
-        except FileSystemError as exc:
-            raise self._fail(f"cannot write {path}", exc) from None
-
-    def finalize_parts(self, plan_index: Sequence[int] = ()) -> list[str]:
-        """Give the part files in the temporary directory names that depend only on the plan:
-        Spark's partition ``i`` wrote the ``plan_index[i]``-th group of ranges. Returns the new
-        names in order."""
-        try:
-            names = []
-            for name in self.fs.list(self.temp):
-                match = _PART_NAME.match(name)
-                if match is None:
-                    continue
-                number = int(match.group(1))
-                if number < len(plan_index):
-                    number = plan_index[number]
-                new = f"part-{number:05d}{match.group(2)}"
-                if not self.fs.rename(self.child(self.temp, name), self.child(self.temp, new)):
-                    raise self._fail(f"cannot rename {name} to {new}")
-                names.append(new)
-            success = self.child(self.temp, "_SUCCESS")
-            if self.fs.exists(success):
-                self.fs.delete(success, False)
-        except FileSystemError as exc:
-            raise self._fail("cannot name the part files", exc) from None
-        return sorted(names)
-
-    def publish(self, replace: bool) -> None:
-        """Move the temporary directory to the final path (replacing what is there when asked)."""
-        try:
-            if self.object_store:
-                self._publish_in_place(replace)
-            else:
-                self._publish_by_rename(replace)
-        except FileSystemError as exc:
-            raise self._fail("cannot publish", exc) from None
-
-    def _publish_by_rename(self, replace: bool) -> None:
-        trash = None
-        if self.fs.exists(self.final):
-            if not replace:
-                raise OutputPathError(f"output path {self.given!r} appeared while exporting; not replacing it")
-            trash = self.child(self.parent, f".{self.name}.pravega-replaced-{self.token}")
-            if not self.fs.rename(self.final, trash):
-                raise self._fail(f"cannot move the previous output aside to {trash}")
-        if not self.fs.rename(self.temp, self.final):
-            if trash is not None:
-                self.fs.rename(trash, self.final)
-            raise self._fail(f"cannot rename {self.temp} to the output path")
-        if trash is not None:
-            self.fs.delete(trash, True)
-
-    def _publish_in_place(self, replace: bool) -> None:
-        """Publish where a directory rename is not atomic: pending marker, files one by one (each
-        object appears whole), stale files removed, the marker listing the files last."""
-        if self.fs.exists(self.final) and not replace:
-            raise OutputPathError(f"output path {self.given!r} appeared while exporting; not replacing it")
-        new_marker = self.child(self.temp, MARKER)
-        self.write_text(self.child(self.final, PENDING_MARKER), self.read_text(new_marker))
-        self.fs.delete(self.child(self.final, MARKER), False)  # from now on, readers know it is in flux
-        keep = {MARKER, PENDING_MARKER}
-        for name in self.fs.list(self.temp):
-            if name == MARKER:
-                continue
-            target = self.child(self.final, name)
-            if self.fs.exists(target):
-                self.fs.delete(target, True)
-            if not self.fs.rename(self.child(self.temp, name), target):
-                raise self._fail(f"cannot move {name} into the output path")
-            keep.add(name)
-        for name in self.fs.list(self.final):  # files of an earlier export no longer listed
-            if name not in keep:
-                self.fs.delete(self.child(self.final, name), True)
-        if not self.fs.rename(new_marker, self.child(self.final, MARKER)):
-            raise self._fail(f"cannot write {MARKER}")
-        self.fs.delete(self.child(self.final, PENDING_MARKER), False)
-        self.remove_temp()
-
-    def remove_temp(self) -> None:
-        try:
-            if self.fs.exists(self.temp):
-                self.fs.delete(self.temp, True)
-        except FileSystemError as exc:  # best effort: it is a hidden directory
-            log.warning("could not remove the temporary directory %s: %s", self.temp, exc)
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -899,7 +777,7 @@ def json_sample(config: Any, ranges: Sequence[SegmentRange], limit: int) -> list
 
 def launch_order(ranges: Sequence[SegmentRange], groups: Sequence[Sequence[int]]) -> list[int]:
     """Group indexes, largest first: Spark starts tasks in partition order, so the longest reads
-    start first and the last wave is short (the files are renamed back into plan order)."""
+    start first and the last wave is short (Delta's writes, whose file names carry no order)."""
     size = [sum(ranges[i].length or 0 for i in group) for group in groups]
     return sorted(range(len(groups)), key=lambda g: (-size[g], g))
 
@@ -1010,40 +888,80 @@ def config_of(client: Any) -> PravegaConnectionConfig:
     return ingest_config_of(client)
 
 
-def _without_spark(spec: ExportSpec, local_files: bool) -> LocalFileSystem | None:
-    """This machine's files when an export with nothing to read can be written without Spark: its
-    output is a local path that Spark would write on this machine too (``local_files``: the session
-    would run here), in a format whose empty output is known (not Delta, not JSON columns, Spark's
-    default compression)."""
-    if (not local_files or spec.format == "delta" or spec.event_format == "json" or spec.compression is not None
-            or local_path(spec.output_path) is None):
-        return None
-    return LocalFileSystem()
+def _writes_without_spark(spec: ExportSpec, local_files: bool) -> bool:
+    """Whether an export with nothing to read can be written without Spark: its output is a local
+    path that Spark would write on this machine too (``local_files``: the session would run here),
+    in a format whose empty output is known (not Delta, not JSON columns, Spark's default
+    compression)."""
+    return (local_files and spec.format != "delta" and spec.event_format != "json" and spec.compression is None
+            and local_path(spec.output_path) is not None)
 
 
-def _write_empty(output: OutputLocation, spec: ExportSpec) -> list[str]:
-    """Into the temporary directory, what Spark writes for no rows, with the part names the export
-    gives them: a Parquet file with only the schema (Spark's own schema metadata included, so Spark
-    reads the same types back), an empty JSON-lines file, a CSV file with only its header."""
-    fields = [("event", "binary" if spec.event_format == "binary" else "string"), ("segment_id", "long"),
-              ("offset", "long")]
-    output.fs.mkdirs(output.temp)
-    if spec.format == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+def _listed(spec: ExportSpec, spark: Any) -> list[str] | None:
+    """What a reader finds at the output path: through the session, or this machine's files."""
+    try:
+        if spark is None:
+            return local_visible_files(local_path(spec.output_path) or spec.output_path)
+        return visible_files(spark, output_key(spec.output_path))
+    except (UnusablePathError, OSError) as exc:  # an invalid URI, an unknown scheme, a missing connector
+        raise OutputPathError(f"output path {spec.output_path!r} is not usable: {exc}") from None
 
-        arrow = {"binary": pa.binary(), "string": pa.string(), "long": pa.int64()}
-        # The export's columns are never null (the data source's rows), and Spark records it so.
-        row = {"type": "struct", "fields": [{"name": n, "type": t, "nullable": False, "metadata": {}} for n, t in fields]}
-        schema = pa.schema([pa.field(n, arrow[t], nullable=False) for n, t in fields],
-                           metadata={"org.apache.spark.sql.parquet.row.metadata": json.dumps(row, separators=(",", ":"))})
-        name = "part-00000.snappy.parquet"
-        pq.write_table(schema.empty_table(), output.child(output.temp, name), compression="snappy")
+
+def _write_files(spark: Any, client: Any, spec: ExportSpec, ranges: Sequence[SegmentRange], result: ExportResult,
+                 planned_bytes: int, started: float) -> None:
+    """The Spark job: every range read by the data source, written with Spark's commit protocol
+    (``mode("overwrite")``) at the output path; the counts into ``result``."""
+    # Counted by an observation of the rows (the data source's tasks have no accumulators).
+    if type(spark).__module__.startswith("pyspark.sql.connect"):  # no SparkContext: no progress thread
+        from pyspark.sql.connect.observation import Observation
+
+        progress = None
     else:
-        name = f"part-00000.{'json' if spec.format == 'jsonl' else 'csv'}"
-        output.write_text(output.child(output.temp, name),
-                          "" if spec.format == "jsonl" else ",".join(n for n, _ in fields) + "\n")
-    return [name]
+        from pyspark.sql import Observation
+
+        progress = _Progress(spark, f"export {result.export_id}")
+    observation = Observation("pravega_export_counts")
+    # Partitions in plan order: Spark names part file i after partition i, so reading the files in
+    # name order gives the rows in plan order (not launched largest first, as Delta's writes are).
+    groups = group_ranges(ranges, spec.num_partitions)
+    frame = build_frame(spark, config_of(client), spec, ranges, groups, observation)
+    writer = frame.write.mode("overwrite").format(_SPARK_FORMAT[spec.format])
+    if spec.format == "csv":  # RFC 4180 quoting ("" inside quotes), readable by any CSV reader
+        writer = writer.option("header", True).option("escape", '"')
+    if spec.format == "parquet" and spec.event_format != "json":
+        writer = writer.options(**PARQUET_OPTIONS)
+    if spec.compression is not None:
+        writer = writer.option("compression", spec.compression)
+    if progress is not None:
+        progress.start()
+    else:
+        log.info("export %s: writing %d partition(s) through Spark Connect", result.export_id, len(groups))
+    written_at = time.monotonic()
+    result.phases["prepare"] = round(written_at - started, 3)
+    try:
+        writer.save(output_key(spec.output_path))
+    except Exception as exc:
+        clear = _worker_failure(spec, exc)
+        if clear is not None:
+            raise clear from None
+        problem = path_problem(exc)
+        if problem is not None:
+            raise OutputPathError(f"output path {spec.output_path!r} is not writable ({problem})") from None
+        raise
+    finally:
+        if progress is not None:
+            progress.stop()
+    result.phases["write"] = round(time.monotonic() - written_at, 3)
+    counted = observation.get  # missing metrics: 0, and the check below counts the output
+    result.events, result.bytes = int(counted.get("events") or 0), int(counted.get("bytes") or 0)
+    if result.bytes + wire.EVENT_HEADER_LEN * result.events != planned_bytes:
+        log.warning("the observed counts (%d events, %d bytes) do not add up to the %d bytes planned (a task ran "
+                    "twice?); counting the output instead", result.events, result.bytes, planned_bytes)
+        reader = spark.read.format(_SPARK_FORMAT[spec.format])
+        if spec.format == "csv":
+            reader = reader.option("header", True).option("multiLine", True).option("escape", '"')
+        result.events = reader.load(output_key(spec.output_path)).count()
+        result.bytes = planned_bytes - wire.EVENT_HEADER_LEN * result.events
 
 
 def run_export(client: Any, spark: Any, spec: ExportSpec, *, local_files: bool = False) -> ExportResult:
@@ -1060,23 +978,9 @@ def run_export(client: Any, spark: Any, spec: ExportSpec, *, local_files: bool =
         spec.start_cut, scope, stream, unbounded=HEAD, what="start cut")
     end_given = StreamCut.coerce(spec.end_cut, scope, stream, unbounded=TAIL, what="end cut")
     export_id = spec.effective_export_id
-    local_fs = _without_spark(spec, local_files)
-    output = None
-    if spec.format != "delta":
-        output = OutputLocation(None, spec.output_path, local_fs) if local_fs else OutputLocation(
-            get_spark(), spec.output_path)
-    existing = None
-    if output is not None:
-        output.check_writable()
-        existing = output.existing()
-    if existing and (existing.get("export_id"), existing.get("interval")) != (export_id, spec.interval_key):
-        raise OutputPathError(
-            f"output path {spec.output_path!r} holds the export {existing.get('export_id')!r} of interval "
-            f"{existing.get('interval')!r}, not {export_id!r} of {spec.interval_key!r}; remove it or choose another path"
-        )
 
     pieces: list[tuple[str, str]] | None = None
-    with (open_export_state(client, spec) if spec.from_ingest is None else contextlib.nullcontext()) as sync:
+    with open_export_state(client, spec) as sync:
         if spec.from_ingest is None:
             if spec.interval_key is not None or spec.continues_previous:  # the recorded cuts are used
                 check_export_origin(client, sync, spec)
@@ -1084,14 +988,6 @@ def run_export(client: Any, spark: Any, spec: ExportSpec, *, local_files: bool =
         else:  # the ingest's index is the record: a re-run after a later range was added may replace
             decision, ingest_runs, pieces = ingest_interval_cuts(client, spec)
         start_text, end_text = _cut_text(decision.start), _cut_text(decision.end)
-        replace = existing is not None
-        if (existing and pieces is None
-                and (existing.get("start_cut"), existing.get("end_cut")) != (start_text, end_text)):
-            raise OutputPathError(
-                f"output path {spec.output_path!r} holds an export of other cuts ({existing.get('start_cut')} .. "
-                f"{existing.get('end_cut')}) than this run's ({start_text} .. {end_text}); remove it or choose "
-                f"another path"
-            )
         planned_bytes = sum(r.length or 0 for r in decision.ranges)
         log.info("export %s%s of %s/%s: %d segment range(s), %d bytes, from %s to %s%s", export_id,
                  f" interval {spec.interval_key}" if spec.interval_key else "", scope, stream, len(decision.ranges),
@@ -1099,99 +995,41 @@ def run_export(client: Any, spark: Any, spec: ExportSpec, *, local_files: bool =
         result = ExportResult(
             export_id=export_id, scope=scope, stream=stream, interval=spec.interval_key, start_cut=start_text,
             end_cut=end_text, output_path=spec.output_path, format=spec.format, event_format=spec.event_format,
-            ranges=len(decision.ranges), reused_record=decision.reused, replaced_output=replace,
+            ranges=len(decision.ranges), reused_record=decision.reused,
         )
         if pieces is not None:
             result.ingest_runs = ingest_runs
-        if output is None:  # a Delta table always has an interval (ExportSpec): its cuts are recorded
+        if spec.format == "delta":  # a Delta table always has an interval (ExportSpec): its cuts are recorded
             _export_to_delta(client, get_spark(), spec, decision, pieces, result, started, planned_bytes)
-            if sync is not None:
-                _maybe_compact(sync)
+            _maybe_compact(sync)
             return result
-        try:
-            if local_fs is not None and not decision.ranges:  # nothing to read: no Spark
-                result.phases["prepare"] = round(time.monotonic() - started, 3)
-                names = _write_empty(output, spec)
-                result.phases["write"] = 0.0
-                published_at = time.monotonic()
-                log.info("export %s: nothing to read; wrote the empty output without Spark", export_id)
-            else:
-                if local_fs is not None:  # Spark writes the files: its filesystem moves them
-                    output = OutputLocation(get_spark(), spec.output_path)
-                spark = get_spark()
-                # Counted by an observation of the rows (the data source's tasks have no accumulators).
-                if is_connect(spark):  # no SparkContext: no progress thread
-                    from pyspark.sql.connect.observation import Observation
-
-                    progress = None
-                else:
-                    from pyspark.sql import Observation
-
-                    progress = _Progress(spark, f"export {export_id}")
-                observation = Observation("pravega_export_counts")
-                groups = group_ranges(decision.ranges, spec.num_partitions)
-                order = launch_order(decision.ranges, groups)
-                frame = build_frame(spark, config_of(client), spec, decision.ranges, [groups[g] for g in order],
-                                    observation)
-                # "error" is "errorifexists" (the only spelling Spark Connect takes)
-                writer = frame.write.mode("error").format(_SPARK_FORMAT[spec.format])
-                if spec.format == "csv":  # RFC 4180 quoting ("" inside quotes), readable by any CSV reader
-                    writer = writer.option("header", True).option("escape", '"')
-                if spec.format == "parquet" and spec.event_format != "json":
-                    writer = writer.options(**PARQUET_OPTIONS)
-                if spec.compression is not None:
-                    writer = writer.option("compression", spec.compression)
-                if progress is not None:
-                    progress.start()
-                else:
-                    log.info("export %s: writing %d partition(s) through Spark Connect", export_id, len(groups))
-                written_at = time.monotonic()
-                result.phases["prepare"] = round(written_at - started, 3)
-                try:
-                    writer.save(output.temp)
-                except Exception as exc:
-                    clear = _worker_failure(spec, exc)
-                    if clear is not None:
-                        raise clear from None
-                    raise
-                finally:
-                    if progress is not None:
-                        progress.stop()
-                result.phases["write"] = round(time.monotonic() - written_at, 3)
-                published_at = time.monotonic()
-                counted = observation.get  # missing metrics: 0, and the check below counts the output
-                result.events, result.bytes = int(counted.get("events") or 0), int(counted.get("bytes") or 0)
-                if result.bytes + wire.EVENT_HEADER_LEN * result.events != planned_bytes:
-                    log.warning("the observed counts (%d events, %d bytes) do not add up to the %d bytes planned (a task "
-                                "ran twice?); counting the output instead", result.events, result.bytes, planned_bytes)
-                    reader = spark.read.format(_SPARK_FORMAT[spec.format])
-                    if spec.format == "csv":
-                        reader = reader.option("header", True).option("multiLine", True).option("escape", '"')
-                    result.events = reader.load(output.temp).count()
-                    result.bytes = planned_bytes - wire.EVENT_HEADER_LEN * result.events
-                names = output.finalize_parts(order)
-            marker = {
-                "export_id": export_id, "scope": scope, "stream": stream, "interval": spec.interval_key,
-                "start_cut": start_text, "end_cut": end_text, "format": spec.format,
-                "event_format": spec.event_format, "events": result.events, "bytes": result.bytes, "files": names,
-            }
-            if pieces is not None:
-                marker.update(from_ingest=spec.from_ingest, ingest_runs=ingest_runs, pieces=[list(p) for p in pieces])
-            output.write_text(output.child(output.temp, MARKER), json.dumps(marker, indent=1, sort_keys=True) + "\n")
-            output.publish(replace)
-        except BaseException:
-            output.remove_temp()
-            raise
+        without_spark = not decision.ranges and _writes_without_spark(spec, local_files)
+        session = None if without_spark else get_spark()
+        result.replaced_output = check_output(spec, sync.fetch(), _listed(spec, session), start_text, end_text)
+        _claim_output(sync, spec, start_text, end_text)
+        if without_spark:
+            result.phases["prepare"] = round(time.monotonic() - started, 3)
+            try:
+                names = write_empty_locally(local_path(spec.output_path) or "", spec.format, spec.event_format)
+            except OSError as exc:
+                raise OutputPathError(f"output path {spec.output_path!r} is not writable ({exc.strerror or exc}: "
+                                      f"{exc.filename or spec.output_path})") from None
+            result.phases["write"] = 0.0
+            log.info("export %s: nothing to read; wrote the empty output without Spark", export_id)
+        else:
+            _write_files(session, client, spec, decision.ranges, result, planned_bytes, started)
+            names = [uri.rsplit("/", 1)[-1] for uri in _listed(spec, session) or []]
+        published_at = time.monotonic()
+        result.files = [f"{output_key(spec.output_path)}/{name}" for name in names]
+        _record_written(sync, spec, result, pieces)
         if spec.interval_key is None:  # where the next "previous" starts (intervals have their records)
             sync.update(lambda _state: {"op": "done", "start": start_text, "end": end_text})
-        if sync is not None:
-            _maybe_compact(sync)
+        _maybe_compact(sync)
 
-    result.files = [f"{output.text}/{name}" for name in names]
     result.seconds = time.monotonic() - started
     result.phases["publish"] = round(time.monotonic() - published_at, 3)
     log.info("export %s: %d events (%d bytes) to %d file(s) at %s in %.1f s (%.0f events/s; prepare %.2f s, "
-             "write %.2f s, publish %.2f s)", export_id, result.events, result.bytes, len(names), spec.output_path,
+             "write %.2f s, record %.2f s)", export_id, result.events, result.bytes, len(names), spec.output_path,
              result.seconds, result.events_per_second, result.phases["prepare"], result.phases["write"],
              result.phases["publish"])
     return result

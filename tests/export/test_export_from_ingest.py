@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.spark.export_job import MARKER, ExportSpec, IntervalNotIngestedError, run_export
+from airflow_provider_pravega.spark.export_job import ExportSpec, IntervalNotIngestedError, open_export_state, run_export
 from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
 
 
@@ -64,8 +64,9 @@ def test_each_days_export_holds_exactly_that_days_records(tmp_path, pravega_embe
             out, result = export(day)
             assert Counter(exported(out)) == Counter(lines[day]), day
             assert result["events"] == len(lines[day]) and len(result["ingest_runs"]) == 1
-        marker = json.loads((tmp_path / "out" / "day3" / MARKER).read_text())
-        assert marker["from_ingest"] == "daily" and len(marker["pieces"]) == 1
+        with open_export_state(client, ExportSpec(scope, "readings", "/unused", export_id="daily-export")) as sync:
+            recorded = sync.fetch().outputs[str(tmp_path / "out" / "day3")]  # the manifest, in Pravega
+        assert recorded["from_ingest"] == "daily" and len(recorded["pieces"]) == 1 and recorded["interval"] == day_key(3)
 
         # A file of day 2 arrives late and day 2 is ingested again: its export gains that range.
         late = write_day(source, 2, tag="late", files=1)

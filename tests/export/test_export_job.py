@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from export_files import by_partition
 from hang_guard import HANG_GUARD_S
 from pravega_clients import stream_writer
 
@@ -25,13 +26,13 @@ from airflow_provider_pravega.client.errors import (
 )
 from airflow_provider_pravega.client.streamcut import StreamCut, StreamCutMismatchError
 from airflow_provider_pravega.spark.export_job import (
-    MARKER,
     EventDecodeError,
     ExportSpec,
     OutputPathError,
     group_ranges,
     interval_order,
     main,
+    open_export_state,
     run_export,
     state_location,
 )
@@ -62,6 +63,12 @@ def make_stream(client: PravegaClient, scope: str, stream: str = "s", segments: 
 
 def parts(path: str | Path) -> list[Path]:
     return sorted(p for p in Path(path).iterdir() if p.name.startswith("part-") and not p.name.endswith(".crc"))
+
+
+def manifest(client: PravegaClient, spec: ExportSpec) -> dict:
+    """What the export's state in Pravega records of its output path."""
+    with open_export_state(client, spec) as sync:
+        return sync.fetch().outputs[spec.output_path]
 
 
 def exported_rows(path: str | Path) -> list[dict]:
@@ -112,11 +119,13 @@ def test_head_to_tail_across_two_scalings_holds_every_event_once(tmp_path, clien
     for seg in {r["segment_id"] for r in rows}:
         offsets = [r["offset"] for r in rows if r["segment_id"] == seg]
         assert offsets == sorted(offsets)
-    # The result names the files it wrote; the marker records the cuts.
+    # The result names the files it wrote; the export's state records the cuts and the files.
     assert sorted(result.files) == sorted(str(p) for p in parts(out))
-    marker = json.loads((out / MARKER).read_text())
-    assert (marker["start_cut"], marker["end_cut"], marker["events"]) == (result.start_cut, result.end_cut,
-                                                                          len(written))
+    assert (out / "_SUCCESS").exists()
+    recorded = manifest(client, ExportSpec(scope, "s", str(out)))
+    assert (recorded["start"], recorded["end"], recorded["events"], recorded["interval"]) == (
+        result.start_cut, result.end_cut, len(written), None)
+    assert sorted(recorded["files"]) == sorted(p.name for p in parts(out))
     assert StreamCut.from_text(result.end_cut) == StreamCut.tail(client, scope, "s")
     assert siblings(out) == []
     # Parquet layout: required columns; no min/max for the opaque payload, but for the positions.
@@ -207,12 +216,19 @@ def test_intervals_tile_the_stream_and_reruns_are_byte_identical(tmp_path, clien
 
     # More data arrives; re-running day 2 reproduces its files byte for byte from the recorded cuts.
     write(pravega_controller_uri, scope, "s", "late", 100)
-    before = {p.name: p.read_bytes() for p in parts(tmp_path / "d2")}
+    before = by_partition(tmp_path / "d2")
     again = export(DAY2, "d2")
     assert again.reused_record and again.replaced_output
     assert (again.start_cut, again.end_cut, again.events) == (r2.start_cut, r2.end_cut, r2.events)
-    assert {p.name: p.read_bytes() for p in parts(tmp_path / "d2")} == before
+    assert by_partition(tmp_path / "d2") == before  # no stale file of the first run left
     assert siblings(tmp_path / "d2") == []
+    # A run that died in its job commit left part of its files and no _SUCCESS: the directory is
+    # this export's (its claim is in the state), so the next run replaces what is there.
+    (tmp_path / "d2" / "_SUCCESS").unlink()
+    (tmp_path / "d2" / "part-00007-0b1e4c7a-5f0c-4c51-9d7e-3d1f0e2a9b11-c000.snappy.parquet").write_bytes(b"partial")
+    healed = export(DAY2, "d2")
+    assert healed.replaced_output and by_partition(tmp_path / "d2") == before
+    assert (tmp_path / "d2" / "_SUCCESS").exists()
 
     # Other formats reproduce too (parquet was checked above).
     for fmt in ("jsonl", "csv"):
@@ -221,9 +237,7 @@ def test_intervals_tile_the_stream_and_reruns_are_byte_identical(tmp_path, clien
         write(pravega_controller_uri, scope, "s", f"more-{fmt}", 10)
         b = run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / f"{fmt}-b"), export_id=f"f-{fmt}",
                                                  interval_key=DAY1, format=fmt))
-        assert b.reused_record and [p.read_bytes() for p in parts(tmp_path / f"{fmt}-a")] == [
-            p.read_bytes() for p in parts(tmp_path / f"{fmt}-b")]
-        assert [p.name for p in parts(tmp_path / f"{fmt}-a")] == [p.name for p in parts(tmp_path / f"{fmt}-b")]
+        assert b.reused_record and by_partition(tmp_path / f"{fmt}-a") == by_partition(tmp_path / f"{fmt}-b")
 
 
 def test_backfill_of_an_old_interval_reuses_its_record_and_gaps_fill_exactly(tmp_path, client, spark,
@@ -361,12 +375,13 @@ def test_bad_inputs_fail_fast_and_leave_nothing(tmp_path, client, spark, pravega
     (tmp_path / "file").write_text("a file, not a directory")
     fails(OutputPathError, "is not writable", path=tmp_path / "file" / "out")
     fails(OutputPathError, "is a file", path=tmp_path / "file")
+    fails(OutputPathError, "output path 'nosuchfs://bucket/out' is not usable", path="nosuchfs://bucket/out")
 
     # Files that no export wrote are never replaced.
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "keep.txt").write_text("mine")
-    with pytest.raises(OutputPathError, match="already holds files that no export wrote"):
+    with pytest.raises(OutputPathError, match="already holds files that no export wrote as '.*/s' .*keep.txt"):
         run_export(client, spark, ExportSpec(scope, "s", str(foreign), start_cut="head"))
     assert [p.name for p in foreign.iterdir()] == ["keep.txt"]
     # Nor is the export of other cuts.
@@ -374,7 +389,7 @@ def test_bad_inputs_fail_fast_and_leave_nothing(tmp_path, client, spark, pravega
     write(pravega_controller_uri, scope, "s", "y", 5)
     with pytest.raises(OutputPathError, match="holds an export of other cuts"):
         run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / "mine"), start_cut="head", export_id="e1"))
-    with pytest.raises(OutputPathError, match="holds the export 'e1'"):
+    with pytest.raises(OutputPathError, match="already holds files that no export wrote as 'e2'"):
         run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / "mine"), start_cut="head", export_id="e2"))
 
     # An event that is not UTF-8 fails in the Spark task; the error names it, nothing is published.
@@ -386,7 +401,7 @@ def test_bad_inputs_fail_fast_and_leave_nothing(tmp_path, client, spark, pravega
     with pytest.raises(EventDecodeError, match="is not UTF-8 text.*event_format='binary'"):
         run_export(client, spark, ExportSpec(scope, "other", str(out), start_cut="head"))
     assert time.monotonic() - started < HANG_GUARD_S
-    assert not out.exists() and siblings(out) == []
+    assert list(out.iterdir()) == [] and siblings(out) == []  # the aborted job's committer removed its files
     binary = run_export(client, spark, ExportSpec(scope, "other", str(out), start_cut="head", event_format="binary"))
     assert binary.events == 2
 

@@ -1,6 +1,6 @@
 """An export with nothing to read into this machine's files starts no Spark (issue 28, item 4): it
 writes what Spark writes for no rows (a schema-only Parquet file, an empty JSON-lines file, a CSV
-header) with Python's own file functions, and publishes it with the same marker.
+header, and ``_SUCCESS``) with Python's own file functions, and records the same manifest.
 
 The runs under test get a "Spark" that fails the test when it is asked for, so a start is seen
 whatever the timing; the same exports through a real local session are the reference. The embedded
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from export_files import stable_name
 from pravega_clients import stream_writer
 
-from airflow_provider_pravega.spark.export_job import MARKER, ExportSpec, run_export
+from airflow_provider_pravega.spark.export_job import ExportSpec, OutputPathError, open_export_state, run_export
 from airflow_provider_pravega.spark.session import starts_local_session
 
 SPARK_ROW_METADATA = b"org.apache.spark.sql.parquet.row.metadata"
@@ -34,7 +35,15 @@ def _no_spark() -> None:
 
 
 def _visible(path: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if not p.name.startswith(".")}
+    """The files at ``path`` but Hadoop's hidden checksums, by name without Spark's per-write UUID."""
+    return {stable_name(p.name): p.read_bytes() for p in sorted(path.iterdir()) if not p.name.startswith(".")}
+
+
+def _manifest(client, spec: ExportSpec) -> dict:
+    with open_export_state(client, spec) as sync:
+        recorded = dict(sync.fetch().outputs[spec.output_path])
+    return {k: v for k, v in recorded.items() if k not in ("at", "written_at", "files")} | {
+        "files": [stable_name(f) for f in recorded["files"]]}
 
 
 @pytest.mark.parametrize(("fmt", "event_format"), [("parquet", "text"), ("parquet", "binary"), ("jsonl", "text"),
@@ -46,35 +55,41 @@ def test_an_export_with_nothing_to_read_writes_what_spark_writes_without_spark(
     client.admin.create_scope(scope)
     client.admin.create_stream(scope, "s", segments=2)
     cuts = {"format": fmt, "event_format": event_format, "interval_key": "2026-11-01"}
-    reference = run_export(client, spark, ExportSpec(scope, "s", str(tmp_path / "spark"), export_id="by-spark", **cuts))
-    result = run_export(client, _no_spark, ExportSpec(scope, "s", str(tmp_path / "nojvm"), export_id="no-jvm", **cuts),
-                        local_files=True)
+    by_spark = ExportSpec(scope, "s", str(tmp_path / "spark"), export_id="by-spark", **cuts)
+    no_jvm = ExportSpec(scope, "s", str(tmp_path / "nojvm"), export_id="no-jvm", **cuts)
+    reference = run_export(client, spark, by_spark)
+    result = run_export(client, _no_spark, no_jvm, local_files=True)
 
     assert (result.events, result.bytes, result.ranges) == (reference.events, reference.bytes, reference.ranges) == (
         0, 0, 0)
-    assert [Path(f).name for f in result.files] == [Path(f).name for f in reference.files]
-    by_spark, without = _visible(tmp_path / "spark"), _visible(tmp_path / "nojvm")
-    assert sorted(without) == sorted(by_spark)
-    markers = [json.loads(files.pop(MARKER)) for files in (by_spark, without)]
-    assert [{k: v for k, v in m.items() if k != "export_id"} for m in markers] == [
-        {k: v for k, v in markers[0].items() if k != "export_id"}] * 2  # the same cuts, counts and files
-    (name,) = without
+    written, expected = _visible(tmp_path / "nojvm"), _visible(tmp_path / "spark")
+    assert sorted(written) == sorted(expected) and written.pop("_SUCCESS") == expected.pop("_SUCCESS") == b""
+    assert _manifest(client, no_jvm) == _manifest(client, by_spark)  # the same cuts, counts and files
+    (name,) = written
+    (found,) = (tmp_path / "nojvm").glob("part-*")
+    assert [Path(f).name for f in result.files] == [found.name]
     if fmt == "parquet":
-        written = pq.read_schema(tmp_path / "nojvm" / name)
-        expected = pq.read_schema(tmp_path / "spark" / name)
-        assert written.remove_metadata() == expected.remove_metadata()
-        assert written.metadata[SPARK_ROW_METADATA] == expected.metadata[SPARK_ROW_METADATA]
-        assert pq.read_metadata(tmp_path / "nojvm" / name).num_rows == 0
+        (reference_file,) = (tmp_path / "spark").glob("part-*.parquet")
+        written_schema, expected_schema = pq.read_schema(found), pq.read_schema(reference_file)
+        assert written_schema.remove_metadata() == expected_schema.remove_metadata()
+        assert written_schema.metadata[SPARK_ROW_METADATA] == expected_schema.metadata[SPARK_ROW_METADATA]
+        assert pq.read_metadata(found).num_rows == 0
         back = spark.read.parquet(str(tmp_path / "nojvm"))
         assert back.schema == spark.read.parquet(str(tmp_path / "spark")).schema and back.count() == 0
     else:
-        assert without[name] == by_spark[name]  # an empty file; a header
+        assert written[name] == expected[name]  # an empty file; a header
 
-    again = run_export(client, _no_spark, ExportSpec(scope, "s", str(tmp_path / "nojvm"), export_id="no-jvm", **cuts),
-                       local_files=True)
-    assert again.reused_record and again.replaced_output and _visible(tmp_path / "nojvm").keys() == without.keys() | {
-        MARKER}
+    again = run_export(client, _no_spark, no_jvm, local_files=True)
+    assert again.reused_record and again.replaced_output
+    assert _visible(tmp_path / "nojvm").keys() == written.keys() | {"_SUCCESS"}  # replaced, nothing stale
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing temporary left
+
+    # Files no export wrote are refused there too, without Spark.
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "keep.csv").write_text("mine")
+    with pytest.raises(OutputPathError, match="already holds files that no export wrote as 'no-jvm'.*keep.csv"):
+        run_export(client, _no_spark, ExportSpec(scope, "s", str(tmp_path / "foreign"), export_id="no-jvm", **cuts),
+                   local_files=True)
 
 
 def test_an_export_with_something_to_read_asks_for_spark(tmp_path: Path, embedded_client, pravega_embedded,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +23,8 @@ from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
 from airflow_provider_pravega.spark.ingest_job import BadRecordError, IngestSpec, SourceError, run_ingest
 from pravega_testing.hdfs import Hdfs, HdfsUnavailable, hdfs_minicluster
+
+from export_files import stable_name
 
 from .test_object_store import parquet_pages
 
@@ -117,17 +118,19 @@ def test_ingest_from_and_export_to_hdfs(hdfs: Hdfs, spark: Any, client: PravegaC
     out = f"{hdfs.uri}/{scope}/out/2026-11-01"
     export = ExportSpec(scope, "readings", out, start_cut="head", end_cut=tail.to_text())
     first = run_export(client, spark, export)
-    names = [uri.removeprefix(f"{out}/") for uri in first.files] + ["_PRAVEGA_EXPORT.json"]
+    names = [uri.removeprefix(f"{out}/") for uri in first.files] + ["_SUCCESS"]
     written = files.files(f"{hdfs.uri}/{scope}/out")
-    assert written == sorted(f"2026-11-01/{name}" for name in names)  # the export's files and marker only
-    first_bytes = {name: files.read(f"{out}/{name}") for name in names}
+    assert written == sorted(f"2026-11-01/{name}" for name in names)  # the export's files and _SUCCESS only
+    first_bytes = {stable_name(name): files.read(f"{out}/{name}") for name in names}
     exported = [json.loads(e) for name, data in first_bytes.items() if name.endswith(".parquet")
                 for e in pq.read_table(io.BytesIO(data)).column("event").to_pylist()]
     key = lambda row: (row["part"], row["n"])  # noqa: E731
     assert sorted(exported, key=key) == sorted(sent, key=key)  # every record once
 
     again = run_export(client, spark, export)  # a rerun of the same interval: the same bytes
-    assert files.files(f"{hdfs.uri}/{scope}/out") == written  # nothing temporary left beside it
-    assert Counter(again.files) == Counter(first.files)
-    assert {n: parquet_pages(files.read(f"{out}/{n}")) for n in first_bytes} == {
+    rewritten = files.files(f"{hdfs.uri}/{scope}/out")
+    assert sorted(map(stable_name, rewritten)) == sorted(map(stable_name, written))  # nothing stale or temporary
+    assert sorted(map(stable_name, again.files)) == sorted(map(stable_name, first.files))
+    assert {stable_name(n.removeprefix("2026-11-01/")): parquet_pages(files.read(f"{out}/{n.removeprefix('2026-11-01/')}"))
+            for n in rewritten} == {
         n: parquet_pages(data) for n, data in first_bytes.items()}

@@ -3,7 +3,8 @@ files and into a Delta Lake table, with standard s3a settings only, run by ``air
 (its own Spark JVM with ``hadoop-aws`` and Delta's package) against an S3-compatible server and the
 shared embedded Pravega server.
 
-The second run of the same day ingests nothing, rewrites the same export (see ``parquet_pages``
+The second run of the same day ingests nothing, rewrites the same export with Spark's commit
+protocol and leaves no stale object (see ``parquet_pages``
 for what "the same" means for Parquet across JVMs) and leaves the table as it was (Delta's
 idempotent commit); every record is in the stream, in the Parquet files and in the table once
 (read back with delta-rs); nothing temporary is left beside the export."""
@@ -21,6 +22,8 @@ import pyarrow.parquet as pq
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.spark.delta_export import session_conf
+from airflow_provider_pravega.spark.export_job import ExportSpec, open_export_state
+from export_files import stable_name
 
 DAG_FILE = '''
 import json, os
@@ -36,14 +39,23 @@ with DAG("lake_pipeline", schedule="@daily", start_date=pendulum.datetime(2026, 
         routing_key_field="sensor_id", create_stream=True, spark_conf=CONF)
     export = PravegaStreamCutExportOperator(
         task_id="export", scope=SCOPE, stream=STREAM, output_path="s3a://lake/out/{{ ds }}", spark_conf=CONF)
+    lines = PravegaStreamCutExportOperator(  # JSON lines: the S3A magic committer (see MAGIC)
+        task_id="export_jsonl", scope=SCOPE, stream=STREAM, output_path="s3a://lake/out-jsonl/{{ ds }}",
+        format="jsonl", spark_conf=CONF)
     table = PravegaStreamCutExportOperator(
         task_id="export_table", scope=SCOPE, stream=STREAM, output_path="s3a://lake/tables/readings",
         format="delta", event_format="json", json_schema="sensor_id string, value bigint, day string, part int",
         spark_conf=CONF)
-    ingest >> export >> table
+    ingest >> export >> lines >> table
 '''
 
 DAY = "2026-11-01"
+#: The S3A magic committer, as docs/deployment.md gives it: files written once, as multipart uploads
+#: completed at job commit (no copy by rename). Spark's Parquet writer keeps its own committer.
+MAGIC = {
+    "spark.hadoop.fs.s3a.committer.name": "magic",
+    "spark.hadoop.mapreduce.outputcommitter.factory.scheme.s3a": "org.apache.hadoop.fs.s3a.commit.S3ACommitterFactory",
+}
 
 
 def parquet_pages(data: bytes) -> bytes:
@@ -110,7 +122,7 @@ def test_dag_ingests_from_and_exports_to_s3a(
     scope = unique_name("lake")
     env = dict(fresh_airflow_env, AIRFLOW__CORE__DAGS_FOLDER=str(dags), LAKE_SCOPE=scope,
                # One session serves every task of `dags test`: it has Delta's package from the start.
-               LAKE_SPARK_CONF=json.dumps(session_conf(s3.spark_conf())),
+               LAKE_SPARK_CONF=json.dumps(session_conf({**s3.spark_conf(), **MAGIC})),
                AIRFLOW_CONN_PRAVEGA_DEFAULT=json.dumps({"conn_type": "pravega", "host": host, "port": int(port)}))
     migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
                              text=True, timeout=300)
@@ -126,23 +138,34 @@ def test_dag_ingests_from_and_exports_to_s3a(
     first = run_day()
     assert f"ingested 2 file(s), skipped 0, {len(sent)} events" in first, first[-4000:]
     export_keys = s3.keys("lake", f"out/{DAY}/")
-    assert f"out/{DAY}/_PRAVEGA_EXPORT.json" in export_keys
-    first_bytes = {key: s3.read("lake", key) for key in export_keys}
+    assert f"out/{DAY}/_SUCCESS" in export_keys  # Spark's committer: complete
+    first_bytes = {stable_name(key): s3.read("lake", key) for key in export_keys}
 
     table = read_table(s3, tmp_path / "table-1")
     second = run_day()
     assert "all 2 file(s) were already ingested: nothing to do" in second, second[-4000:]
     assert "was already in Delta table s3a://lake/tables/readings" in second, second[-4000:]
-    assert s3.keys("lake", f"out/{DAY}/") == export_keys
-    second_bytes = {key: s3.read("lake", key) for key in export_keys}
-    # The same export: the marker byte for byte, each Parquet file's data pages byte for byte (its
+    rewritten = s3.keys("lake", f"out/{DAY}/")
+    assert sorted(map(stable_name, rewritten)) == sorted(map(stable_name, export_keys))  # nothing stale
+    second_bytes = {stable_name(key): s3.read("lake", key) for key in rewritten}
+    # The same export: each Parquet file's data pages byte for byte (its
     # footer may list a column's encodings in another order: parquet-java keeps them in a HashSet of
     # enums, whose order follows identity hash codes, which differ from one JVM to the next).
     assert {key: parquet_pages(value) for key, value in second_bytes.items()} == {
         key: parquet_pages(value) for key, value in first_bytes.items()}
-    for key in export_keys:
+    for key in first_bytes:
         if key.endswith(".parquet"):
             assert parquet_footer(second_bytes[key]) == parquet_footer(first_bytes[key])
+
+    # JSON lines through the magic committer: its _SUCCESS names it; every record once; nothing of
+    # the committer's own (__magic) left.
+    lines_keys = s3.keys("lake", f"out-jsonl/{DAY}/")
+    assert json.loads(s3.read("lake", f"out-jsonl/{DAY}/_SUCCESS"))["committer"] == "magic"
+    assert not any("__magic" in key or "_temporary" in key for key in s3.keys("lake", "out-jsonl/"))
+    exported_lines = [json.loads(json.loads(line)["event"]) for key in lines_keys if key.endswith(".json")
+                      for line in s3.read("lake", key).decode().splitlines()]
+    assert sorted(exported_lines, key=lambda row: (row["part"], row["value"])) == sorted(
+        sent, key=lambda row: (row["part"], row["value"]))
 
     # The table: every record once, in one version whose metadata names the day's cuts.
     assert read_table(s3, tmp_path / "table-2") == table
@@ -156,14 +179,16 @@ def test_dag_ingests_from_and_exports_to_s3a(
     leftovers = [key for key in s3.keys("lake", "out/") if key != "out/" and not key.startswith(f"out/{DAY}/")]
     assert leftovers == []
 
-    # The marker lists the files; every record once in them and in the stream.
-    marker = json.loads(first_bytes[f"out/{DAY}/_PRAVEGA_EXPORT.json"])
-    assert sorted(f"out/{DAY}/{name}" for name in marker["files"]) == sorted(
-        key for key in export_keys if not key.endswith(".json"))
-    exported = [json.loads(event) for key in sorted(export_keys) if key.endswith(".parquet")
+    # The export's state in Pravega lists the files; every record once in them and in the stream.
+    exported = [json.loads(event) for key in sorted(first_bytes) if key.endswith(".parquet")
                 for event in pq.read_table(io.BytesIO(first_bytes[key])).column("event").to_pylist()]
     assert sorted(exported, key=key_of) == sorted(sent, key=key_of)
-    assert marker["events"] == len(sent)
     with PravegaClient(pravega_embedded.controller_uri) as client:
         tail = client.admin.tail(scope, "readings")
-    assert sum(tail.values()) == marker["bytes"] + 8 * len(sent)  # the export read the whole stream
+        with open_export_state(client, ExportSpec(scope, "readings", "/unused",
+                                                  export_id="lake_pipeline.export")) as sync:
+            recorded = sync.fetch().outputs[f"s3a://lake/out/{DAY}"]
+    assert sorted(f"out/{DAY}/{name}" for name in recorded["files"]) == sorted(
+        key for key in rewritten if key.endswith(".parquet"))  # the last run's files
+    assert recorded["events"] == len(sent)
+    assert sum(tail.values()) == recorded["bytes"] + 8 * len(sent)  # the export read the whole stream

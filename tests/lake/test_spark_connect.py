@@ -1,21 +1,20 @@
-"""Ingest and export through Spark Connect: a Spark Connect server started from pyspark's bundled
-jar (``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer``) with the
-provider's filesystem plugin (built here from its Java source), reached through the Spark provider's
-``spark_connect`` connection by ``PravegaTransactionalIngestOperator`` and
-``PravegaStreamCutExportOperator`` in their own process. That process is a venv with the provider's
-default install only (its wheel: pyspark-client, no pyspark jars, no py4j) and no Java: a ``java``
-first on PATH records any start. Every record once in the stream and in the export; the rerun
-ingests nothing and rewrites the same files; a server without the plugin is named as the cause. The
-server has Delta Lake, and a third export writes a Delta table: once, the rerun a no-op."""
+"""Ingest and export through Spark Connect: a stock Spark Connect server started from pyspark's
+bundled jar (``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer``, no
+``--jars`` or ``--conf`` of this project), reached through the Spark provider's ``spark_connect``
+connection by ``PravegaTransactionalIngestOperator`` and ``PravegaStreamCutExportOperator`` in their
+own process. That process is a venv with the provider's default install only (its wheel:
+pyspark-client, no pyspark jars, no py4j) and no Java: a ``java`` first on PATH records any start.
+Every record once in the stream and in the export; the rerun ingests nothing and rewrites the same
+files (Spark's commit protocol, no stale file left). Where the server is the Spark that Delta's
+package is built for, it also has Delta Lake, as a managed endpoint would, and a third export
+writes a Delta table: once, the rerun a no-op."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +23,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from pravega_testing import spark_connect
 from pravega_testing.venvs import ClientVenv, default_install_venv, helpers_path, spark_server_venv, without_java
-from pravega_testing.net import free_port
+from export_files import stable_name
 
 _RUN = r"""
 import hashlib, json, pathlib, sys
@@ -65,28 +65,8 @@ for _ in range(2):
                               for f in sorted(pathlib.Path(p["output"]).iterdir())}})
 
 from pyspark.sql import SparkSession
-from airflow_provider_pravega.spark.export_job import MARKER, OutputLocation
-from airflow_provider_pravega.spark.filesystem import ConnectFileSystem, ConnectPluginMissingError
 spark = SparkSession.builder.remote(p["remote"]).getOrCreate()
-
-# The object-store publish (files moved one by one, the marker last) through the plugin: twice, the
-# second with one file less.
-for parts in ({"part-00000.parquet": "a", "part-00001.parquet": "b"}, {"part-00000.parquet": "a2"}):
-    location = OutputLocation(spark, p["output"] + "_in_place")
-    location.object_store = True
-    location.check_writable()
-    found = location.existing()
-    for name, text in {**parts, MARKER: json.dumps({"export_id": "e", "interval": None})}.items():
-        location.write_text(location.child(location.temp, name), text)
-    location.publish(replace=found is not None)
-
-# A request the plugin does not take is what a server without the plugin answers to every request.
-try:
-    ConnectFileSystem(spark).request({"not_pravega_fs": 1})
-    missing = "no error"
-except ConnectPluginMissingError as exc:
-    missing = str(exc)
-print("RESULTS " + json.dumps({"runs": results, "missing_plugin": missing, "py4j": "py4j" in sys.modules,
+print("RESULTS " + json.dumps({"runs": results, "py4j": "py4j" in sys.modules,
                                "server_version": spark.version}))
 """
 
@@ -99,7 +79,7 @@ import airflow_provider_pravega
 from airflow_provider_pravega import operators, sensors, triggers
 from airflow_provider_pravega.hooks.pravega import PravegaHook
 loaded = [PravegaHook] + [getattr(package, name) for package in (operators, sensors, triggers) for name in package.__all__]
-for module in ("spark.datasource", "spark.ingest_job", "spark.export_job", "spark.delta_export", "spark.filesystem",
+for module in ("spark.datasource", "spark.ingest_job", "spark.export_job", "spark.delta_export", "spark.export_output",
                "assets", "openlineage", "state_admin"):
     importlib.import_module(f"airflow_provider_pravega.{module}")
 provider = airflow_provider_pravega.get_provider_info()
@@ -164,20 +144,6 @@ def server_python() -> str:
     return str(spark_server_venv(SERVER_PYSPARK).python)
 
 
-@pytest.fixture(scope="module")
-def plugin_jar(tmp_path_factory: pytest.TempPathFactory, server_python: str) -> Path:
-    """The provider's Spark Connect plugin, compiled from its Java source against the server's jars."""
-    out = tmp_path_factory.mktemp("connect-plugin")
-    if server_python == sys.executable:
-        from airflow_provider_pravega.spark.connect_plugin import build_plugin_jar
-
-        return build_plugin_jar(out)
-    subprocess.run([server_python, "-m", "airflow_provider_pravega.spark.connect_plugin", "--out", str(out)],
-                   check=True, capture_output=True, timeout=300, cwd=out)
-    (jar,) = out.glob("*.jar")
-    return jar
-
-
 def delta_arguments() -> list[str]:
     """Delta Lake on the server, as a managed Connect endpoint would have it."""
     from airflow_provider_pravega.spark.delta_export import session_conf
@@ -187,43 +153,21 @@ def delta_arguments() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def spark_connect_server(tmp_path_factory: pytest.TempPathFactory, plugin_jar: Path, server_python: str,
-                         ) -> Iterator[str]:
-    """A Spark Connect server (local[2]) with the provider's plugin on a free loopback port; its
-    ``sc://`` URL. With Delta Lake when the server is the Spark that Delta's package is built for."""
-    from airflow_provider_pravega.spark.connect_plugin import server_arguments
-
-    home = Path(subprocess.run([server_python, "-c", "import pyspark; print(pyspark.__file__)"], check=True,
-                               capture_output=True, text=True, cwd=tmp_path_factory.getbasetemp()).stdout.strip()).parent
-    port = free_port()
+def spark_connect_server(tmp_path_factory: pytest.TempPathFactory, server_python: str) -> Iterator[str]:
+    """A stock Spark Connect server (local[2]) on a free loopback port; its ``sc://`` URL. With
+    Delta Lake when the server is the Spark that Delta's package is built for."""
     log = tmp_path_factory.mktemp("spark-connect") / "server.log"
-    env = dict(os.environ, SPARK_HOME=str(home), PYSPARK_PYTHON=server_python)
-    server = subprocess.Popen(
-        [str(home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-         "--master", "local[2,4]", "--conf", f"spark.connect.grpc.binding.port={port}",
-         "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false", *server_arguments(plugin_jar),
-         *(delta_arguments() if SERVER_PYSPARK is None else [])],
-        env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True,
-    )
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"Spark Connect server did not start:\n{log.read_text()[-3000:]}")
-                time.sleep(0.5)
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        with spark_connect.running_server(log, master="local[2,4]", python=server_python, extra_args=[
+                *(delta_arguments() if SERVER_PYSPARK is None else [])],
+                timeout_s=120) as server:
+            yield server.url
+    except spark_connect.SparkConnectServerError as exc:
+        pytest.fail(f"Spark Connect server did not start: {exc}")
+
+
+def stable(files: dict[str, str]) -> dict[str, str]:
+    return {stable_name(name): digest for name, digest in files.items() if not name.startswith(".")}
 
 
 def test_ingest_and_export_run_through_a_spark_connect_connection(
@@ -275,8 +219,8 @@ def test_ingest_and_export_run_through_a_spark_connect_connection(
     first, rerun = results
     assert first["export"]["events"] == rerun["export"]["events"] == len(lines)
     assert rerun["export"]["reused_record"] and rerun["export"]["replaced_output"]
-    assert rerun["files"] == first["files"]  # the same names and bytes
-    assert "_PRAVEGA_EXPORT.json" in first["files"] and any(n.startswith("part-00000") for n in first["files"])
+    assert stable(rerun["files"]) == stable(first["files"])  # the same bytes, nothing stale
+    assert "_SUCCESS" in first["files"] and any(n.startswith("part-00000") for n in first["files"])
     exported = pq.read_table(tmp_path / "out").column("event").to_pylist()
     assert Counter(exported) == Counter(lines)  # every record once in the export
     assert first["export_json"]["events"] == len(lines) and first["export_json"]["bytes"] == first["export"]["bytes"]
@@ -292,25 +236,8 @@ def test_ingest_and_export_run_through_a_spark_connect_connection(
         table = deltalake.DeltaTable(str(tmp_path / "out_table"))
         assert Counter(table.to_pyarrow_table().column("event").to_pylist()) == Counter(lines)
         assert json.loads(table.history()[0]["userMetadata"])["end_cut"] == first["export"]["end_cut"]
-    in_place = tmp_path / "out_in_place"
-    assert sorted(p.name for p in in_place.iterdir() if not p.name.startswith(".")) == [
-        "_PRAVEGA_EXPORT.json", "part-00000.parquet"]
-    assert (in_place / "part-00000.parquet").read_text() == "a2"
-    assert "filesystem plugin" in answer["missing_plugin"]
-    assert "python -m airflow_provider_pravega.spark.connect_plugin" in answer["missing_plugin"]
-
     with PravegaClient(pravega_embedded.controller_uri) as client:
         head, tail = StreamCut.head(client, scope, "readings"), StreamCut.tail(client, scope, "readings")
         events = [event.payload.decode() for rng in plan_segment_ranges(client, head, tail)
                   for event in read_segment_range(client, rng)]
     assert Counter(events) == Counter(lines)  # every record once
-
-
-def test_plugin_command_prints_what_the_server_needs(plugin_jar: Path, server_python: str) -> None:
-    """The command a Spark Connect server's operator runs, with the server's own pyspark."""
-    done = subprocess.run([server_python, "-m", "airflow_provider_pravega.spark.connect_plugin", "--out",
-                           str(plugin_jar.parent)], capture_output=True, text=True, timeout=300, cwd=plugin_jar.parent)
-    assert done.returncode == 0, done.stderr[-3000:]  # the jar is there: not compiled again
-    assert f"--jars {plugin_jar} --conf spark.connect.extensions.relation.classes=" \
-           "airflow_provider_pravega.spark.PravegaFsRelationPlugin" in done.stdout
-    assert sorted(p.name for p in plugin_jar.parent.iterdir()) == [plugin_jar.name]  # nothing partial left

@@ -27,7 +27,9 @@ In one stack, in this order:
   not at error level, also in the killed attempt's log;
 * the UI in headless Chromium (``tests/ui``'s helpers): login, the grid shows every run green, the
   Pravega connection's Test button succeeds (without Chromium this last part is skipped, saying so);
-* ``scripts/stack down`` leaves no process of the stack behind.
+* the ingest tasks run their Spark jobs on the stack's stock Spark Connect server (their log shows
+  the ``sc://`` session), which ``status`` lists;
+* ``scripts/stack down`` leaves no process of the stack behind (the Spark Connect server included).
 
 Lean on purpose (one stack, two days of 2 x 150 readings); no timed assertions: every wait polls
 with a generous deadline and fails with the component logs."""
@@ -54,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from export_files import stable_name
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
@@ -291,7 +294,8 @@ def _hashes(folder: Path) -> dict[str, str]:
     """Each file's SHA-256; of a Parquet file, its bytes before the footer (every data page) and its
     footer's data (schema, row groups, statistics; parquet-java may list a column's encodings in
     another order in another Spark application, nothing else of the file may differ). Hadoop's
-    hidden ``.*.crc`` checksums of the files are left out."""
+    hidden ``.*.crc`` checksums of the files are left out; files by their names without Spark's
+    per-write UUID."""
     import pyarrow.parquet as pq
 
     out = {}
@@ -306,7 +310,7 @@ def _hashes(folder: Path) -> dict[str, str]:
                 for column in group["columns"]:
                     column["encodings"] = sorted(column["encodings"])
             data = data[:-8 - footer] + json.dumps(meta, sort_keys=True, default=str).encode()
-        out[path.relative_to(folder).as_posix()] = hashlib.sha256(data).hexdigest()
+        out[stable_name(path.relative_to(folder).as_posix())] = hashlib.sha256(data).hexdigest()
     return out
 
 
@@ -382,7 +386,7 @@ def test_stack_kills_backfills_exports_ui_exactly_once(stack_work: tuple[Path, l
     stack = Stack(work)
     status = _stack(work, "status")
     assert status.returncode == 0, status.stdout + status.stderr
-    for name in ("postgres", "pravega", "api-server", "scheduler", "dag-processor", "triggerer"):
+    for name in ("postgres", "pravega", "spark-connect", "api-server", "scheduler", "dag-processor", "triggerer"):
         assert any(line.startswith(name) and " up " in line for line in status.stdout.splitlines()), status.stdout
 
     stack.wait("the dag-processor to register the example and probe DAGs",
@@ -440,6 +444,10 @@ def test_stack_kills_backfills_exports_ui_exactly_once(stack_work: tuple[Path, l
     # tasks had flushed, without Spark and without writing anything again.
     assert "Reconnecting to existing job" in retry_log and "resuming ingest run" in retry_log, retry_log[-3000:]
     assert "starting Spark" not in retry_log and "died while writing" not in retry_log, retry_log[-3000:]
+    # The ingest ran its Spark jobs on the stack's stock Spark Connect server (no JVM in the task).
+    killed_try = _attempt_log(stack, killed_run, "ingest", 1).read_text(errors="replace")
+    assert f"connecting to Spark Connect server {stack.state['spark_connect_url']}" in killed_try, killed_try[-3000:]
+    assert "starting Spark with master" not in killed_try, killed_try[-3000:]
     source = _source_records(stack.data, days)
     assert len(source) == len(days) * FILES_PER_DAY * EVENTS_PER_FILE
     assert Counter(_stream_events(stack)) == Counter(source)  # every record once: both kills included
