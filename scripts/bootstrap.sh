@@ -8,9 +8,8 @@
 #                    same as PRAVEGA_BOOTSTRAP_BROWSER=1. scripts/test asks for it.
 #   --with-postgres  also install the provider's `postgres` extra (asyncpg, psycopg2-binary: an
 #                    Airflow metadata DB on PostgreSQL); same as PRAVEGA_BOOTSTRAP_POSTGRES=1.
-#   --with-build-tools  also make sure a JDK 17 (javac: the tests build the Spark Connect server
-#                    plugin) and Maven (mvn: the HDFS test fetches Hadoop's minicluster) are there,
-#                    apt-get installing Debian's openjdk-17-jdk-headless and maven when run as root;
+#   --with-build-tools  also make sure Maven (mvn: the HDFS test fetches Hadoop's minicluster) is
+#                    there, apt-get installing Debian's maven when run as root;
 #                    same as PRAVEGA_BOOTSTRAP_BUILD_TOOLS=1. scripts/test asks for it.
 #
 # Environment: PYTHON  interpreter to build the venv with: CPython 3.10-3.13 (default: python3.11,
@@ -54,19 +53,18 @@ fail() {
     exit 1
 }
 
-# --- JDK and Maven for the tests, only when asked ----------------------------------------------
+# --- Maven for the tests, only when asked ----------------------------------------------
 if [[ "$with_build_tools" == "1" ]]; then
     missing=()
-    command -v javac >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
     command -v mvn >/dev/null 2>&1 || missing+=(maven)
     if ((${#missing[@]})); then
         if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
-            echo "bootstrap: installing Debian's ${missing[*]} system-wide (apt-get) for the tests (javac: the Spark Connect plugin; mvn: the HDFS minicluster)"
+            echo "bootstrap: installing Debian's ${missing[*]} system-wide (apt-get) for the tests (mvn: the HDFS minicluster)"
             DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
                 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null ||
                 fail "'apt-get install ${missing[*]}' failed; install them and run again"
         else
-            fail "the tests need ${missing[*]} (javac builds the Spark Connect plugin, mvn fetches the HDFS minicluster).
+            fail "the tests need ${missing[*]} (mvn fetches the HDFS minicluster).
   Debian/Ubuntu (as root): apt-get install -y ${missing[*]}"
         fi
     fi
