@@ -595,7 +595,23 @@ def test_transaction_abort_and_unknown(ctl: Running) -> None:
     assert txn_state(ctl, "sc", "nope", unknown) == pb.TxnState.UNKNOWN
 
 
-def test_lease_limits(make) -> None:
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch):
+    """The controller's wall clock, stepped by the test: lease timing without sleeps or load races."""
+    from airflow_provider_pravega.embedded import controller as controller_module
+
+    class SteppedClock:
+        now_ms = int(time.time() * 1000)
+
+        def advance(self, ms: int) -> None:
+            self.now_ms += ms
+
+    stepped = SteppedClock()
+    monkeypatch.setattr(controller_module, "_now_ms", lambda: stepped.now_ms)
+    return stepped
+
+
+def test_lease_limits(make, clock) -> None:
     default = make(ControllerConfig())  # Pravega's limits: 10 s .. 120 s
     make_stream(default, "sd", "st")
     err = rpc_error(lambda: create_txn(default, "sd", "st", lease=5_000))
@@ -607,20 +623,21 @@ def test_lease_limits(make) -> None:
     assert rpc_error(lambda: create_txn(r, "sc", "st", lease=0)).code() == grpc.StatusCode.INVALID_ARGUMENT
     txn_id, _ = create_txn(r, "sc", "st", lease=2_500)
     assert ping(r, "sc", "st", txn_id, lease=20_000) == pb.PingTxnStatus.LEASE_TOO_LARGE
-    time.sleep(0.6)
+    clock.advance(600)
     assert ping(r, "sc", "st", txn_id, lease=2_500) == pb.PingTxnStatus.MAX_EXECUTION_TIME_EXCEEDED
     assert ping(r, "sc", "st", txn_id, lease=100) == pb.PingTxnStatus.OK
 
 
-def test_lease_expiry_aborts(make) -> None:
-    r = make(ControllerConfig(lease_cap_ms=300, lease_check_interval_s=0.05))
+def test_lease_expiry_aborts(make, clock) -> None:
+    # the reaper thread is slowed to its longest round; the test reaps itself at chosen instants
+    r = make(ControllerConfig(lease_cap_ms=300, lease_check_interval_s=1.0))
     make_stream(r, "sc", "st", 2)
     kept, _ = create_txn(r, "sc", "st")  # the official client's 90 s, capped to 300 ms
     expiring, _ = create_txn(r, "sc", "st")
-    deadline = time.monotonic() + 1.2
-    while time.monotonic() < deadline:  # pinging (well within the 300 ms lease) keeps one alive
+    for _ in range(4):  # pinging within the 300 ms lease keeps one alive past the other's deadline
+        clock.advance(200)
         assert ping(r, "sc", "st", kept) == pb.PingTxnStatus.OK
-        time.sleep(0.05)
+        r.controller.reap_expired()
     assert txn_state(r, "sc", "st", expiring) == pb.TxnState.ABORTED
     assert txn_state(r, "sc", "st", kept) == pb.TxnState.OPEN
     assert all(r.backend.segments[n].discarded for n in txn_segments("sc", "st", expiring, [0, 1]))
@@ -941,23 +958,24 @@ def test_torn_log_line_is_ignored(make, tmp_path: Path) -> None:
         start_controller(tmp_path, MemoryBackend())
 
 
-def test_open_transaction_expires_by_its_original_deadline(make) -> None:
-    config = ControllerConfig(lease_cap_ms=2500, lease_check_interval_s=0.05)
+def test_open_transaction_expires_by_its_original_deadline(make, clock) -> None:
+    config = ControllerConfig(lease_cap_ms=2500, lease_check_interval_s=1.0)
     r = make(config)
     make_stream(r, "sc", "st")
     txn_id, _ = create_txn(r, "sc", "st")
-    created = time.monotonic()
     deadline = r.controller.snapshot_state()["streams"][0]["txns"][0]["deadline_ms"]
     r.stop()
-    time.sleep(0.3)
+    clock.advance(2000)
     r2 = make(config)
+    # the restart neither renews the lease nor drops it: the recorded deadline stands
     assert r2.controller.snapshot_state()["streams"][0]["txns"][0]["deadline_ms"] == deadline
+    assert r2.controller.reap_expired() == 0
     assert txn_state(r2, "sc", "st", txn_id) == pb.TxnState.OPEN
-    wait_for(lambda: txn_state(r2, "sc", "st", txn_id) == pb.TxnState.ABORTED, timeout=60)
-    # Not before its original deadline (a lower bound: load only makes the abort later); that the
-    # restart did not renew the lease is the unchanged deadline_ms above.
-    elapsed = time.monotonic() - created
-    assert elapsed > 2.3 and time.time() * 1000 >= deadline, f"expired after {elapsed:.2f}s, lease was 2.5s"
+    clock.advance(deadline - clock.now_ms)
+    assert r2.controller.reap_expired() == 0, "aborted at its deadline, not after it"
+    clock.advance(1)
+    assert r2.controller.reap_expired() == 1
+    assert txn_state(r2, "sc", "st", txn_id) == pb.TxnState.ABORTED
 
 
 def test_recover_finishes_interrupted_commit(make, backend: MemoryBackend) -> None:
