@@ -1,0 +1,118 @@
+"""The provider's client against real Pravega 0.13 as a cluster of processes (issue 32): ZooKeeper,
+three BookKeeper bookies, three segment stores and two controllers, each its own JVM
+(``backends/cluster.py``). Streams spread over the stores; a controller and a segment store are
+killed with SIGKILL, as a lost host would vanish.
+
+One cluster serves the module (its start is most of the cost); the tests run in file order and the
+destructive ones last.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from backends.cluster import RealCluster, real_cluster
+from backends.standalone import standalone_available
+from hang_guard import HANG_GUARD_S
+
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.hooks.pravega import PravegaHook
+from pravega_testing.wait import wait_until
+
+from client.readback import read_segments_direct
+
+pytestmark = pytest.mark.standalone
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    ok, reason = standalone_available()
+    if not ok:
+        pytest.skip(reason)
+    with real_cluster(Path(tmp_path_factory.mktemp("pravega-cluster"))) as running:
+        yield running
+
+
+def _events(client: PravegaClient, scope: str, stream: str) -> list[bytes]:
+    return sorted(e for segment in read_segments_direct(client, scope, stream).values() for e in segment)
+
+
+def _owners(client: PravegaClient, scope: str, stream: str) -> dict[int, int]:
+    """segment id -> port of the segment store the controller names for it now."""
+    owners = {}
+    for segment in client.controller.get_current_segments(scope, stream):
+        client.controller.invalidate_uri(scope, stream, segment.segment_id)
+        owners[segment.segment_id] = client.controller.get_uri(scope, stream, segment.segment_id).port
+    return owners
+
+
+def _write(client: PravegaClient, scope: str, stream: str, prefix: str, count: int) -> list[bytes]:
+    events = [f"{prefix}-{i}".encode() for i in range(count)]
+    writer = client.event_writer(scope, stream)
+    try:
+        for i, event in enumerate(events):
+            writer.write_event(event, routing_key=str(i))
+        writer.flush()
+    finally:
+        writer.close()
+    return events
+
+
+def test_a_stream_spreads_over_the_segment_stores_and_each_event_is_read_once(cluster: RealCluster) -> None:
+    scope = f"cl-{uuid.uuid4().hex[:8]}"
+    with PravegaClient(cluster.controller_uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "spread", 8)
+        owners = _owners(client, scope, "spread")
+        assert len(set(owners.values())) >= 2, f"all 8 segments on one store: {owners}"
+        assert set(owners.values()) <= {s.port for s in cluster.segment_stores}
+        written = _write(client, scope, "spread", "e", 2000)
+        txn = client.transactions.begin(scope, "spread")
+        with client.transactions.writer(scope, "spread", txn) as writer:
+            writer.write_events([f"t-{i}".encode() for i in range(200)], routing_key="k")
+            writer.flush()
+        client.transactions.commit(scope, "spread", txn.txn_id)
+        assert _events(client, scope, "spread") == sorted(written + [f"t-{i}".encode() for i in range(200)])
+
+
+def test_with_the_first_controller_killed_admin_transactions_and_the_hook_go_through_the_second(
+    cluster: RealCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = cluster.controllers[0], cluster.controllers[1]
+    first.kill()
+    scope = f"cl-{uuid.uuid4().hex[:8]}"
+    with PravegaClient(cluster.controller_uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "after", 2)
+        assert str(client.controller.current_controller) == second.endpoint
+        txn = client.transactions.begin(scope, "after")
+        with client.transactions.writer(scope, "after", txn) as writer:
+            writer.write_events([b"one", b"two"], routing_key="k")
+            writer.flush()
+        client.transactions.commit(scope, "after", txn.txn_id)
+        assert _events(client, scope, "after") == [b"one", b"two"]
+    host = ",".join(c.endpoint for c in cluster.controllers)
+    monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_CLUSTER", json.dumps({"conn_type": "pravega", "host": host}))
+    ok, message = PravegaHook(pravega_conn_id="pravega_cluster").test_connection()
+    assert ok is True, message
+    assert f"{first.endpoint} failed" in message and second.endpoint in message
+
+
+def test_a_segment_store_killed_loses_nothing_it_acknowledged_and_its_segments_move(cluster: RealCluster) -> None:
+    scope = f"cl-{uuid.uuid4().hex[:8]}"
+    with PravegaClient(cluster.controller_uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "moves", 8)
+        before = _write(client, scope, "moves", "before", 1500)
+        owners = _owners(client, scope, "moves")
+        victim = cluster.store_at(owners[0])
+        victim.kill()  # its containers recover on the other stores, from BookKeeper and storage
+        wait_until(f"the segments of {victim.name} to move to another store",
+                   lambda: victim.port not in _owners(client, scope, "moves").values(), HANG_GUARD_S)
+        assert _events(client, scope, "moves") == sorted(before)
+        after = _write(client, scope, "moves", "after", 500)
+        assert _events(client, scope, "moves") == sorted(before + after)
