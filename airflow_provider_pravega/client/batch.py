@@ -794,12 +794,15 @@ def _read_ahead(source: _Source, rng: SegmentRange, end: int, chunk: int, retrie
 
 
 def _fetch(source: _Source, rng: SegmentRange, end: int, chunk: int, retries: int) -> Iterator[bytes]:
-    """ReadSegment replies over one pooled connection; a broken connection is retried ``retries``
-    times from the current offset (after asking the controller where the segment is now)."""
+    """ReadSegment replies over one pooled connection. A broken connection or WrongHost resumes at
+    the current offset: with a controller, on the segment's current owner within the client's
+    failover bounds (:class:`~airflow_provider_pravega.client.connection.Failover`); with a fixed
+    segment-store endpoint, ``retries`` times."""
     name = source.name
     offset = rng.start_offset
     failures = 0
     empty_replies = 0
+    failover = source.segments.failover(name, "reading") if source.segments is not None else None
     while offset < end:
         endpoint = source.endpoint()
         try:
@@ -831,8 +834,13 @@ def _fetch(source: _Source, rng: SegmentRange, end: int, chunk: int, retries: in
                         data = data[: end - offset]
                     offset += len(data)
                     failures = empty_replies = 0
+                    if failover is not None:
+                        failover.progress()
                     yield data
-        except SegmentStoreUnreachableError:
+        except SegmentStoreUnreachableError as exc:
+            if failover is not None:
+                failover.retry(exc, endpoint)
+                continue
             failures += 1
             if failures > retries:
                 raise

@@ -8,6 +8,10 @@ Three layers, each reusable by the other client modules (batch reads, synchroniz
   retries a request once on a fresh connection when the old one broke.
 * :class:`SegmentStoreClient` - finds a segment's segment store through the controller (getURI,
   cached), adds the delegation token, maps error replies to exceptions, retries after WrongHost.
+* :class:`Failover` - the one policy every path (request/response calls, append sessions,
+  conditional appends, batch reads) follows when a segment's store answers ``WrongHost`` or its
+  connection fails: forget the cached owner, ask the controller again, back off, and give up after
+  bounded tries with :class:`SegmentUnavailableError` naming the segment and the stores tried.
 
 and :class:`AppendSession`, the pipelined writer of one (segment, writer id): many AppendBlockEnd
 frames in flight, a reader thread consuming DataAppended acks, ``flush`` that returns only when
@@ -48,12 +52,14 @@ from airflow_provider_pravega.client.errors import (
     SegmentStoreError,
     SegmentStoreUnreachableError,
     SegmentTruncatedError,
+    SegmentUnavailableError,
 )
 from airflow_provider_pravega.protocol import naming, wire
 
 __all__ = [
     "AppendSession",
     "ConnectionPool",
+    "Failover",
     "SegmentInfo",
     "SegmentStoreClient",
     "SegmentStoreConnection",
@@ -67,6 +73,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CALL_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
+#: How long, and how many times, a segment is followed to a new owner before giving up: long enough
+#: for Pravega to reassign a dead store's containers, short enough to surface a real outage.
+DEFAULT_FAILOVER_TIMEOUT_S = 30.0
+DEFAULT_FAILOVER_ATTEMPTS = 30
 
 # Process-wide request ids, starting at 1 like the Rust client; ``next`` on a count is atomic in CPython.
 _REQUEST_IDS = itertools.count(1)
@@ -583,6 +593,9 @@ class SegmentStoreClient:
     def __init__(
         self, controller: ControllerClient, pool: ConnectionPool | None = None
     ) -> None:
+        #: Bounds of :class:`Failover` (time and tries) for every segment this client follows.
+        self.failover_timeout_s = DEFAULT_FAILOVER_TIMEOUT_S
+        self.failover_attempts = DEFAULT_FAILOVER_ATTEMPTS
         self.controller = controller
         self.pool = pool or ConnectionPool(config=controller.config)
         self._own_pool = pool is None
@@ -627,6 +640,10 @@ class SegmentStoreClient:
         scope, stream, segment_id = self.locate(segment)
         self.controller.invalidate_uri(scope, stream, segment_id)
 
+    def failover(self, segment: str, what: str, *, timeout_s: float | None = None) -> Failover:
+        """A :class:`Failover` for ``segment`` (``what``: the operation, for the error message)."""
+        return Failover(self, segment, what, timeout_s=timeout_s)
+
     def call(
         self,
         segment: str,
@@ -635,28 +652,28 @@ class SegmentStoreClient:
         check: bool = True,
     ) -> wire.Reply:
         """``build(request_id, delegation_token)`` makes the request; errors raise (unless ``check``
-        is false), WrongHost and broken connections are retried after asking the controller again."""
+        is false), WrongHost and broken connections are retried on the segment's current owner
+        (:class:`Failover`)."""
         token = self.token_for(segment, access_of(build(0, "")))
-        last: Exception | None = None
-        for attempt in range(3):
+        failover: Failover | None = None
+        while True:
             endpoint = self.endpoint_for(segment)
             request = build(next_request_id(), token)
             try:
                 reply = self.pool.call(endpoint, request, attempts=2)
             except SegmentStoreUnreachableError as exc:
-                last = exc
-                self.forget_endpoint(segment)
+                failover = failover or self.failover(segment, type(request).__name__)
+                failover.retry(exc, endpoint)
                 continue
-            if isinstance(reply, wire.WrongHost) and attempt < 2:
-                self.forget_endpoint(segment)
+            if isinstance(reply, wire.WrongHost):
+                failover = failover or self.failover(segment, type(request).__name__)
+                failover.retry(f"WrongHost from {endpoint}", endpoint)
                 continue
             if check:
                 raise_for_reply(
                     reply, endpoint=endpoint, segment=segment, request=request, user=self.controller.username
                 )
             return reply
-        assert last is not None
-        raise last
 
     def get_segment_info(self, segment: str) -> SegmentInfo:
         reply = self.call(
@@ -712,6 +729,71 @@ class SegmentStoreClient:
         session = AppendSession(self, segment, **options)
         session.open()
         return session
+
+
+class Failover:
+    """Following one segment to the store that owns it now, within bounds.
+
+    Every path that talks to a segment store about a segment (request/response calls, append
+    sessions, the synchronizer's conditional appends, batch reads) reports each failure to reach the
+    segment (a lost or refused connection, ``WrongHost``) with :meth:`retry`: the cached owner is
+    forgotten, so the next :meth:`SegmentStoreClient.endpoint_for` asks the controller's getURI
+    again, and the caller resumes there (appends by SetupAppend and the writer's last event number,
+    reads at their offset). The first retry is immediate (a moved container is served at once),
+    later ones back off up to 1 s. After ``segments.failover_attempts`` failures or
+    ``timeout_s`` (default ``segments.failover_timeout_s``) without progress, :meth:`retry` raises
+    :class:`SegmentUnavailableError` naming the segment and the stores tried. :meth:`progress`
+    resets the bounds (a long read or write may fail over many times)."""
+
+    def __init__(self, segments: SegmentStoreClient, segment: str, what: str, *,
+                 timeout_s: float | None = None) -> None:
+        self.segments = segments
+        self.segment = segment
+        self.what = what
+        self.timeout_s = segments.failover_timeout_s if timeout_s is None else timeout_s
+        self.max_attempts = segments.failover_attempts
+        self.tried: list[str] = []
+        self.failures = 0
+        self._since: float | None = None
+        self._delay = 0.0
+
+    def retry(self, cause: object, endpoint: Endpoint | str | None = None) -> None:
+        """Record a failure; forget the cached owner; wait before the next try, or raise
+        SegmentUnavailableError when the bounds are used up."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        self.failures += 1
+        where = str(endpoint) if endpoint is not None else getattr(cause, "endpoint", None)
+        if where and (not self.tried or self.tried[-1] != where):
+            self.tried.append(where)
+        try:
+            self.segments.forget_endpoint(self.segment)
+        except ValueError:  # not a stream segment's name: no controller lookup to redo
+            pass
+        elapsed = now - self._since
+        if self.failures >= self.max_attempts or elapsed + self._delay > self.timeout_s:
+            stores = ", ".join(self.tried) if self.tried else "none (the controller named no store)"
+            raise SegmentUnavailableError(
+                f"segment {self.segment} is unavailable: {self.what} failed {self.failures} times in "
+                f"{elapsed:.1f} s (bounds: {self.max_attempts} tries, {self.timeout_s:g} s); segment stores "
+                f"tried: {stores}; last error: {cause}",
+                segment=self.segment,
+                endpoints=self.tried,
+                attempts=self.failures,
+            ) from (cause if isinstance(cause, BaseException) else None)
+        log.info("%s on %s failed (%s); asking the controller for its owner again", self.what, self.segment, cause)
+        if self._delay:
+            time.sleep(self._delay)
+        self._delay = min(max(self._delay * 2, 0.05), 1.0)
+
+    def progress(self) -> None:
+        """The segment answered: the bounds start afresh at the next failure."""
+        if self.failures:
+            self.failures = 0
+            self._since = None
+            self._delay = 0.0
+            self.tried = []
 
 
 # ----------------------------------------------------------------------------------- appends
@@ -889,33 +971,19 @@ class AppendSession(FlushOnExit):
         self._reader.start()
         return reply.last_event_number
 
-    def _connect_with_retries(self) -> int:
-        """Set up again and again (backing off) until ``reconnect_timeout_s`` runs out; errors that
-        retrying cannot fix (missing or sealed segment, refused credentials) are raised at once."""
-        deadline = time.monotonic() + self.reconnect_timeout_s
-        delay = 0.05
-        attempts = 0
+    def _connect_with_retries(self, failover: Failover | None = None) -> int:
+        """Set up on the segment's current owner, following it (:class:`Failover`, bounded by
+        ``reconnect_timeout_s``); errors that retrying cannot fix (missing or sealed segment,
+        refused credentials) are raised at once."""
+        failover = failover or self.segments.failover(self.segment, "setting up appends",
+                                                      timeout_s=self.reconnect_timeout_s)
         while True:
-            attempts += 1
             try:
                 return self._connect_once()
             except _FINAL_ERRORS:
                 raise
             except (SegmentStoreError, ControllerUnreachableError) as exc:
-                if time.monotonic() + delay > deadline:
-                    raise SegmentStoreUnreachableError(
-                        f"cannot set up appends to segment {self.segment} after {attempts} attempts in "
-                        f"{self.reconnect_timeout_s:g} s: {exc}",
-                        segment=self.segment,
-                        endpoint=getattr(exc, "endpoint", None),
-                    ) from None
-                log.info("append setup for %s failed (%s); retrying", self.segment, exc)
-                try:
-                    self.segments.forget_endpoint(self.segment)
-                except ValueError:
-                    pass
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                failover.retry(exc, getattr(exc, "endpoint", None))
 
     def _read_acks(self, conn: SegmentStoreConnection) -> None:
         """Reader thread: consume replies of one connection until it closes."""
@@ -1001,8 +1069,12 @@ class AppendSession(FlushOnExit):
             self._cond.notify_all()
 
     def _reconnect(self) -> None:
-        """Drop the broken connection, set up again, resend the blocks the server does not have."""
+        """Drop the broken connection, set up again on the segment's current owner (a WrongHost or
+        a lost store: the controller is asked again), and resend the blocks the server does not have
+        (SetupAppend answers the writer id's last durable event number, so a block that landed
+        before the connection broke is never sent twice)."""
         deadline = time.monotonic() + self.reconnect_timeout_s
+        failover = self.segments.failover(self.segment, "appending", timeout_s=self.reconnect_timeout_s)
         while True:
             if time.monotonic() > deadline:
                 with self._cond:
@@ -1026,8 +1098,10 @@ class AppendSession(FlushOnExit):
                 "append connection for %s broke (%s); reconnecting", self.segment, cause
             )
             self.reconnects += 1
+            if old is not None:
+                failover.tried.append(str(old.endpoint))
             try:
-                last = self._connect_with_retries()
+                last = self._connect_with_retries(failover)
             except PravegaError as exc:
                 with self._cond:
                     if self._error is None:

@@ -259,6 +259,17 @@ class SegmentStoreUnreachableError(SegmentStoreError, ConnectionError):
     """No connection to the segment store could be made (or it kept failing)."""
 
 
+class SegmentUnavailableError(SegmentStoreUnreachableError):
+    """A segment could not be reached within the client's failover bounds: its owner kept refusing
+    connections or answering ``WrongHost`` however often the controller was asked again.
+    ``endpoints`` lists the segment stores tried, in order; ``attempts`` how many tries failed."""
+
+    def __init__(self, message: str, *, segment: str, endpoints: list[str], attempts: int) -> None:
+        self.endpoints = list(endpoints)
+        self.attempts = attempts
+        super().__init__(message, segment=segment, endpoint=endpoints[-1] if endpoints else None)
+
+
 class SegmentSealedError(SegmentStoreError):
     """An append hit a sealed segment (a sealed stream, a scaled segment or a finished transaction)."""
 

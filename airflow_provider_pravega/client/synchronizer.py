@@ -124,7 +124,8 @@ class _ConditionalAppender:
             if isinstance(reply, wire.WrongHost):
                 self.segments.forget_endpoint(self.segment)
                 raise SegmentStoreUnreachableError(
-                    f"segment store {endpoint} does not own {self.segment}", segment=self.segment
+                    f"segment store {endpoint} does not own {self.segment}", segment=self.segment,
+                    endpoint=str(endpoint),
                 )
             raise_for_reply(
                 reply, endpoint=endpoint, segment=self.segment, request=request,
@@ -143,25 +144,16 @@ class _ConditionalAppender:
         return 0 if last == wire.NO_EVENT_NUMBER else last
 
     def _reconnect(self) -> int:
-        deadline = time.monotonic() + self.reconnect_timeout_s
-        delay = 0.05
+        """Set up on the segment's current owner (following it after WrongHost or a lost store, within
+        the failover bounds); returns the writer id's last durable event number there."""
+        failover = self.segments.failover(self.segment, "conditional appends", timeout_s=self.reconnect_timeout_s)
         while True:
             try:
                 return self._setup()
             except PravegaTLSError:
                 raise  # a TLS mismatch does not heal by retrying
             except (SegmentStoreUnreachableError, ControllerUnreachableError) as exc:
-                if time.monotonic() + delay > deadline:
-                    raise SegmentStoreUnreachableError(
-                        f"cannot reach the segment store of {self.segment} for {self.reconnect_timeout_s:g} s: {exc}",
-                        segment=self.segment,
-                    ) from None
-                try:
-                    self.segments.forget_endpoint(self.segment)
-                except ValueError:
-                    pass
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                failover.retry(exc, getattr(exc, "endpoint", None))
 
     def append(self, expected_offset: int, payloads: list[bytes]) -> bool:
         """Append ``payloads`` (one event each) at ``expected_offset``: True when written there,

@@ -45,6 +45,16 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pravega-embedded",
@@ -55,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=9090, help="controller gRPC port (default 9090; 0 = any free port)")
     p.add_argument("--segment-store-port", type=_port, default=12345,
                    help="segment store port (default 12345; 0 = any free port)")
+    p.add_argument("--segment-stores", type=_positive_int, default=1,
+                   help="run N segment stores in this process, a small cluster for failover tests (default 1); "
+                        "store i listens on --segment-store-port + i (all on any free port with 0)")
+    p.add_argument("--containers", type=_positive_int, default=8,
+                   help="segment containers spread over the segment stores (default 8; with --segment-stores > 1)")
     p.add_argument("--advertise-host", default=None,
                    help="address clients are told to reach the segment store at (default: the bind address)")
     p.add_argument("--txn-lease-cap-ms", type=int, default=None,
@@ -120,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ServerSettings(
         data_dir=args.data_dir, host=args.host, port=args.port, segment_store_port=args.segment_store_port,
+        segment_stores=args.segment_stores, containers=args.containers,
         advertise_host=args.advertise_host, lease_cap_ms=args.txn_lease_cap_ms, tail_wait_s=args.tail_wait,
         fsync=not args.no_fsync, auth_file=args.auth_file, token_ttl_s=args.token_ttl_s,
         token_signing_key_file=args.token_signing_key_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
@@ -143,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(
         f"Pravega embedded server ready: controller {server.controller_uri} "
-        f"segment-store {server.segment_store_endpoint} data-dir {args.data_dir} "
+        f"segment-store {','.join(server.segment_store_endpoints)} data-dir {args.data_dir} "
         f"auth {'on' if settings.auth_enabled else 'off'} tls {'on' if settings.tls_enabled else 'off'}",
         flush=True,
     )

@@ -360,6 +360,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         *,
         authenticator: Authenticator | None = None,
         tokens: TokenAuthority | None = None,
+        locate: Callable[[str], tuple[str, int]] | None = None,
     ) -> None:
         if (authenticator is None) != (tokens is None):
             raise ValueError("authentication needs both an authenticator and a token authority")
@@ -369,6 +370,9 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         self._backend = backend
         self._ss_host = segment_store_host
         self._ss_port = segment_store_port
+        #: ``locate(qualified segment name) -> (host, port)`` of the store owning the segment's
+        #: container (a cluster); None: every segment is on the one segment store.
+        self._locate = locate
         self._config = config or ControllerConfig()
         self._dir = Path(data_dir) / "controller"
         self._log = MetadataLog(self._dir, snapshot_every=self._config.snapshot_every)
@@ -697,7 +701,12 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
     @_rpc
     def getURI(self, request: pb.SegmentId, context: grpc.ServicerContext) -> pb.NodeUri:
-        # Any segment of any stream (reader-group table streams included) lives on our one segment store.
+        # One store: every segment of every stream (reader-group table streams included) lives there.
+        # A cluster: the store that owns the segment's container now.
+        if self._locate is not None:
+            name = qualified_segment_name(request.streamInfo.scope, request.streamInfo.stream, request.segmentId)
+            host, port = self._locate(name)
+            return pb.NodeUri(endpoint=host, port=port)
         return pb.NodeUri(endpoint=self._ss_host, port=self._ss_port)
 
     # ------------------------------------------------------------------ scopes

@@ -66,6 +66,7 @@ class EmbeddedPravegaProcess:
         self.proc: subprocess.Popen[str] | None = None
         self.controller_uri = ""
         self.segment_store_endpoint = ""
+        self.segment_store_endpoints: list[str] = []
         self._log_path = self.data_dir / "server.log"
 
     @property
@@ -121,7 +122,9 @@ class EmbeddedPravegaProcess:
                     raise EmbeddedProcessError(f"embedded server exited with code {code}{self._log_tail()}")
                 m = _READY.search(line)
                 if m:
-                    self.controller_uri, self.segment_store_endpoint = m.group(1), m.group(2)
+                    self.controller_uri = m.group(1)
+                    self.segment_store_endpoints = m.group(2).split(",")  # several with --segment-stores
+                    self.segment_store_endpoint = self.segment_store_endpoints[0]
                     return self
         finally:
             sel.close()

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,6 +78,32 @@ def pravega_embedded_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedP
 
     def start(data_dir: Path | None = None, **settings: object) -> EmbeddedPravegaProcess:
         server = EmbeddedPravegaProcess(data_dir or tmp_path / f"pravega-{len(started)}", **settings)  # type: ignore[arg-type]
+        server.start()
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in reversed(started):
+            server.stop()
+
+
+@pytest.fixture
+def pravega_cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """``start(segment_stores=3, containers=8, **ServerSettings fields)``: an embedded server run as a
+    small cluster *in this process* (loopback, free ports), so a test can drive its controls
+    (``move_container``, ``stop_store``, ``restart_store``, ``set_hooks``); stopped after the test."""
+    from airflow_provider_pravega.embedded.server import EmbeddedPravega, ServerSettings
+
+    started: list[EmbeddedPravega] = []
+
+    def start(segment_stores: int = 3, containers: int = 8, **settings: Any) -> EmbeddedPravega:
+        settings.setdefault("fsync", False)
+        settings.setdefault("tail_wait_s", 1.0)
+        server = EmbeddedPravega(ServerSettings(
+            data_dir=tmp_path / f"cluster-{len(started)}", host="127.0.0.1", port=0, segment_store_port=0,
+            segment_stores=segment_stores, containers=containers, **settings))
         server.start()
         started.append(server)
         return server

@@ -67,8 +67,22 @@ class SegmentStoreServer:
         tokens: TokenAuthority | None = None,
         ssl_context: ssl.SSLContext | None = None,
         stats: SegmentStats | None = None,
+        store_id: int = 0,
+        owns: Callable[[str], bool] | None = None,
     ) -> None:
         self.storage = storage
+        #: Which store of a cluster this is (0 for the one store of a plain server).
+        self.store_id = store_id
+        #: ``owns(segment)``: whether this store owns the segment's container now; None = every
+        #: segment (one store). A request on a segment it does not own is answered ``WrongHost``.
+        self.owns = owns
+        #: Test hooks, called on the store's loop thread (they must not block or stop this store):
+        #: ``on_request(store_id, command)`` before each request is handled (it may move containers;
+        #: returning "drop" closes the connection without handling the request), and
+        #: ``on_appended(store_id, segment, writer_id, event_number)`` once an append is durable,
+        #: before it is acknowledged ("drop": close the connection instead of acknowledging).
+        self.on_request: Callable[[int, object], str | None] | None = None
+        self.on_appended: Callable[[int, str, int, int], str | None] | None = None
         self.stats = stats  # told of every acknowledged append (the auto-scaler's measurements)
         self.tokens = tokens  # None: no authentication, delegation tokens are ignored (as before)
         self.ssl_context = ssl_context
@@ -147,6 +161,7 @@ class SegmentStoreServer:
         loop.call_soon_threadsafe(lambda: loop.create_task(shutdown()))
         self._thread.join(timeout=10)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.storage.remove_growth_listener(self._on_segments_changed)
 
     # ------------------------------------------------------------------ cross-thread plumbing
 
@@ -268,8 +283,14 @@ class _Connection(asyncio.Protocol):
             return
         if not self.hello_done:
             raise wire.ProtocolError(f"{type(cmd).__name__} before Hello")
+        hook = self.server.on_request
+        if hook is not None and hook(self.server.store_id, cmd) == "drop":
+            self.close()
+            return
         handler = _HANDLERS.get(type(cmd))
         if handler is not None and self.server.tokens is not None and not self.token_allows(cmd):
+            return
+        if handler is not None and self.server.owns is not None and not self.owned(cmd):
             return
         if handler is None:
             request_id = getattr(cmd, "request_id", None)
@@ -297,6 +318,20 @@ class _Connection(asyncio.Protocol):
             self.send(wire.AuthTokenCheckFailed(cmd.request_id, str(exc), exc.error_code))  # type: ignore[attr-defined]
             return False
         return True
+
+    def owned(self, cmd: object) -> bool:
+        """Whether this store owns the segment ``cmd`` works on; if not, answer WrongHost as Pravega
+        does (ContainerNotFoundException: request id, segment, an empty correct host; the
+        connection stays open) and return False."""
+        segment = _segment_of(cmd, self.writers)
+        owns = self.server.owns
+        if segment is None or owns is None or owns(segment):
+            return True
+        log.info("segment store %d does not own %s: WrongHost to %s", self.server.store_id, segment, self.peer)
+        if isinstance(cmd, wire.SetupAppend):
+            self.writers.pop(cmd.writer_id, None)
+        self.send(wire.WrongHost(getattr(cmd, "request_id", -1), segment, "", ""))
+        return False
 
     # appends
 
@@ -335,6 +370,10 @@ class _Connection(asyncio.Protocol):
             self.paused = False
             self.transport.resume_reading()
         if r.error is None:
+            hook = self.server.on_appended
+            if hook is not None and hook(self.server.store_id, segment, writer_id, r.event_number) == "drop":
+                self.close()  # durable, but the writer never hears of it: its resend must not duplicate
+                return
             if self.server.stats is not None:
                 self.server.stats.record_append(segment, size, events)
             self.send(wire.DataAppended(writer_id, r.event_number, r.previous_event_number, request_id, r.write_offset))
@@ -561,6 +600,21 @@ class _Connection(asyncio.Protocol):
         if isinstance(exc, st.BadOffset):  # Java answers an offset beyond the end this way
             return wire.SegmentIsTruncated(request_id, segment, 0, "", offset)
         return wire.ErrorMessage(request_id, segment, str(exc), -1)
+
+
+_SEGMENT_FIELDS = ("segment", "segment_name", "target", "parent_segment")
+_APPENDS = (wire.AppendBlockEnd, wire.ConditionalBlockEnd, wire.ConditionalAppend)
+
+
+def _segment_of(cmd: object, writers: dict[int, str]) -> str | None:
+    """The segment a request works on (an append's: the one its writer id was set up for)."""
+    if isinstance(cmd, _APPENDS):
+        return writers.get(cmd.writer_id)
+    for field in _SEGMENT_FIELDS:
+        value = getattr(cmd, field, None)
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def _entries(rows: list[tuple[bytes, int, bytes]]) -> tuple:

@@ -8,6 +8,12 @@ Security is optional and off by default (loopback only, with a warning when boun
 without it): ``auth_file`` (Pravega's password file) makes the controller demand Basic credentials
 and the segment store demand the delegation tokens the controller issues (see ``auth``);
 ``tls_cert``/``tls_key`` make both endpoints TLS-only (see ``tls``).
+
+``segment_stores=N`` (N > 1) makes it a small cluster for failover tests: N segment-store ports in
+this one process over the one storage, the segments spread over ``containers`` containers and the
+containers over the stores (see ``containers``). ``getURI`` answers the owning store, a store
+answers ``WrongHost`` for a segment it does not own, and the test controls ``move_container``,
+``stop_store`` and ``restart_store`` change that while clients run.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import ipaddress
 import logging
 import os
 import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +33,7 @@ import grpc
 
 from airflow_provider_pravega.embedded import auth, tls
 from airflow_provider_pravega.embedded.autoscale import AutoScaler, AutoScalerConfig, RecordingBackend
+from airflow_provider_pravega.embedded.containers import ContainerMap
 from airflow_provider_pravega.embedded.controller import (
     ControllerConfig,
     EmbeddedController,
@@ -63,6 +71,8 @@ class ServerSettings:
     finished_txn_limit: int = 10_000  # ... and how many per stream
     retention_interval_s: float = 1800.0  # how often retention policies are applied (Pravega: 30 min)
     autoscale: AutoScalerConfig = AutoScalerConfig()  # rate window, cooldown, mute (Pravega's defaults)
+    segment_stores: int = 1  # > 1: a small cluster; store i listens on segment_store_port + i (0: any port)
+    containers: int = 8  # segment containers spread over the stores (only with segment_stores > 1)
 
     @property
     def auth_enabled(self) -> bool:
@@ -79,7 +89,17 @@ class EmbeddedPravega:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.storage: SegmentStorage | None = None
-        self.segment_store: SegmentStoreServer | None = None
+        self.segment_store: SegmentStoreServer | None = None  # store 0 (the only one without a cluster)
+        #: Every segment store by index (None while stopped by ``stop_store``).
+        self.segment_stores: list[SegmentStoreServer | None] = []
+        #: Containers and their owners; None for a plain one-store server.
+        self.containers: ContainerMap | None = None
+        self._store_ports: list[int] = []
+        self._tokens: auth.TokenAuthority | None = None
+        self._ssl = None
+        self._on_request = None
+        self._on_appended = None
+        self._cluster_lock = threading.RLock()
         self.controller: EmbeddedController | None = None
         self.autoscaler: AutoScaler | None = None
         self._grpc: grpc.Server | None = None
@@ -93,8 +113,110 @@ class EmbeddedPravega:
 
     @property
     def segment_store_endpoint(self) -> str:
-        assert self.segment_store is not None
-        return f"{self._client_host()}:{self.segment_store.port}"
+        assert self.segment_store is not None or self._store_ports
+        return f"{self._client_host()}:{self._store_ports[0] if self._store_ports else self.segment_store.port}"
+
+    @property
+    def segment_store_endpoints(self) -> list[str]:
+        """``host:port`` of every segment store, by index (stopped ones included)."""
+        return [f"{self._client_host()}:{port}" for port in self._store_ports]
+
+    # ------------------------------------------------------------------ cluster test controls
+
+    def _cluster(self) -> ContainerMap:
+        if self.containers is None:
+            raise EmbeddedServerError("not a cluster: start the server with segment_stores > 1")
+        return self.containers
+
+    def container_of(self, segment: str) -> int:
+        """The container of a qualified segment name (a transaction segment: its parent's)."""
+        return self._cluster().container_of(segment)
+
+    def store_of(self, segment: str) -> int:
+        """The index of the store that owns ``segment``'s container now."""
+        return self._cluster().owner(segment)
+
+    def move_container(self, container: int, store: int) -> int:
+        """Give ``container`` to ``store`` (returns the previous owner). Requests on its segments to
+        the previous owner are answered ``WrongHost`` from now on, appends in flight included;
+        ``getURI`` answers the new owner. Data and writer event numbers are shared, so nothing is
+        copied or lost. Callable from a hook (on a store's loop thread)."""
+        old = self._cluster().move(container, store)
+        log.info("container %d moved from segment store %d to %d", container, old, store)
+        return old
+
+    def move_segment(self, segment: str, store: int) -> int:
+        """``move_container`` of ``segment``'s container; returns the container."""
+        container = self.container_of(segment)
+        self.move_container(container, store)
+        return container
+
+    def store_running(self, store: int) -> bool:
+        return self.segment_stores[store] is not None
+
+    def stop_store(self, store: int, *, failover: bool = False) -> list[int]:
+        """Stop segment store ``store``: its port closes and its connections drop. Its containers
+        stay its own (``getURI`` keeps naming the stopped store, whose port refuses connections:
+        the segments are unavailable) until ``move_container`` or ``restart_store``; with
+        ``failover`` they are given round-robin to the running stores at once. Returns the
+        containers it owned. Not callable from a hook of that store (it waits for its thread)."""
+        cluster = self._cluster()
+        with self._cluster_lock:
+            server = self.segment_stores[store]
+            if server is None:
+                raise EmbeddedServerError(f"segment store {store} is not running")
+            if server._thread is threading.current_thread():
+                raise EmbeddedServerError("a store cannot be stopped from its own loop thread (a hook)")
+            owned = cluster.containers_of(store)
+            if failover:
+                alive = [i for i, s in enumerate(self.segment_stores) if s is not None and i != store]
+                if not alive:
+                    raise EmbeddedServerError(f"no running segment store to take the containers of store {store}")
+                for n, container in enumerate(owned):
+                    cluster.move(container, alive[n % len(alive)])
+            self.segment_stores[store] = None
+            if store == 0:
+                self.segment_store = None
+        server.stop()
+        log.info("segment store %d stopped (containers %s%s)", store, owned, ", moved" if failover else "")
+        return owned
+
+    def restart_store(self, store: int) -> None:
+        """Start a stopped segment store again on its old port; the containers it owns are served again."""
+        self._cluster()
+        with self._cluster_lock:
+            if self.segment_stores[store] is not None:
+                raise EmbeddedServerError(f"segment store {store} is running")
+            server = self._new_store(store, self._store_ports[store])
+            server.start()
+            self.segment_stores[store] = server
+            if store == 0:
+                self.segment_store = server
+
+    def set_hooks(self, on_request=None, on_appended=None) -> None:  # noqa: ANN001 - see SegmentStoreServer
+        """Install test hooks on every store, restarted ones included (see ``SegmentStoreServer``:
+        ``on_request(store, command)`` and ``on_appended(store, segment, writer_id, event_number)``,
+        each may return "drop"); None removes them."""
+        self._on_request, self._on_appended = on_request, on_appended
+        for server in self.segment_stores:
+            if server is not None:
+                server.on_request, server.on_appended = on_request, on_appended
+
+    def _new_store(self, index: int, port: int) -> SegmentStoreServer:
+        s = self.settings
+        assert self.storage is not None
+        cluster = self.containers
+        owns = None if cluster is None else (lambda name, i=index: cluster.owner(name) == i)
+        server = SegmentStoreServer(
+            self.storage, s.host, port, tail_wait_s=s.tail_wait_s, tokens=self._tokens, ssl_context=self._ssl,
+            stats=self.autoscaler, store_id=index, owns=owns,
+        )
+        server.on_request, server.on_appended = self._on_request, self._on_appended
+        return server
+
+    def _locate(self, segment: str) -> tuple[str, int]:
+        assert self.containers is not None
+        return self._client_host(), self._store_ports[self.containers.owner(segment)]
 
     def _client_host(self) -> str:
         s = self.settings
@@ -142,17 +264,26 @@ class EmbeddedPravega:
             # The auto-scaler sits between the segment store (which reports traffic) and the controller
             # (which decides): Pravega's stats recorder, AutoScaleProcessor and request stream, in-process.
             self.autoscaler = AutoScaler(s.autoscale, self._autoscale_policy)
-            self.segment_store = SegmentStoreServer(
-                self.storage, s.host, s.segment_store_port, tail_wait_s=s.tail_wait_s,
-                tokens=tokens, ssl_context=server_tls.ssl_context() if server_tls else None,
-                stats=self.autoscaler,
-            )
-            try:
-                self.segment_store.start()
-            except OSError as exc:
-                raise EmbeddedServerError(
-                    f"cannot listen for the segment store on {s.host}:{s.segment_store_port}: {exc.strerror or exc}"
-                ) from exc
+            self._tokens = tokens
+            self._ssl = server_tls.ssl_context() if server_tls else None
+            if s.segment_stores < 1:
+                raise EmbeddedServerError(f"segment_stores must be at least 1, got {s.segment_stores}")
+            if s.segment_stores > 1:
+                if s.containers < 1:
+                    raise EmbeddedServerError(f"containers must be at least 1, got {s.containers}")
+                self.containers = ContainerMap(s.containers, s.segment_stores)
+            for index in range(s.segment_stores):
+                port = s.segment_store_port + index if s.segment_store_port else 0
+                server = self._new_store(index, port)
+                try:
+                    server.start()
+                except OSError as exc:
+                    raise EmbeddedServerError(
+                        f"cannot listen for segment store {index} on {s.host}:{port}: {exc.strerror or exc}"
+                    ) from exc
+                self.segment_stores.append(server)
+                self._store_ports.append(server.port)
+            self.segment_store = self.segment_stores[0]
             config = ControllerConfig(max_lease_ms=s.max_lease_ms, lease_cap_ms=s.lease_cap_ms,
                                       pravega_token_rules=s.pravega_token_rules,
                                       finished_txn_retention_ms=s.finished_txn_retention_ms,
@@ -160,8 +291,8 @@ class EmbeddedPravega:
                                       retention_interval_s=s.retention_interval_s,
                                       cold_marker_ms=int(s.autoscale.mute_s * 1000))
             self.controller = EmbeddedController(
-                RecordingBackend(self.storage, self.autoscaler), self._client_host(), self.segment_store.port, data_dir, config,
-                authenticator=authenticator, tokens=tokens,
+                RecordingBackend(self.storage, self.autoscaler), self._client_host(), self._store_ports[0], data_dir, config,
+                authenticator=authenticator, tokens=tokens, locate=self._locate if self.containers is not None else None,
             )
             self.controller.recover()
             # gRPC sets SO_REUSEPORT by default: a second server on the same port would then start and
@@ -217,9 +348,11 @@ class EmbeddedPravega:
         if self.controller is not None:
             self.controller.stop()
             self.controller = None
-        if self.segment_store is not None:
-            self.segment_store.stop()
-            self.segment_store = None
+        for server in self.segment_stores:
+            if server is not None:
+                server.stop()
+        self.segment_stores = []
+        self.segment_store = None
         if self.storage is not None:
             self.storage.close()
             self.storage = None

@@ -225,6 +225,10 @@ class SegmentStorage:
         bytes, are sealed, truncated or removed — used to wake parked tail reads."""
         self._growth_listeners.append(listener)
 
+    def remove_growth_listener(self, listener: Callable[[Iterable[str]], None]) -> None:
+        # A new list, not an edit of the one the flusher may be iterating.
+        self._growth_listeners = [fn for fn in self._growth_listeners if fn != listener]
+
     # ------------------------------------------------------------------ queries
 
     def segment_info(self, name: str) -> SegmentInfo | None:
