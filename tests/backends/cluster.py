@@ -61,6 +61,8 @@ class Member:
     port: int
     log: Path
     process: subprocess.Popen | None = None
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -82,6 +84,13 @@ class Member:
         except ProcessLookupError:
             pass
         self.process.wait(timeout=30)
+
+    def restart(self, timeout_s: float = 240.0) -> None:
+        """Start the killed process again, as the same member on the same port (a host back)."""
+        if self.alive():
+            raise ClusterError(f"{self.name} is still running")
+        _start(self, self.command, self.env)
+        _wait(self, lambda: script.tcp_accepts(self.port), "listening port", timeout_s)
 
     def log_tail(self, lines: int = 25) -> str:
         try:
@@ -139,6 +148,7 @@ def _java_command(java: str, classpath: str, member: Member, heap_mb: int) -> li
 
 
 def _start(member: Member, command: list[str], env: dict[str, str]) -> None:
+    member.command, member.env = command, env
     out = member.log.with_suffix(".out")
     with open(out, "ab") as sink:
         member.process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env,

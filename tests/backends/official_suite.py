@@ -18,10 +18,12 @@ import hashlib
 import io
 import json
 import os
+import subprocess
 import sys
 import tarfile
 import tempfile
 import urllib.request
+import xml.etree.ElementTree as ET
 from importlib import metadata
 from pathlib import Path
 
@@ -122,6 +124,47 @@ def fetch(version: str | None = None, root: Path | None = None) -> Path:
             p.unlink()
         staging.rmdir()
     return target
+
+
+SUBPROCESS_TIMEOUT_S = 600
+
+
+def run_suite(suite: Path, target: str, work: Path) -> dict[str, tuple[str, str]]:
+    """Run both official test modules once in a subprocess pytest against ``target`` (a controller
+    URI, or ``fresh-embedded`` for a new embedded server per test): {official test: (outcome, details)}."""
+    (work / "pytest.ini").write_text("[pytest]\n")
+    junit = work / "results.xml"
+    env = dict(os.environ)
+    here = str(Path(__file__).resolve().parent)  # official_plugin.py
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    env["PRAVEGA_OFFICIAL_URI"] = target
+    env.pop("PYTEST_ADDOPTS", None)
+    cmd = [sys.executable, "-m", "pytest", "-c", str(work / "pytest.ini"), "--rootdir", str(suite),
+           "-p", "official_plugin", "-p", "no:cacheprovider", f"--junitxml={junit}", "-q", "-rA",
+           *(str(suite / name) for name in TEST_FILES)]
+    try:
+        done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
+                              check=False)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        raise OfficialSuiteError(f"official suite still running after {SUBPROCESS_TIMEOUT_S} s against {target}; "
+                                 f"output so far:\n{out[-4000:]}") from None
+    if not junit.exists():
+        raise OfficialSuiteError(f"official suite wrote no results (exit {done.returncode}):\n"
+                                 f"{done.stdout[-4000:]}\n{done.stderr[-2000:]}")
+    results: dict[str, tuple[str, str]] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        module, cls = case.get("classname", "").rsplit(".", 1)
+        key = f"{module.rsplit('.', 1)[-1]}.py::{cls}::{case.get('name')}"
+        outcome, details = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
+                details = f"{child.get('message', '')}\n{child.text or ''}"
+                break
+        out = "".join(f"\n--- {c.tag}\n{c.text}" for c in case if c.tag in ("system-out", "system-err") and c.text)
+        results[key] = (outcome, details + out)
+    return results
 
 
 if __name__ == "__main__":

@@ -12,18 +12,11 @@ their random reader-group suffixes from colliding. Each official test is one tes
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 from pravega_clients import require_official_client
 
-from .official_suite import OfficialSuiteError, client_version, fetch
-
-HERE = Path(__file__).resolve().parent
+from .official_suite import OfficialSuiteError, client_version, fetch, run_suite
 
 # Everything the two test modules of pravega 0.3.8 hold (checked against what the subprocess ran).
 OFFICIAL_TESTS = [
@@ -52,8 +45,6 @@ EXPECTED_FAILURES: dict[tuple[str, str], tuple[str, bool]] = {
     ("standalone", "pravega_reader_test.py::PravegaReaderTest::test_ReadfromTail"): (_FLAKY_ON_PRAVEGA_TAIL, False),
 }
 
-SUBPROCESS_TIMEOUT_S = 600
-
 
 def _test_id(official: str) -> str:
     module, _cls, name = official.split("::")
@@ -70,40 +61,13 @@ def official_results(pravega_controller_uri: str, pravega_backend: str,
         suite = fetch()
     except OfficialSuiteError as exc:
         pytest.skip(f"official pravega {client_version()} tests not available: {exc}")
-    work = tmp_path_factory.mktemp("official-suite")
-    (work / "pytest.ini").write_text("[pytest]\n")
-    junit = work / "results.xml"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
     # Embedded: a fresh server per official test (the plugin starts it), so each test sees only its
     # own scopes, as on the suite authors' fresh Pravega. Standalone: the shared instance.
-    env["PRAVEGA_OFFICIAL_URI"] = "fresh-embedded" if pravega_backend == "embedded" else pravega_controller_uri
-    env.pop("PYTEST_ADDOPTS", None)
-    cmd = [sys.executable, "-m", "pytest", "-c", str(work / "pytest.ini"), "--rootdir", str(suite),
-           "-p", "official_plugin", "-p", "no:cacheprovider", f"--junitxml={junit}", "-q", "-rA",
-           *(str(suite / name) for name in ("pravega_client_test.py", "pravega_reader_test.py"))]
+    target = "fresh-embedded" if pravega_backend == "embedded" else pravega_controller_uri
     try:
-        done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
-                              check=False)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        pytest.fail(f"official suite still running after {SUBPROCESS_TIMEOUT_S} s against {pravega_controller_uri}; "
-                    f"output so far:\n{out[-4000:]}")
-    if not junit.exists():
-        pytest.fail(f"official suite wrote no results (exit {done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}")
-    results: dict[str, tuple[str, str]] = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        module, cls = case.get("classname", "").rsplit(".", 1)
-        key = f"{module.rsplit('.', 1)[-1]}.py::{cls}::{case.get('name')}"
-        outcome, details = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
-                details = f"{child.get('message', '')}\n{child.text or ''}"
-                break
-        out = "".join(f"\n--- {c.tag}\n{c.text}" for c in case if c.tag in ("system-out", "system-err") and c.text)
-        results[key] = (outcome, details + out)
-    return results
+        return run_suite(suite, target, tmp_path_factory.mktemp("official-suite"))
+    except OfficialSuiteError as exc:
+        pytest.fail(str(exc))
 
 
 def test_official_suite_is_what_we_expect(official_results: dict) -> None:

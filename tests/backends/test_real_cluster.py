@@ -23,7 +23,10 @@ from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.hooks.pravega import PravegaHook
 from pravega_testing.wait import wait_until
 
+from backends.official_suite import OfficialSuiteError, fetch, run_suite
+from backends.test_official_client_suite import EXPECTED_FAILURES, OFFICIAL_TESTS
 from client.readback import read_segments_direct
+from pravega_clients import official_client_installed
 
 pytestmark = pytest.mark.standalone
 
@@ -79,6 +82,24 @@ def test_a_stream_spreads_over_the_segment_stores_and_each_event_is_read_once(cl
         assert _events(client, scope, "spread") == sorted(written + [f"t-{i}".encode() for i in range(200)])
 
 
+def test_the_official_clients_own_tests_pass_on_the_cluster(cluster: RealCluster, tmp_path: Path) -> None:
+    """The official client's suite (as on the single-node backends), through both controllers."""
+    if not official_client_installed():
+        pytest.skip("the official pravega client is not installed here (CPython 3.10/3.11 only)")
+    pytest.importorskip("aiounittest", reason="the official reader tests need aiounittest (the 'test' extra)")
+    try:
+        suite = fetch()
+    except OfficialSuiteError as exc:
+        pytest.skip(f"official client tests not available: {exc}")
+    results = run_suite(suite, cluster.controller_uri, tmp_path)
+    assert sorted(results) == sorted(OFFICIAL_TESTS)
+    # what fails on the shared standalone for reasons of Pravega's own may fail here too
+    may_fail = {test for (backend, test) in EXPECTED_FAILURES if backend == "standalone"}
+    failed = {test: details[-3000:] for test, (outcome, details) in results.items()
+              if outcome != "passed" and test not in may_fail}
+    assert not failed, failed
+
+
 def test_with_the_first_controller_killed_admin_transactions_and_the_hook_go_through_the_second(
     cluster: RealCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -116,3 +137,34 @@ def test_a_segment_store_killed_loses_nothing_it_acknowledged_and_its_segments_m
         assert _events(client, scope, "moves") == sorted(before)
         after = _write(client, scope, "moves", "after", 500)
         assert _events(client, scope, "moves") == sorted(before + after)
+
+
+def test_a_writer_follows_its_segments_when_their_store_is_killed_and_restarted(cluster: RealCluster) -> None:
+    """Events in flight when the store dies are resent to the new owner, which knows from the
+    durable log what landed: each event once. The store comes back, takes containers again, and the
+    same writer follows them once more."""
+    scope = f"cl-{uuid.uuid4().hex[:8]}"
+    with PravegaClient(cluster.controller_uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "follow", 6)
+        owners = _owners(client, scope, "follow")
+        victim = next(s for s in cluster.segment_stores if s.alive() and s.port in owners.values())
+        writer = client.event_writer(scope, "follow")
+        written: list[bytes] = []
+        try:
+            for phase in ("before", "during", "after"):
+                events = [f"{phase}-{i}".encode() for i in range(1000)]
+                for i, event in enumerate(events):
+                    writer.write_event(event, routing_key=str(i))
+                written += events
+                if phase == "before":
+                    victim.kill()  # with these 1000 events possibly still unacknowledged
+                elif phase == "during":
+                    writer.flush()
+                    victim.restart()
+                    wait_until(f"{victim.name} to own containers again",
+                               lambda: victim.port in _owners(client, scope, "follow").values(), HANG_GUARD_S)
+            writer.flush()
+        finally:
+            writer.close()
+        assert _events(client, scope, "follow") == sorted(written)
