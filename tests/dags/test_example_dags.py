@@ -50,7 +50,8 @@ def test_every_example_dag_imports_without_errors():
 
     bag = DagBag(dag_folder=str(DAGS))
     assert not bag.import_errors, bag.import_errors
-    assert set(bag.dag_ids) == {"pravega_exactly_once_ingest", "pravega_stream_cut_export", "pravega_on_new_readings"}
+    assert set(bag.dag_ids) == {"pravega_exactly_once_ingest", "pravega_stream_cut_export",
+                                "pravega_stream_cut_export_delta", "pravega_on_new_readings"}
 
 
 def test_sample_data_generator_is_deterministic(tmp_path):
