@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,18 +29,26 @@ def main(days: list[str]) -> None:
     from pravega_testing.dag_test import mark_run_failed, run_backfill, run_dag
     from test_example_dags import load_dag
 
+    started = time.monotonic()
     spark = get_spark_session(None, "delta-example-dags", **session_conf(
-        {"spark.master": "local[2]", "spark.sql.shuffle.partitions": "2"}))
+        {"spark.master": "local[2]", "spark.sql.shuffle.partitions": "2",
+         # The Delta log of a small table in 2 tasks, not Delta's default 50 (seconds per export here).
+         "spark.databricks.delta.snapshotPartitions": "2"}))
+    print(f"SPARK {time.monotonic() - started:.1f} s", flush=True)
     ingest = load_dag(DAGS / "pravega_exactly_once_ingest.py", "pravega_exactly_once_ingest")
     export = load_dag(DAGS / "pravega_stream_cut_export_delta.py", "pravega_stream_cut_export_delta")
     when = {day: datetime.fromisoformat(day).replace(tzinfo=timezone.utc) for day in days}
     first, second, third = days
 
+    clock = [time.monotonic()]
+
     def report(step: str, day: str, run) -> None:
         states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
         xcom = run.get_task_instance("export").xcom_pull(task_ids="export") if "export" in states else None
         print("STEP " + json.dumps({"step": step, "day": day, "run_type": str(run.run_type), "states": states,
-                                    "export": xcom}, default=str), flush=True)
+                                    "export": xcom, "seconds": round(time.monotonic() - clock[0], 1)},
+                                   default=str), flush=True)
+        clock[0] = time.monotonic()
 
     try:
         for day in days:  # the ingest's catchup

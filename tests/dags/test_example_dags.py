@@ -189,6 +189,7 @@ def test_delta_export_dag_catch_up_out_of_order_rerun_and_backfills_each_day_onc
     done = subprocess.run([sys.executable, str(Path(__file__).parent / "delta_example_scenario.py"), *days],
                           capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    print(done.stdout)
     steps = [json.loads(line[len("STEP "):]) for line in done.stdout.splitlines() if line.startswith("STEP ")]
     assert [(s["step"], s["day"]) for s in steps] == [
         ("ingest", days[0]), ("ingest", days[1]), ("ingest", days[2]), ("export", days[2]), ("export", days[0]),
