@@ -1,6 +1,7 @@
 """What the example pipelines share: where their data lives, the stream they use, the daily
-schedule with retries, and the daily export DAG (to files or to a Delta table). Not a pipeline itself (listed in .airflowignore); the folder of these files
-is on the import path when they are parsed, as every DAG folder is."""
+schedule with retries, and the daily export DAG (to files or to a Delta table). Not a pipeline
+itself (listed in .airflowignore); the folder of these files is on the import path when they are
+parsed, as every DAG folder is."""
 
 from __future__ import annotations
 
