@@ -63,6 +63,22 @@ def main(days: list[str]) -> None:
         report("backfill failed", first, run)
     finally:
         spark.stop()
+        _stop_jvm()
+
+
+def _stop_jvm() -> None:
+    """End Spark's JVM and reap it here: left to exit with this process, it would be orphaned
+    (and, where nothing reaps orphans, stay a zombie)."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if gateway is None:
+        return
+    gateway.shutdown()
+    if proc is not None:
+        proc.stdin.close()  # the JVM's gateway server exits when its stdin closes
+        proc.wait(timeout=60)
 
 
 if __name__ == "__main__":
