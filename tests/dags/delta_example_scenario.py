@@ -33,7 +33,9 @@ def main(days: list[str]) -> None:
     spark = get_spark_session(None, "delta-example-dags", **session_conf(
         {"spark.master": "local[2]", "spark.sql.shuffle.partitions": "2",
          # The Delta log of a small table in 2 tasks, not Delta's default 50 (seconds per export here).
-         "spark.databricks.delta.snapshotPartitions": "2"}))
+         "spark.databricks.delta.snapshotPartitions": "2",
+         # A short-lived JVM on a busy machine: C1 only and the serial GC (as tests/spark_cluster.py).
+         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}))
     print(f"SPARK {time.monotonic() - started:.1f} s", flush=True)
     ingest = load_dag(DAGS / "pravega_exactly_once_ingest.py", "pravega_exactly_once_ingest")
     export = load_dag(DAGS / "pravega_stream_cut_export_delta.py", "pravega_stream_cut_export_delta")
