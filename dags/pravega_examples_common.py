@@ -1,6 +1,7 @@
-"""What the example pipelines share: where their data lives, the stream they use, and the daily
-schedule with retries. Not a pipeline itself (listed in .airflowignore); the folder of these files
-is on the import path when they are parsed, as every DAG folder is."""
+"""What the example pipelines share: where their data lives, the stream they use, the daily
+schedule with retries, and the daily export DAG (to files or to a Delta table). Not a pipeline
+itself (listed in .airflowignore); the folder of these files is on the import path when they are
+parsed, as every DAG folder is."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 SCOPE = "iot"
 STREAM = "readings"
+INGEST_DAG = "pravega_exactly_once_ingest"
 
 
 def data_dir() -> str:
@@ -50,3 +52,39 @@ def daily(**overrides: Any) -> dict[str, Any]:
         "tags": ["pravega", "example"],
         **overrides,
     }
+
+
+def stream_cut_export_dag(dag_id: str, *, output_path: str, format: str) -> Any:
+    """The daily export of what the exactly-once ingest (:data:`INGEST_DAG`) committed for each day.
+
+    Waits for the ingest of the same day (its commit sensor) and exports exactly that day's range
+    (``from_ingest``), whatever order the days run in; ``output_path`` and ``format`` are the
+    export operator's (a folder per day for the file formats, one table for ``delta``)."""
+    from airflow.providers.standard.sensors.external_task import ExternalTaskSensor
+    from airflow.sdk import DAG
+
+    from airflow_provider_pravega.operators import PravegaStreamCutExportOperator
+
+    with DAG(dag_id=dag_id, **daily()) as dag:
+        ingested = ExternalTaskSensor(
+            task_id="wait_for_ingest",
+            external_dag_id=INGEST_DAG,
+            external_task_id="wait_for_commit",  # the day's commits are complete and recorded
+            allowed_states=["success"],
+            failed_states=["failed", "upstream_failed"],
+            mode="reschedule",
+            poke_interval=30,
+            timeout=6 * 3600,
+        )
+        export = PravegaStreamCutExportOperator(
+            task_id="export",
+            scope=SCOPE,
+            stream=STREAM,
+            from_ingest=f"{INGEST_DAG}.ingest",  # the ingest operator's default ingest id: <dag_id>.<task_id>
+            output_path=output_path,
+            format=format,
+            event_format="json",
+            spark_conn_id=spark_conn_id(),
+        )
+        ingested >> export
+    return dag

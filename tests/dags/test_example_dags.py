@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
 from pravega_clients import stream_writer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +53,8 @@ def test_every_example_dag_imports_without_errors():
 
     bag = DagBag(dag_folder=str(DAGS))
     assert not bag.import_errors, bag.import_errors
-    assert set(bag.dag_ids) == {"pravega_exactly_once_ingest", "pravega_stream_cut_export", "pravega_on_new_readings"}
+    assert set(bag.dag_ids) == {"pravega_exactly_once_ingest", "pravega_stream_cut_export",
+                                "pravega_stream_cut_export_delta", "pravega_on_new_readings"}
 
 
 def test_sample_data_generator_is_deterministic(tmp_path):
@@ -157,3 +161,77 @@ def test_event_driven_dag_exports_the_new_range(tmp_path, monkeypatch, spark, ru
     assert {str(ti.state) for ti in run.get_task_instances()} == {"success"}
     (out,) = [p for p in (tmp_path / "data" / "export" / "on-new-readings").iterdir() if p.is_dir()]
     assert spark.read.json(str(out)).count() == 25
+
+
+def test_delta_export_dag_catch_up_out_of_order_rerun_and_backfills_each_day_once(tmp_path, monkeypatch,
+                                                                                  pravega_default_conn):
+    """The example pair with the Delta variant of the export over a 3-day catchup: the export
+    lagging and running the days out of order (3, 1, 2), a rerun of day 2, then backfills of day 1
+    with ``--reprocess-behavior completed`` and, once its run is marked failed, ``failed``. Read
+    back independently with delta-rs: each day's events are in the table exactly once, in that
+    day's partition; the table has one version per day (the rerun and the backfills committed
+    nothing), and each version's commit metadata names its day and stream cuts, between which
+    every row of that day lies.
+
+    The DAG runs happen in one child process (tests/dags/delta_example_scenario.py, one Spark
+    session with Delta for all of them; why: its docstring); this test checks what they left."""
+    from airflow_provider_pravega.client.streamcut import StreamCut
+
+    deltalake = pytest.importorskip("deltalake", reason="the test extra installs deltalake (delta-rs) to read tables")
+    days = ["2026-11-01", "2026-11-02", "2026-11-03"]  # in the past: a backfill refuses future dates
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "generate_sample_data.py"), "--out",
+                    str(data / "incoming"), "--start", days[0], "--days", "3", "--files-per-day", "1",
+                    "--events-per-file", "20"], check=True, capture_output=True)
+    monkeypatch.setenv("PRAVEGA_EXAMPLES_DATA", str(data))
+    monkeypatch.setenv("PRAVEGA_EXAMPLES_START", days[0])
+    drop_example_stream(pravega_default_conn)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(DAGS), str(REPO / "tests")]))
+    child = subprocess.Popen([sys.executable, str(Path(__file__).parent / "delta_example_scenario.py"), *days],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                             start_new_session=True)  # its own process group: Spark's JVM is in it too
+    try:
+        out, err = child.communicate(timeout=600)
+    finally:
+        if child.poll() is None:  # timed out, or this test was interrupted: stop the child and its JVM
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+    assert child.returncode == 0, out[-3000:] + err[-6000:]
+    print(out)  # the runs and their seconds, shown when an assertion below fails
+    steps = [json.loads(line[len("STEP "):]) for line in out.splitlines() if line.startswith("STEP ")]
+    assert [(s["step"], s["day"]) for s in steps] == [
+        ("ingest", days[0]), ("ingest", days[1]), ("ingest", days[2]), ("export", days[2]), ("export", days[0]),
+        ("export", days[1]), ("rerun", days[1]), ("backfill completed", days[0]), ("backfill failed", days[0])]
+    for s in steps:
+        assert set(s["states"].values()) == {"success"}, s
+    assert [s["run_type"] for s in steps[-2:]] == ["backfill", "backfill"]
+    exports = [s["export"] for s in steps[3:]]
+    # The first export of each day committed its rows; the rerun and both backfills committed nothing.
+    assert [(e["already_written"], e["events"]) for e in exports] == [(False, 20)] * 3 + [(True, 0)] * 3
+    version = {s["day"]: s["export"]["table_version"] for s in steps[3:6]}
+    assert sorted(version.values()) == [0, 1, 2]
+    assert [e["table_version"] for e in exports[3:]] == [version[days[1]], version[days[0]], version[days[0]]]
+
+    table = deltalake.DeltaTable(str(data / "export" / "readings_delta"))
+    rows = table.to_pyarrow_table().to_pylist()
+    interval = {s["day"]: s["export"]["interval"] for s in steps[3:6]}
+    # The day's partition is the run's data interval (a daily cron DAG's runs are points in time).
+    assert all(interval[day].startswith(f"{day}T00:00:00") for day in days), interval
+    for day in days:
+        source = [json.loads(line)["reading_id"] for p in sorted((data / "incoming" / day).glob("*.jsonl"))
+                  for line in p.read_text().splitlines()]
+        assert len(source) == 20
+        assert Counter(r["reading_id"] for r in rows if r["interval_key"] == interval[day]) == Counter(source), day
+    assert len(rows) == 60 and {(r["scope"], r["stream"]) for r in rows} == {("iot", "readings")}
+
+    history = [h for h in table.history() if h.get("userMetadata")]
+    assert sorted(h["version"] for h in history) == [0, 1, 2] and len(table.history()) == 3
+    for commit in history:
+        meta = json.loads(commit["userMetadata"])
+        day = next(d for d in days if interval[d] == meta["interval"])
+        assert commit["version"] == version[day] and meta["export_id"] == "pravega_stream_cut_export_delta.export"
+        start = StreamCut.from_text(meta["start_cut"], scope="iot", stream="readings", unbounded="head").positions
+        end = StreamCut.from_text(meta["end_cut"], scope="iot", stream="readings", unbounded="tail").positions
+        for r in rows:  # every row of the day lies between the cuts its version names
+            if r["interval_key"] == meta["interval"]:
+                assert start.get(r["segment_id"], 0) <= r["offset"] < end[r["segment_id"]], (day, r, meta)
