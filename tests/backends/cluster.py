@@ -126,7 +126,7 @@ class RealCluster:
                 os.killpg(member.process.pid, signal.SIGTERM)
             except ProcessLookupError:
                 continue
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 5  # nothing of theirs is kept: a short grace, then SIGKILL
         for member in self.members():
             if member.process is None:
                 continue

@@ -132,6 +132,7 @@ SUBPROCESS_TIMEOUT_S = 600
 def run_suite(suite: Path, target: str, work: Path) -> dict[str, tuple[str, str]]:
     """Run both official test modules once in a subprocess pytest against ``target`` (a controller
     URI, or ``fresh-embedded`` for a new embedded server per test): {official test: (outcome, details)}."""
+    work.mkdir(parents=True, exist_ok=True)
     (work / "pytest.ini").write_text("[pytest]\n")
     junit = work / "results.xml"
     env = dict(os.environ)
