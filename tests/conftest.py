@@ -113,9 +113,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--pravega-backend", default=os.environ.get("PRAVEGA_BACKEND", "auto"),
-        choices=["auto", "embedded", "standalone", "both"],
+        choices=["auto", "embedded", "standalone", "both", "cluster"],
         help="Pravega for backend-neutral tests: auto (embedded, plus standalone when Java 17 and its jars or "
-             "Maven Central are available), embedded, standalone, or both (default: $PRAVEGA_BACKEND or auto)",
+             "Maven Central are available), embedded, standalone, both, or cluster (real Pravega as separate "
+             "processes: ZooKeeper, 3 bookies, 3 segment stores, 2 controllers; tests/backends/cluster.py) "
+             "(default: $PRAVEGA_BACKEND or auto)",
     )
     parser.addoption(
         "--suite-part", choices=["all", "1", "2"], default="all",
@@ -132,6 +134,8 @@ def _selected_backends(config: pytest.Config) -> list[str]:
         return ["standalone"]
     if choice == "both":
         return ["embedded", "standalone"]
+    if choice == "cluster":
+        return ["cluster"]
     from backends.standalone import standalone_available
 
     ok, reason = standalone_available()
@@ -153,7 +157,7 @@ SECOND_PART = ("tests/topology/", "tests/lake/", "tests/test_demo.py", "tests/te
 def _in_second_part(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
     backend = callspec.params.get("pravega_backend") if callspec is not None else None
-    return (backend == "standalone" or item.get_closest_marker("standalone") is not None
+    return (backend in ("standalone", "cluster") or item.get_closest_marker("standalone") is not None
             or item.nodeid.startswith(SECOND_PART))
 
 
@@ -209,9 +213,20 @@ def pravega_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
 
 
 @pytest.fixture(scope="session")
+def pravega_real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Real Pravega as a cluster of processes for the whole run (its controllers' URI)."""
+    from backends.cluster import real_cluster
+
+    with real_cluster(tmp_path_factory.mktemp("pravega-cluster")) as cluster:
+        yield cluster.controller_uri
+
+
+@pytest.fixture(scope="session")
 def pravega_controller_uri(request: pytest.FixtureRequest, pravega_backend: str) -> str:
     if pravega_backend == "standalone":
         return request.getfixturevalue("pravega_standalone")
+    if pravega_backend == "cluster":
+        return request.getfixturevalue("pravega_real_cluster")
     return request.getfixturevalue("pravega_embedded").controller_uri
 
 

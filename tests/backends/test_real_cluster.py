@@ -114,7 +114,7 @@ def test_the_official_clients_own_tests_pass_on_the_cluster(cluster: RealCluster
     except OfficialSuiteError as exc:
         pytest.skip(f"official client tests not available: {exc}")
     # what fails on the shared standalone for reasons of Pravega's own may fail here too
-    may_fail = {test for (backend, test) in EXPECTED_FAILURES if backend == "standalone"}
+    may_fail = {test for (backend, test) in EXPECTED_FAILURES if backend == "cluster"}
     results = run_suite(suite, cluster.controller_uri, tmp_path / "first")
     assert sorted(results) == sorted(OFFICIAL_TESTS)
     failed = {test: details for test, (outcome, details) in results.items()

@@ -78,7 +78,7 @@ STANDALONE_STEPS = ("after_commit_record",)
 @pytest.mark.parametrize("step", STEPS)
 def test_driver_killed_at_each_step_then_rerun_is_exactly_once(step, tmp_path, pravega_controller_uri, unique_name,
                                                                read_stream, request):
-    if request.node.callspec.params.get("pravega_backend") == "standalone" and step not in STANDALONE_STEPS:
+    if request.node.callspec.params.get("pravega_backend") in ("standalone", "cluster") and step not in STANDALONE_STEPS:
         pytest.skip(f"{step}: the provider's own bookkeeping, run on the embedded server only (CI time)")
     scope = unique_name("crash")
     lines = make_source(tmp_path / "in")
@@ -182,7 +182,7 @@ def test_transactions_lapsed_after_the_commit_point_are_written_again_by_the_ret
     """The driver dies right after its commit point (or after its first commit request); the retry
     comes after the leases lapsed. It heals by itself: the committed transactions' files are
     recorded done, the aborted ones' files are written again; every record once."""
-    if request.node.callspec.params.get("pravega_backend") == "standalone" and step != "after_first_commit":
+    if request.node.callspec.params.get("pravega_backend") in ("standalone", "cluster") and step != "after_first_commit":
         pytest.skip("on standalone the mixed case (some committed, some lapsed) runs; this one on the "
                     "embedded server (CI time)")
     scope = unique_name("lapse")
