@@ -10,6 +10,7 @@ status to a return value or to one of the exceptions in :mod:`.errors`.
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import re
 import socket
@@ -72,6 +73,8 @@ __all__ = [
     "parse_controller_uris",
     "parse_txn_id",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
@@ -418,8 +421,29 @@ class _StreamBeingCreated(ControllerError):
     process is still creating (``checkStreamExists`` already says it exists)."""
 
 
+class _Recovering(Exception):
+    """Internal: the controller gave no answer in time, or INTERNAL; ``error`` is the caller's error
+    should asking again not help."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 #: How long a call waits for a stream that another process is still creating.
 STREAM_CREATING_WAIT_S = 30.0
+
+#: How long a read-only call keeps asking while the controller cannot answer it (no answer within
+#: the call's timeout, or INTERNAL): when a segment store dies, the controller's own metadata tables
+#: may sit in one of its containers until Pravega has recovered them on another store (ZooKeeper's
+#: 10 s session timeout, then the log's recovery: about 15 s on a test cluster).
+RECOVERY_WAIT_S = 30.0
+#: The calls that only read, so asking again cannot change anything on the server.
+_READ_ONLY = frozenset({
+    "listScopes", "checkScopeExists", "checkStreamExists", "listStreamsInScope", "getStreamConfiguration",
+    "getCurrentSegments", "getEpochSegments", "getSegments", "getSegmentsBetween",
+    "getSegmentsImmediatelyFollowing", "getURI", "checkTransactionState", "checkScale",
+})
 
 
 class ControllerClient:
@@ -451,6 +475,8 @@ class ControllerClient:
         if timeout_s <= 0 or connect_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
         self.timeout_s = float(timeout_s)
+        #: How long a read-only call is asked again while the controller cannot answer it.
+        self.recovery_wait_s = RECOVERY_WAIT_S
         self.connect_timeout_s = float(min(connect_timeout_s, timeout_s))
         self.long_timeout_s = float(max(long_timeout_s, timeout_s))
         # Sent with every RPC; never logged (repr shows the URI only).
@@ -585,6 +611,24 @@ class ControllerClient:
         return True
 
     def _call(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
+        """One RPC, failing over along the controller list; a read-only call that gets no answer
+        or INTERNAL is asked again (backing off) for up to ``recovery_wait_s``."""
+        if method not in _READ_ONLY:
+            return self._call_once(method, request, timeout=timeout)
+        give_up = time.monotonic() + self.recovery_wait_s
+        delay = 0.5
+        while True:
+            try:
+                return self._call_once(method, request, timeout=timeout)
+            except _Recovering as exc:
+                if time.monotonic() + delay > give_up:
+                    raise exc.error from None
+                log.info("controller %s: %s; asking again in %.1f s (a segment store may be recovering)",
+                         self.uri, exc.error, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _call_once(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
         deadline = self.timeout_s if timeout is None else timeout
         # Each controller of the list gets one try when the one before it is unavailable: the
         # official clients retry a call on another controller the same way.
@@ -599,7 +643,11 @@ class ControllerClient:
                 details = (exc.details() if hasattr(exc, "details") else "") or ""
                 if code == grpc.StatusCode.UNAVAILABLE and tries_left and self._fail_over(stub):
                     continue
-                raise self._call_error(method, request, deadline, exc) from None
+                error = self._call_error(method, request, deadline, exc)
+                if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL) and not isinstance(
+                        error, _StreamBeingCreated):
+                    raise _Recovering(error) from None
+                raise error from None
         raise AssertionError("unreachable")  # the loop returns or raises
 
     def _call_error(self, method: str, request: Any, deadline: float, exc: grpc.RpcError) -> Exception:

@@ -20,7 +20,7 @@ from backends.standalone import standalone_available
 from hang_guard import HANG_GUARD_S
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.errors import ControllerUnreachableError
+from airflow_provider_pravega.client.errors import ControllerError, ControllerUnreachableError
 from airflow_provider_pravega.hooks.pravega import PravegaHook
 from pravega_testing.wait import wait_until
 
@@ -60,7 +60,7 @@ def _owners_once_answered(client: PravegaClient, scope: str, stream: str) -> dic
     another store (Pravega's behaviour: a call then takes until the container is back)."""
     try:
         return _owners(client, scope, stream)
-    except ControllerUnreachableError:
+    except (ControllerUnreachableError, ControllerError):
         return {}
 
 
@@ -197,18 +197,26 @@ def test_a_writer_follows_its_segments_when_their_store_is_killed_and_restarted(
         assert _events(client, scope, "follow") == sorted(written)
 
 
-def test_an_ingest_whose_store_dies_before_the_commit_is_exactly_once_and_its_export_complete(
+def test_ingest_export_and_streaming_read_each_survive_a_segment_store_killed_mid_way(
     cluster: RealCluster, spark, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Issue 32's ingest scenario on the real cluster: 3 writers, 30,000 records. The segment store
-    that owns the stream's first segment (and so its transaction segments) is SIGKILLed when the
-    Spark tasks have written every transaction and before the driver commits them: the commit goes
-    through once Pravega has recovered the store's containers on the others. The store then comes
-    back, takes containers again, and the export of the ingest's interval holds every record once."""
+    """Issue 32's scenario on the real cluster, each step with a segment store SIGKILLed at a fixed
+    point and started again afterwards:
+
+    - the exactly-once ingest (3 writers, 30,000 records), when the Spark tasks have written every
+      transaction and before the driver commits them: the commit goes through once Pravega has
+      recovered the store's containers on the others;
+    - the export of the ingest's interval, when the output is claimed and before Spark reads: the
+      readers follow the segments to their new owners;
+    - a ``format("pravega")`` streaming read in micro-batches of at most 12,000 events, after its
+      first micro-batch.
+
+    Every record once in the stream, in the export and in the streaming sink."""
     from export_files import part_files
     from test_cluster_moves import DAY, RECORDS, WRITERS, _exactly_once, _source
 
-    from airflow_provider_pravega.spark import ingest_job
+    from airflow_provider_pravega.spark import export_job, ingest_job
+    from airflow_provider_pravega.spark.datasource import register
     from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
     from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
 
@@ -216,28 +224,78 @@ def test_an_ingest_whose_store_dies_before_the_commit_is_exactly_once_and_its_ex
     lines = _source(tmp_path / "in")
     killed: list[str] = []
     with PravegaClient(cluster.controller_uri) as client:
+        for store in cluster.segment_stores:  # the tests before may have left one down
+            if not store.alive():
+                store.restart()
+                wait_until(f"{store.name} to own containers again", lambda s=store: _serves_again(client, s),
+                           HANG_GUARD_S)
         client.admin.create_scope(scope)
         client.admin.create_stream(scope, stream, WRITERS)
-        victim = cluster.store_at(_owners(client, scope, stream)[0])
 
-        def kill_before_the_commit(step: str) -> None:
-            if step == "after_tasks" and not killed:
-                victim.kill()
-                killed.append(step)
+        def kill_owner_of_first_segment(step: str) -> None:
+            victim = cluster.store_at(_owners(client, scope, stream)[0])
+            victim.kill()
+            killed.append(f"{step}: {victim.name}")
 
-        monkeypatch.setattr(ingest_job, "crash_point", kill_before_the_commit)
+        def restart_the_dead() -> None:
+            for store in cluster.segment_stores:
+                if not store.alive():
+                    store.restart()
+                    wait_until(f"{store.name} to own containers again", lambda s=store: _serves_again(client, s),
+                               HANG_GUARD_S)
+
+        # 1. the ingest, its store killed between the writes and the commit
+        def crash_point(step: str) -> None:
+            if step == "after_tasks":
+                kill_owner_of_first_segment(step)
+
+        monkeypatch.setattr(ingest_job, "crash_point", crash_point)
         result = run_ingest(client, spark, IngestSpec(
             scope=scope, stream=stream, source=str(tmp_path / "in" / "*.jsonl"), routing_key_field="k",
             num_writers=WRITERS, ingest_id="ing", interval_key=DAY))
-        assert killed == ["after_tasks"], "the store was not killed between the writes and the commit"
+        assert len(killed) == 1, "the store was not killed between the writes and the commit"
         assert result.events == RECORDS and all(t["status"] == "COMMITTED" for t in result.transactions)
         _exactly_once([e.decode() for e in _events(client, scope, stream)], lines)
+        restart_the_dead()
 
-        victim.restart()
-        wait_until(f"{victim.name} to own containers again", lambda: _serves_again(client, victim), HANG_GUARD_S)
+        # 2. the export of the ingest's interval, its store killed before Spark reads
+        claim = export_job._claim_output
+
+        def claim_then_kill(*args, **kwargs) -> None:
+            claim(*args, **kwargs)
+            kill_owner_of_first_segment("export claimed its output")
+
+        monkeypatch.setattr(export_job, "_claim_output", claim_then_kill)
         out = tmp_path / "export"
         exported = run_export(client, spark, ExportSpec(scope, stream, str(out), format="jsonl",
                                                         from_ingest="ing", interval_key=DAY, export_id="daily"))
+        assert len(killed) == 2, "the store was not killed during the export"
         assert exported.events == RECORDS and (out / "_SUCCESS").exists()
         _exactly_once([json.loads(line)["event"] for p in part_files(out) for line in p.read_text().splitlines()],
                       lines)
+        restart_the_dead()
+
+        # 3. a streaming read, its store killed after the first micro-batch
+        register(spark)
+        sink = tmp_path / "sink"
+        batches: list[int] = []
+
+        def write_batch(frame, batch_id: int) -> None:
+            frame.write.mode("append").parquet(str(sink))
+            batches.append(batch_id)
+            if len(batches) == 1:
+                kill_owner_of_first_segment("after the first micro-batch")
+
+        query = (spark.readStream.format("pravega").option("controller", cluster.controller_uri)
+                 .option("scope", scope).option("stream", stream).option("decode", "text")
+                 .option("max_events_per_trigger", "12000").load().select("event")
+                 .writeStream.foreachBatch(write_batch).option("checkpointLocation", str(tmp_path / "checkpoint"))
+                 .trigger(availableNow=True).start())
+        try:
+            assert query.awaitTermination(HANG_GUARD_S * 4), "the streaming read did not finish"
+        finally:
+            query.stop()
+        assert query.exception() is None
+        assert len(killed) == 3 and len(batches) >= 3, (killed, batches)
+        _exactly_once([row.event for row in spark.read.parquet(str(sink)).collect()], lines)
+        restart_the_dead()

@@ -87,6 +87,7 @@ def test_controller_that_accepts_but_never_answers_hits_the_deadline():
     uri = f"tcp://127.0.0.1:{server.getsockname()[1]}"
     try:
         controller = ControllerClient(uri, timeout_s=2.0)
+        controller.recovery_wait_s = 3.0  # a read is asked again while a controller recovers; bounded
         started = time.monotonic()
         with pytest.raises(ControllerUnreachableError) as info:
             controller.list_scopes()
