@@ -10,3 +10,9 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def first_controller(uri: str) -> str:
+    """``host:port`` of the first controller of a controller URI (``tcp://h1:p1,h2:p2`` names a
+    cluster's controllers): for tests that need one address (a raw gRPC channel, a proxy)."""
+    return uri.split("://", 1)[-1].split(",")[0]

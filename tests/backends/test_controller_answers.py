@@ -15,6 +15,7 @@ import time
 import uuid
 
 import grpc
+from pravega_testing.net import first_controller
 import pytest
 
 from airflow_provider_pravega.protocol import controller_pb2 as pb
@@ -26,7 +27,7 @@ STREAM_SEALED = 4  # Pravega's UpdateStreamStatus.STREAM_SEALED (absent from the
 
 @pytest.fixture(scope="module")
 def stub(pravega_controller_uri: str):
-    channel = grpc.insecure_channel(pravega_controller_uri.split("//", 1)[1])
+    channel = grpc.insecure_channel(first_controller(pravega_controller_uri))
     try:
         yield pb_grpc.ControllerServiceStub(channel)
     finally:

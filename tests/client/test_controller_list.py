@@ -21,6 +21,7 @@ from airflow_provider_pravega.client.config import PravegaConfigError, PravegaCo
 from airflow_provider_pravega.client.controller import Endpoint, parse_controller_uris
 from airflow_provider_pravega.client.errors import ControllerUnreachableError
 from airflow_provider_pravega.hooks.pravega import PravegaHook
+from pravega_testing.net import first_controller
 
 from client.readback import read_segments_direct
 
@@ -145,14 +146,14 @@ class Forwarder:
 
 @pytest.fixture
 def forwarder(pravega_controller_uri: str) -> Iterator[Forwarder]:
-    (endpoint,), _ = parse_controller_uris(pravega_controller_uri)
+    (endpoint,), _ = parse_controller_uris(first_controller(pravega_controller_uri))
     proxy = Forwarder((endpoint.host, endpoint.port))
     yield proxy
     proxy.stop()
 
 
 def _address(uri: str) -> str:
-    return uri.split("://", 1)[1]
+    return first_controller(uri)  # the backend's (first) controller: the live one of each list here
 
 
 def test_with_the_first_controller_down_admin_and_transactions_go_through_the_second(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from pravega_testing.net import first_controller
 from export_files import by_partition
 from pravega_clients import stream_writer
 
@@ -191,7 +192,7 @@ def test_openlineage_names_the_stream_and_the_output(tmp_path, pravega_default_c
     op = PravegaStreamCutExportOperator(task_id="lineage", scope="iot", stream="readings",
                                         output_path=str(tmp_path / "lake") + "/")
     lineage = op.get_openlineage_facets_on_complete(task_instance=None)
-    host_port = pravega_default_conn.split("//", 1)[1]
+    host_port = first_controller(pravega_default_conn)  # a cluster is named by its first controller
     assert [(d.namespace, d.name) for d in lineage.inputs] == [(f"pravega://{host_port}", "iot/readings")]
     assert [(d.namespace, d.name) for d in lineage.outputs] == [("file", str(tmp_path / "lake"))]
     assert set(PravegaStreamCutExportOperator.template_fields) >= {"scope", "stream", "start_cut", "end_cut",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pravega_testing.net import first_controller
 from hang_guard import HANG_GUARD_S
 
 from airflow_provider_pravega.client.config import (
@@ -618,7 +619,7 @@ def test_test_connection_to_real_pravega_counts_its_scopes(monkeypatch: pytest.M
 
 def test_test_connection_to_the_embedded_server(monkeypatch: pytest.MonkeyPatch, pravega_controller_uri: str) -> None:
     """Positive case against the embedded Pravega-compatible server (fixture from the testing plugin)."""
-    host, port = pravega_controller_uri.split("://", 1)[1].rsplit(":", 1)
+    host, port = first_controller(pravega_controller_uri).rsplit(":", 1)
     set_connection(monkeypatch, "pravega_embedded", host=host, port=int(port))
     ok, message = PravegaHook(pravega_conn_id="pravega_embedded").test_connection()
     assert ok is True, message
