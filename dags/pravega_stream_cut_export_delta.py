@@ -22,5 +22,6 @@ from __future__ import annotations
 from airflow.sdk import DAG
 from pravega_examples_common import data_dir, stream_cut_export_dag
 
-dag: DAG = stream_cut_export_dag("pravega_stream_cut_export_delta", output_path=data_dir() + "/export/readings_delta",
-                            format="delta")
+dag: DAG = stream_cut_export_dag(
+    "pravega_stream_cut_export_delta", output_path=data_dir() + "/export/readings_delta", format="delta"
+)
