@@ -113,8 +113,8 @@ class EmbeddedPravega:
 
     @property
     def segment_store_endpoint(self) -> str:
-        assert self.segment_store is not None or self._store_ports
-        return f"{self._client_host()}:{self._store_ports[0] if self._store_ports else self.segment_store.port}"
+        assert self._store_ports, "not started"
+        return self.segment_store_endpoints[0]  # store 0: the only one without a cluster
 
     @property
     def segment_store_endpoints(self) -> list[str]:

@@ -92,9 +92,10 @@ class Member:
         _start(self, self.command, self.env)
         _wait(self, lambda: script.tcp_accepts(self.port), "listening port", timeout_s)
 
-    def log_tail(self, lines: int = 25) -> str:
+    def log_tail(self, lines: int = 25, *, path: Path | None = None) -> str:
+        """The end of its log (or of ``path``, its captured stdout and stderr)."""
         try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+            return "\n".join((path or self.log).read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
 
@@ -160,7 +161,7 @@ def _wait(member: Member, ready, what: str, timeout_s: float) -> None:
     while time.monotonic() < deadline:
         if not member.alive():
             raise ClusterError(f"{member.name} exited ({member.process.returncode}) before {what}:\n"
-                               f"{member.log_tail()}\n{_out_tail(member)}")
+                               f"{member.log_tail()}\n{member.log_tail(15, path=member.log.with_suffix('.out'))}")
         if ready():
             return
         time.sleep(0.3)
@@ -172,13 +173,6 @@ def _lists_scopes(port: int) -> bool:
         return script.controller_list_scopes(port, timeout=3.0) is not None
     except Exception:  # not serving yet (UNAVAILABLE), or its metadata tables are not reachable yet
         return False
-
-
-def _out_tail(member: Member) -> str:
-    try:
-        return "\n".join(member.log.with_suffix(".out").read_text(errors="replace").splitlines()[-15:])
-    except OSError:
-        return ""
 
 
 @contextmanager

@@ -146,7 +146,7 @@ class Forwarder:
 
 @pytest.fixture
 def forwarder(pravega_controller_uri: str) -> Iterator[Forwarder]:
-    (endpoint,), _ = parse_controller_uris(first_controller(pravega_controller_uri))
+    endpoint = parse_controller_uris(pravega_controller_uri)[0][0]  # the backend's (first) controller
     proxy = Forwarder((endpoint.host, endpoint.port))
     yield proxy
     proxy.stop()
