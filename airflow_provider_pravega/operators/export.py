@@ -172,9 +172,14 @@ class PravegaStreamCutExportOperator(BaseOperator):
 
             if spark_target(self.spark_conn_id).remote is None:  # a Connect server has its own packages
                 spark_conf = session_conf(spark_conf)
+        from airflow_provider_pravega.spark.submit import cluster_submission
+
+        submission = cluster_submission(self.spark_conn_id, spark_conf)
         with hook.get_client() as client:
             if not client.admin.stream_exists(scope, self.stream):  # said before any JVM or Connect session
                 raise StreamNotFoundError(scope, self.stream)
+            if submission is not None:  # the driver runs on the cluster: submit the job as an application
+                return self._run_application(context, client, config, spec, submission)
             result = run_export(  # Spark starts when there is something to read
                 client, lambda: get_spark_session(self.spark_conn_id, f"pravega-export-{self.dag_id}.{self.task_id}",
                                                   **spark_conf),
@@ -186,6 +191,35 @@ class PravegaStreamCutExportOperator(BaseOperator):
             self.output_path, result.seconds,
         )
         return self._result
+
+    #: The task state store key of a submitted export application (cluster deploy mode).
+    application_key = "pravega_export_application"
+
+    def _run_application(self, context: Any, client: Any, config: Any, spec: Any, submission: Any) -> dict[str, Any]:
+        """Cluster deploy mode: the export's command line as a Spark application (spark/submit.py);
+        a later try reattaches to it through the task state store."""
+        from airflow_provider_pravega.spark import export_job
+        from airflow_provider_pravega.spark.connection_args import connection_arguments
+        from airflow_provider_pravega.spark.submit import ApplicationRun, run_application
+
+        connection_argv, secrets = connection_arguments(config)
+        self._application = ApplicationRun(
+            submission, kind="export", job_file=export_job.__file__, job_argv=export_job.job_arguments(spec),
+            connection_argv=connection_argv, secrets=secrets, state_location=export_job.state_location(spec),
+            client=client, name=f"pravega-export-{self.dag_id}.{self.task_id}")
+        store = context.get("task_state_store") if hasattr(context, "get") else None
+        self._result = run_application(self._application, store, self.application_key)
+        self.log.info("exported %s events (%s bytes) of %s/%s%s to %d file(s) in %s (Spark application %s)",
+                      self._result.get("events"), self._result.get("bytes"), spec.scope, spec.stream,
+                      f" for {spec.interval_key}" if spec.interval_key else "", len(self._result.get("files") or []),
+                      spec.output_path, self._application.submission.master)
+        return self._result
+
+    def on_kill(self) -> None:
+        application = getattr(self, "_application", None)
+        if application is not None:  # cluster deploy mode: the application dies with the task
+            application.kill()
+        super().on_kill()
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The stream as input, the output directory (or the Delta table) as output (None without

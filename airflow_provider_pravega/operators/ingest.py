@@ -157,11 +157,42 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
     external_id_key = "pravega_ingest_run"
 
     def execute(self, context: Any) -> dict[str, Any]:
-        result = self.execute_resumable(context)
+        from airflow_provider_pravega.spark.submit import cluster_submission
+
+        submission = cluster_submission(self.spark_conn_id, self.spark_conf)
+        if submission is not None:  # the driver runs on the cluster: submit the job as an application
+            result = self._run_application(context, submission)
+        else:
+            result = self.execute_resumable(context)
         store = _state_store(context) if self.durable else None
         if store is not None:  # done: a cleared task runs afresh instead of finding this run
             store.delete(self.external_id_key)
         return result
+
+    def _run_application(self, context: Any, submission: Any) -> dict[str, Any] | None:
+        """Cluster deploy mode: the ingest's command line as a Spark application (spark/submit.py);
+        a later try reattaches to it through the same task state store key."""
+        from airflow_provider_pravega.spark import ingest_job
+        from airflow_provider_pravega.spark.connection_args import connection_arguments
+        from airflow_provider_pravega.spark.submit import ApplicationRun, run_application
+
+        hook, spec = self._spec(context)
+        connection_argv, secrets = connection_arguments(hook.get_config(), lease=True)
+        with hook.get_client() as client:
+            self._application = ApplicationRun(
+                submission, kind="ingest", job_file=ingest_job.__file__, job_argv=ingest_job.job_arguments(spec),
+                connection_argv=connection_argv, secrets=secrets, state_location=ingest_job.state_location(spec),
+                client=client, name=f"pravega-ingest-{self.dag_id}.{self.task_id}")
+            outcome = run_application(self._application, _state_store(context) if self.durable else None,
+                                      self.external_id_key)
+        self._done(ingest_job.IngestResult.from_dict(outcome))
+        return self._result
+
+    def on_kill(self) -> None:
+        application = getattr(self, "_application", None)
+        if application is not None:  # cluster deploy mode: the application dies with the task
+            application.kill()
+        super().on_kill()
 
     # ResumableJobMixin: the "job" is the ingest run. Submitting it runs it to its end here, in the
     # task's process (the Spark driver), so only a later try ever reconnects to it.

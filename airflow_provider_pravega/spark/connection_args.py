@@ -36,6 +36,13 @@ def add_connection_arguments(parser: argparse.ArgumentParser, *, lease: bool = F
                        help="with TLS, do not match the certificate to the host name (the chain is still verified)")
 
 
+def add_submission_argument(parser: argparse.ArgumentParser) -> None:
+    """``--submission ID``: what an operator passes when it submits the job as a Spark application
+    (cluster deploy mode): the outcome is then also recorded in Pravega under that id
+    (client/job_results.py), where the task reads it instead of the driver's stdout."""
+    parser.add_argument("--submission", help=argparse.SUPPRESS)
+
+
 def add_spark_arguments(parser: argparse.ArgumentParser) -> None:
     """``--master`` and repeatable ``--conf KEY=VALUE``, as ``spark-submit`` takes them (e.g. the
     ``spark.hadoop.fs.s3a.*`` settings and ``spark.jars.packages`` for an ``s3a://`` source)."""
@@ -56,6 +63,24 @@ def spark_settings(args: argparse.Namespace) -> dict[str, str]:
     if args.master:
         settings["spark.master"] = args.master
     return settings
+
+
+def connection_arguments(config: PravegaConnectionConfig, *, lease: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The options of :func:`add_connection_arguments` that describe ``config``, and the
+    environment holding its password (never in argv): the inverse of :func:`config_from_arguments`."""
+    argv = ["--controller-uri", config.controller_uri]
+    if lease:
+        argv += ["--lease-ms", str(config.transaction_lease_ms)]
+    env: dict[str, str] = {}
+    if config.username:
+        argv += ["--username", config.username]
+        if config.password:
+            env[PASSWORD_ENV] = config.password
+    if config.trust_store:
+        argv += ["--trust-store", config.trust_store]
+    if not config.validate_hostname:
+        argv.append("--no-validate-hostname")
+    return argv, env
 
 
 def config_from_arguments(args: argparse.Namespace) -> PravegaConnectionConfig:
@@ -83,10 +108,12 @@ def _password(args: argparse.Namespace) -> str | None:
 
 
 def run_job_command(name: str, args: argparse.Namespace, job: Callable[[Any], Any],
-                    failures: tuple[type[BaseException], ...]) -> int:
+                    failures: tuple[type[BaseException], ...],
+                    state_location: Callable[[], tuple[str, str]] | None = None) -> int:
     """The common end of a job's ``main``: build the client from the options (exit 2 naming a bad
     one), run ``job(client)`` (exit 1 with the message of an expected failure), print the result's
-    JSON (exit 0)."""
+    JSON (exit 0). With ``--submission``, the outcome (a failure of any kind included) is also
+    recorded beside the job's state (``state_location()``: its scope and state stream)."""
     from airflow_provider_pravega.client import PravegaClient
 
     try:
@@ -94,11 +121,25 @@ def run_job_command(name: str, args: argparse.Namespace, job: Callable[[Any], An
     except ValueError as exc:
         print(f"{name} failed: {exc}", file=sys.stderr)
         return 2
+    submission = getattr(args, "submission", None)
     with PravegaClient(config) as client:
         try:
             result = job(client)
-        except failures as exc:
+        except Exception as exc:
+            if submission and state_location is not None:
+                _record_outcome(client, state_location(), submission,
+                                ok=False, error=str(exc) or repr(exc), error_type=type(exc).__name__)
+            if not isinstance(exc, failures):
+                raise
             print(f"{name} failed: {exc}", file=sys.stderr)
             return 1
+        if submission and state_location is not None:
+            _record_outcome(client, state_location(), submission, ok=True, result=result.to_dict())
     print(json.dumps(result.to_dict()))
     return 0
+
+
+def _record_outcome(client: Any, location: tuple[str, str], submission: str, **outcome: Any) -> None:
+    from airflow_provider_pravega.client.job_results import JobOutcome, JobResults
+
+    JobResults(client, *location).record(submission, JobOutcome(**outcome))

@@ -87,6 +87,7 @@ from airflow_provider_pravega.protocol import wire
 from airflow_provider_pravega.spark.connection_args import (
     add_connection_arguments,
     add_spark_arguments,
+    add_submission_argument,
     run_job_command,
     spark_settings,
 )
@@ -1104,6 +1105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-partitions", type=int)
     ap.add_argument("--json-schema")
     ap.add_argument("--compression", help="codec of the files (default: Spark's, snappy for parquet)")
+    add_submission_argument(ap)
     add_spark_arguments(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -1131,7 +1133,26 @@ def main(argv: list[str] | None = None) -> int:
         return run_export(client, lambda: get_spark_session(None, "pravega-export", **settings), spec,
                           local_files=starts_local_session(None, **settings))
 
-    return run_job_command("export", args, job, (PravegaError, ValueError))
+    return run_job_command("export", args, job, (PravegaError, ValueError), state_location=lambda: state_location(spec))
+
+
+def job_arguments(spec: ExportSpec) -> list[str]:
+    """The command-line arguments of :func:`main` that run ``spec`` (the connection's and Spark's
+    options apart): what an operator hands a Spark application it submits."""
+    argv = ["--scope", spec.scope, "--stream", spec.stream, "--output-path", spec.output_path,
+            "--format", spec.format, "--event-format", spec.event_format, "--export-id", spec.effective_export_id,
+            "--on-truncated", spec.on_truncated]
+    for option, cut in (("--start-cut", spec.start_cut), ("--end-cut", spec.end_cut)):
+        if cut is not None:
+            argv += [option, cut.to_text() if isinstance(cut, StreamCut) else
+                     json.dumps(cut) if isinstance(cut, dict) else str(cut)]
+    for option, value in (("--interval", spec.interval_key), ("--from-ingest", spec.from_ingest),
+                          ("--state-scope", spec.state_scope), ("--ingest-state-scope", spec.ingest_state_scope),
+                          ("--num-partitions", spec.num_partitions), ("--json-schema", spec.json_schema),
+                          ("--compression", spec.compression)):
+        if value is not None:
+            argv += [option, str(value)]
+    return argv
 
 
 if __name__ == "__main__":

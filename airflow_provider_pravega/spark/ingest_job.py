@@ -29,7 +29,7 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
@@ -66,6 +66,7 @@ from airflow_provider_pravega.client.ingest_resume import (
 from airflow_provider_pravega.spark.connection_args import (
     add_connection_arguments,
     add_spark_arguments,
+    add_submission_argument,
     run_job_command,
     spark_settings,
 )
@@ -185,6 +186,12 @@ class IngestResult:
     @property
     def events_per_second(self) -> float:
         return self.events / self.seconds if self.seconds else 0.0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> IngestResult:
+        """The result :meth:`to_dict` gave (what a submitted application recorded)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -1372,8 +1379,13 @@ def main(argv: list[str] | None = None) -> int:
                                           "stream's scope)")
     ap.add_argument("--on-empty", choices=("fail", "succeed"), default="fail",
                     help="what a source that matches no file does (default: fail)")
+    ap.add_argument("--allow-changed-files", action="store_true",
+                    help="re-ingest a file whose content changed since it was ingested")
+    ap.add_argument("--no-wait-for-commit", dest="wait_for_commit", action="store_false",
+                    help="return once the commits are requested (PravegaTransactionSensor waits for them)")
     ap.add_argument("--task-instance", help=argparse.SUPPRESS)  # what the operator passes: fast takeover
     ap.add_argument("--try-number", type=int, help=argparse.SUPPRESS)
+    add_submission_argument(ap)
     add_spark_arguments(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -1387,7 +1399,8 @@ def main(argv: list[str] | None = None) -> int:
             num_writers=args.num_writers, stale_after_s=args.stale_after, unknown_commits=args.unknown_commits,
             task_instance=args.task_instance, try_number=args.try_number,
             remember_files_for_s=args.remember_files_for, interval_key=args.interval, on_empty=args.on_empty,
-            state_scope=args.state_scope,
+            state_scope=args.state_scope, allow_changed_files=args.allow_changed_files,
+            wait_for_commit=args.wait_for_commit,
         )
         settings = spark_settings(args)
     except ValueError as exc:
@@ -1397,7 +1410,33 @@ def main(argv: list[str] | None = None) -> int:
     def spark() -> Any:  # started only when there is something to ingest
         return get_spark_session(None, "pravega-ingest", **settings)
 
-    return run_job_command("ingest", args, lambda client: run_ingest(client, spark, spec), (IngestError, PravegaError))
+    return run_job_command("ingest", args, lambda client: run_ingest(client, spark, spec), (IngestError, PravegaError),
+                           state_location=lambda: state_location(spec))
+
+
+def job_arguments(spec: IngestSpec) -> list[str]:
+    """The command-line arguments of :func:`main` that run ``spec`` (the connection's and Spark's
+    options apart): what an operator hands a Spark application it submits."""
+    argv = ["--scope", spec.scope, "--stream", spec.stream]
+    for item in _items(spec.source):
+        argv += ["--source", str(item)]
+    argv += ["--format", spec.format, "--ingest-id", spec.effective_ingest_id, "--mode", spec.mode,
+             "--segments", str(spec.stream_segments), "--stale-after", repr(spec.stale_after_s),
+             "--on-empty", spec.on_empty]
+    for option, value in (("--routing-key-field", spec.routing_key_field), ("--payload-field", spec.payload_field),
+                          ("--num-writers", spec.num_writers), ("--unknown-commits", spec.unknown_commits),
+                          ("--remember-files-for", spec.remember_files_for_s), ("--interval", spec.interval_key),
+                          ("--state-scope", spec.state_scope), ("--task-instance", spec.task_instance),
+                          ("--try-number", spec.try_number)):
+        if value is not None:
+            argv += [option, str(value)]
+    if spec.create_stream:
+        argv.append("--create-stream")
+    if spec.allow_changed_files:
+        argv.append("--allow-changed-files")
+    if not spec.wait_for_commit:
+        argv.append("--no-wait-for-commit")
+    return argv
 
 
 if __name__ == "__main__":

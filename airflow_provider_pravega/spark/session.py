@@ -517,6 +517,17 @@ def _quiet_logs(session: Any) -> None:
         log.debug("could not quieten Spark's loggers: %s", exc)
 
 
+def submitted_master() -> str | None:
+    """The master ``spark-submit`` gave this process when it runs as a Spark application's Python
+    driver (in a YARN container in cluster deploy mode, say), else None: a job started that way
+    must use it, not local mode."""
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # set by spark-submit's PythonRunner only
+        return None
+    from pyspark import SparkConf
+
+    return SparkConf().get("spark.master", None)
+
+
 def session_defaults(master: str) -> dict[str, str]:
     """What the provider sets on a session it starts, unless the connection or ``spark_conf`` says
     otherwise. Only a local master gets a shuffle-partition count from this machine's cores and no
@@ -555,6 +566,8 @@ def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str
         master_from = f"{given['spark.master'][1]} 'spark.master'"
     elif target.master is not None and not target.default:
         master, master_from = target.master, f"host of {origin}"
+    elif target.default and (submitted := submitted_master()) is not None:
+        master, master_from = submitted, "spark-submit"
     else:
         master, master_from = target.master or _local(), "local mode"
     settings = _Settings(_local(master) if master.startswith("local") else master, master_from, given)

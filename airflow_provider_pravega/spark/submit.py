@@ -1,0 +1,233 @@
+"""Ingest and export runs as Spark applications in cluster deploy mode.
+
+When a task's ``spark`` connection says ``deploy-mode: cluster``, the driver must run on the
+cluster, not in the Airflow task. The operator then submits the job's own command line
+(``ingest_job.py`` / ``export_job.py``) through the Apache Spark provider's ``SparkSubmitHook``,
+which honours the connection's master, queue, principal/keytab, namespace and ``spark-binary``,
+and waits for the application:
+
+* **YARN** (master ``yarn``): ``spark-submit`` returns once YARN accepted the application
+  (``yarn_track_via_rm_api``: the connection's extra ``yarn_resourcemanager_webapp_address``), and
+  the task follows it through the ResourceManager's REST API. The application's id is kept in the
+  task state store, so a later try of the task reattaches to a running application instead of
+  submitting another one (:func:`run_application`); killing the task kills the application.
+* **Kubernetes** (master ``k8s://…``): ``spark-submit`` waits for the driver pod, as the hook does
+  by default; a retry submits again (the ingest's fencing and the export's idempotence make a
+  second driver harmless).
+
+The outcome is never read from the driver's stdout, which stays on the cluster: the job records
+its result, or its failure, in Pravega under a submission id (client/job_results.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_pravega.client.job_results import JobOutcome, JobResults
+from airflow_provider_pravega.spark.session import SparkSessionError
+
+log = logging.getLogger(__name__)
+
+#: YARN application states in which the application may still finish (the ResourceManager's own).
+ACTIVE_STATES = frozenset({"NEW", "NEW_SAVING", "SUBMITTED", "ACCEPTED", "RUNNING"})
+#: Seconds between two questions to the ResourceManager while waiting.
+POLL_INTERVAL_S = 2.0
+#: Failed questions to the ResourceManager in a row before the task gives up waiting.
+MAX_POLL_FAILURES = 10
+
+
+class SparkApplicationError(RuntimeError):
+    """A submitted ingest or export application failed; the message says what the job recorded
+    (or, when it recorded nothing, what the cluster said)."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """How a task's ``spark`` connection asks for cluster deploy mode."""
+
+    conn_id: str
+    master: str
+    conf: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def on_yarn(self) -> bool:
+        return self.master.startswith("yarn")
+
+
+def cluster_submission(spark_conn_id: str | None, spark_conf: dict[str, Any] | None = None) -> Submission | None:
+    """The submission the task's Spark connection asks for, or None when the driver runs in the
+    task (client deploy mode, Spark Connect, local mode). A cluster deploy mode Spark cannot run
+    a Python driver with (a standalone master, a local one) is an error naming the connection."""
+    if not spark_conn_id:
+        return None
+    from airflow_provider_pravega.spark.session import spark_target
+
+    try:
+        from airflow.sdk import BaseHook  # type: ignore[attr-defined]
+
+        conn = BaseHook.get_connection(spark_conn_id)
+    except Exception:
+        return None  # spark_target says what a missing connection means
+    if conn.conn_type != "spark":
+        return None
+    extra = conn.extra_dejson or {}
+    target = spark_target(spark_conn_id)
+    conf = {**target.conf, **{str(k): str(v) for k, v in (spark_conf or {}).items()}}
+    mode = str(conf.get("spark.submit.deployMode") or extra.get("deploy-mode") or "client").strip().lower()
+    if mode != "cluster":
+        return None
+    master = target.master or ""
+    if not (master.startswith("yarn") or master.startswith("k8s://")):
+        raise SparkSessionError(
+            f"Spark connection {spark_conn_id!r} asks for cluster deploy mode on master {master or 'local'!r}: Spark "
+            f"runs a Python driver in cluster deploy mode on YARN and Kubernetes only; use 'deploy-mode': 'client' "
+            f"(or no deploy-mode) for this master")
+    return Submission(spark_conn_id, master, conf)
+
+
+class ApplicationRun:
+    """One job (``ingest`` or ``export``) submitted as a Spark application and followed to its end.
+
+    ``job_file`` is the job module's file (spark-submit ships it to the cluster), ``job_argv`` its
+    command line without the connection's options, ``state_location`` the scope and state stream
+    beside which the job records its outcome. The provider must be installed in the Python the
+    cluster runs the driver and executors with (``spark.yarn.appMasterEnv.PYSPARK_PYTHON`` and
+    ``spark.executorEnv.PYSPARK_PYTHON``, or an archive of an environment)."""
+
+    def __init__(self, submission: Submission, *, kind: str, job_file: str, job_argv: Sequence[str],
+                 connection_argv: Sequence[str], secrets: dict[str, str], state_location: tuple[str, str],
+                 client: Any, name: str, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.submission = submission
+        self.kind = kind
+        self.job_file = job_file
+        self.job_argv = list(job_argv)
+        self.connection_argv = list(connection_argv)
+        self.secrets = dict(secrets)
+        self.results = JobResults(client, *state_location)
+        self.name = name
+        self.sleep = sleep
+        self.hook: Any = None
+
+    def _hook(self, submission_id: str, application: str | None = None) -> Any:
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        conf = {**self.submission.conf, "spark.yarn.tags": f"pravega-submission-{submission_id}"}
+        conf.pop("spark.submit.deployMode", None)  # the hook passes --deploy-mode itself
+        hook = SparkSubmitHook(
+            conn_id=self.submission.conn_id, conf=conf, name=self.name, deploy_mode="cluster",
+            application_args=[*self.connection_argv, *self.job_argv, "--submission", submission_id],
+            env_vars=self.secrets or None, yarn_track_via_rm_api=self.submission.on_yarn,
+        )
+        hook._yarn_application_id = application  # a reattached try: on_kill kills this application
+        self.hook = hook
+        return hook
+
+    def submit(self) -> dict[str, str]:
+        """Submit the application; its identity (kept in the task state store by the caller)."""
+        submission_id = uuid.uuid4().hex
+        hook = self._hook(submission_id)
+        log.info("submitting the %s as a Spark application (%s, cluster deploy mode), submission %s",
+                 self.kind, self.submission.master, submission_id)
+        hook.submit(self.job_file)
+        identity = {"submission": submission_id}
+        if self.submission.on_yarn:
+            if not hook._yarn_application_id:
+                raise SparkApplicationError(f"spark-submit did not say which YARN application the {self.kind} is")
+            identity["application"] = hook._yarn_application_id
+            log.info("%s submitted as YARN application %s", self.kind, identity["application"])
+        return identity
+
+    def status(self, identity: dict[str, str]) -> str:
+        """``SUCCEEDED`` when the job recorded a result, ``FAILED`` when it can no longer record one
+        (or recorded a failure), else the application's YARN state (one of :data:`ACTIVE_STATES`)."""
+        outcome = self.results.get(identity["submission"])
+        if outcome is not None:
+            return "SUCCEEDED" if outcome.ok else "FAILED"
+        application = identity.get("application")
+        if not application or not self.submission.on_yarn:
+            return "FAILED"
+        state = self._hook(identity["submission"], application).query_yarn_application_status(application)
+        return state if state in ACTIVE_STATES else "FAILED"
+
+    def wait(self, identity: dict[str, str]) -> dict[str, Any]:
+        """Wait for the application (YARN; Kubernetes' spark-submit has waited already) and return
+        the result the job recorded, or raise :class:`SparkApplicationError`."""
+        application = identity.get("application")
+        state, diagnostics = "", ""
+        if application and self.submission.on_yarn:
+            hook = self.hook if self.hook is not None else self._hook(identity["submission"], application)
+            failures, last = 0, None
+            while True:
+                try:
+                    state, final, diagnostics = hook._query_yarn_application_status(application)
+                except RuntimeError as exc:
+                    failures += 1
+                    if failures > MAX_POLL_FAILURES:
+                        raise SparkApplicationError(f"gave up following YARN application {application}: {exc}") from exc
+                    log.warning("the ResourceManager did not answer about %s (%d/%d): %s", application, failures,
+                                MAX_POLL_FAILURES, exc)
+                    self.sleep(POLL_INTERVAL_S)
+                    continue
+                failures = 0
+                if state != last:
+                    log.info("YARN application %s: %s", application, state)
+                    last = state
+                if state not in ACTIVE_STATES:
+                    state = f"{state}/{final}"
+                    break
+                self.sleep(POLL_INTERVAL_S)
+        return self.result(identity, ended=state, diagnostics=diagnostics)
+
+    def result(self, identity: dict[str, str], *, ended: str = "", diagnostics: str = "") -> dict[str, Any]:
+        """The result the job recorded under the submission; a recorded failure, or none, raises."""
+        outcome: JobOutcome | None = self.results.get(identity["submission"])
+        application = identity.get("application") or f"submission {identity['submission']}"
+        if outcome is None:
+            raise SparkApplicationError(
+                f"the {self.kind} application {application} ended{f' {ended}' if ended else ''} without recording "
+                f"an outcome (the driver did not start the job or died){f': {diagnostics.strip()}' if diagnostics else ''}"
+                f"; see the application's driver log on the cluster")
+        if not outcome.ok:
+            raise SparkApplicationError(f"the {self.kind} application {application} failed: "
+                                        f"{outcome.error_type}: {outcome.error}")
+        return outcome.result or {}
+
+    def kill(self) -> None:
+        """Kill the application (the task was killed); the hook knows how for each cluster."""
+        if self.hook is not None:
+            self.hook.on_kill()
+
+
+def run_application(app: ApplicationRun, store: Any, key: str) -> dict[str, Any]:
+    """Run ``app`` to its end and return the job's result. With Airflow's task state store
+    (``store``), the application's identity is kept under ``key`` from its submission on: a later
+    try of the task reattaches to an application still running, or takes the result of one that
+    finished, instead of submitting again. The key is removed when the task has the result."""
+    identity = store.get(key) if store is not None else None
+    if not (isinstance(identity, dict) and "submission" in identity):
+        identity = None  # nothing stored, or what a run in the task's own process keeps
+    result = None
+    if identity is not None:
+        status = app.status(identity)
+        if status in ACTIVE_STATES:
+            log.info("reattaching to the %s application %s (%s), submitted by an earlier try", app.kind,
+                     identity.get("application"), status)
+        elif status == "SUCCEEDED":
+            log.info("the %s application of an earlier try finished: taking its result", app.kind)
+            result = app.result(identity)
+        else:
+            identity = None  # ended without a result: submit again
+    if identity is None:
+        identity = app.submit()
+        if store is not None:
+            store.set(key, identity)
+    if result is None:
+        result = app.wait(identity)
+    if store is not None:
+        store.delete(key)
+    return result

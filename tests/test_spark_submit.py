@@ -1,0 +1,150 @@
+"""Cluster deploy mode without a cluster: which connections submit an application, the job command
+lines an operator hands the application (the inverse of the jobs' own parsers), and the outcome a
+job records in Pravega under its submission id (what the task reads instead of the driver's
+stdout). The YARN scenarios themselves are in tests/lake/test_yarn.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.client.config import PravegaConnectionConfig
+from airflow_provider_pravega.client.job_results import JobResults
+from airflow_provider_pravega.spark import export_job, ingest_job
+from airflow_provider_pravega.spark.connection_args import connection_arguments
+from airflow_provider_pravega.spark.session import SparkSessionError
+from airflow_provider_pravega.spark.submit import ApplicationRun, SparkApplicationError, cluster_submission
+
+
+def _spark_conn(monkeypatch, name: str, **conn) -> str:
+    monkeypatch.setenv(f"AIRFLOW_CONN_{name.upper()}", json.dumps(conn))
+    return name
+
+
+def test_which_connections_submit_an_application(monkeypatch) -> None:
+    yarn = _spark_conn(monkeypatch, "yarn_cluster", conn_type="spark", host="yarn",
+                       extra={"deploy-mode": "cluster", "queue": "etl", "conf": {"spark.executor.memory": "2g"}})
+    submission = cluster_submission(yarn, {"spark.executor.instances": "3"})
+    assert submission is not None and submission.on_yarn
+    assert submission.conf == {"spark.executor.memory": "2g", "spark.executor.instances": "3"}
+    k8s = _spark_conn(monkeypatch, "k8s_cluster", conn_type="spark", host="k8s://https://api.example:6443",
+                      extra={"namespace": "etl"})
+    assert cluster_submission(k8s) is None  # client mode unless asked
+    assert cluster_submission(k8s, {"spark.submit.deployMode": "cluster"}).master == "k8s://https://api.example:6443"
+    client_mode = _spark_conn(monkeypatch, "yarn_client", conn_type="spark", host="yarn", extra={"deploy-mode": "client"})
+    assert cluster_submission(client_mode) is None
+    connect = _spark_conn(monkeypatch, "connect", conn_type="spark_connect", host="sc://127.0.0.1", port=15002)
+    assert cluster_submission(connect) is None
+    assert cluster_submission(None) is None
+    standalone = _spark_conn(monkeypatch, "standalone_cluster", conn_type="spark", host="spark://127.0.0.1:7077",
+                             extra={"deploy-mode": "cluster"})
+    with pytest.raises(SparkSessionError, match="'standalone_cluster'.*YARN and Kubernetes only"):
+        cluster_submission(standalone)
+
+
+def test_connection_arguments_keep_the_password_out_of_argv() -> None:
+    from airflow_provider_pravega.client.config import PravegaConnectionConfig
+    from airflow_provider_pravega.spark.connection_args import add_connection_arguments, config_from_arguments
+
+    config = PravegaConnectionConfig.from_connection_fields(
+        host="tls://c1:9090,c2:9091", login="writer", password="s3cret",
+        extra={"trust_store": "/etc/ca.pem", "validate_hostname": False, "transaction_lease_ms": 45000})
+    argv, env = connection_arguments(config, lease=True)
+    assert "s3cret" not in " ".join(argv) and env == {"PRAVEGA_PASSWORD": "s3cret"}
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_connection_arguments(parser, lease=True)
+    monkey_env = {"PRAVEGA_PASSWORD": "s3cret"}
+    import os
+
+    old = {k: os.environ.get(k) for k in monkey_env}
+    os.environ.update(monkey_env)
+    try:
+        assert config_from_arguments(parser.parse_args(argv)) == config
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def test_job_arguments_give_the_jobs_the_same_spec(monkeypatch, tmp_path: Path) -> None:
+    """What the operator builds is what the job's own parser reads back, option for option."""
+    seen = []
+    monkeypatch.setattr(ingest_job, "run_ingest", lambda client, spark, spec: seen.append(spec) or
+                        {"ingested": True})
+    monkeypatch.setattr(export_job, "run_export", lambda client, spark, spec, local_files: seen.append(spec) or
+                        {"exported": True})
+    argv, _ = connection_arguments(PravegaConnectionConfig.from_connection_fields(host="tcp://127.0.0.1:1"))
+    ingest = ingest_job.IngestSpec(
+        scope="sc", stream="s", source=[str(tmp_path / "a b.jsonl"), "hdfs://nn/x/*.csv"], format="csv",
+        routing_key_field="k", payload_field="p", ingest_id="daily", create_stream=True, stream_segments=3,
+        on_empty="succeed", allow_changed_files=True, wait_for_commit=False, num_writers=4, stale_after_s=12.5,
+        unknown_commits="committed", remember_files_for_s=86400.0, interval_key="2026-11-20/2026-11-21",
+        state_scope="st", task_instance="d/t/r/-1", try_number=2)
+    export = export_job.ExportSpec(
+        scope="sc", stream="s", output_path="hdfs://nn/out", start_cut="head", end_cut="tail", format="jsonl",
+        event_format="json", export_id="e", interval_key="2026-11-20/2026-11-21", on_truncated="head",
+        num_partitions=5, json_schema="a string, b double", compression="gzip", state_scope="st")
+    monkeypatch.setattr(ingest_job, "run_job_command", lambda name, args, job, failures, state_location: job(None) and 0)
+    monkeypatch.setattr(export_job, "run_job_command", lambda name, args, job, failures, state_location: job(None) and 0)
+    ingest_job.main([*argv, *ingest_job.job_arguments(ingest)])
+    export_job.main([*argv, *export_job.job_arguments(export)])
+    assert seen == [ingest, export]
+
+
+def test_a_submitted_ingest_records_its_outcome_in_pravega(tmp_path: Path, pravega_embedded, unique_name) -> None:
+    """The ingest's command line, as the operator builds it, run the way the cluster runs it:
+    its result, then a failure, recorded under the submission id (no JVM: nothing to ingest)."""
+    scope = unique_name("sub")
+    spec = ingest_job.IngestSpec(scope=scope, stream="s", source=str(tmp_path / "none-*.jsonl"), create_stream=True,
+                                 on_empty="succeed", ingest_id="daily", interval_key="2026-11-20/2026-11-21",
+                                 state_scope=f"{scope}-state")
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        config = PravegaConnectionConfig.from_connection_fields(host=pravega_embedded.controller_uri)
+        argv, _ = connection_arguments(config, lease=True)
+        assert ingest_job.main([*argv, *ingest_job.job_arguments(spec), "--submission", "ok-1"]) == 0
+        outcome = JobResults(client, *ingest_job.state_location(spec)).get("ok-1")
+        assert outcome.ok and outcome.result["files_ingested"] == [] and outcome.result["run_id"] is None
+        failing = ingest_job.IngestSpec(scope=scope, stream="s", source=str(tmp_path / "none-*.jsonl"),
+                                        ingest_id="daily", state_scope=f"{scope}-state")
+        assert ingest_job.main([*argv, *ingest_job.job_arguments(failing), "--submission", "bad-1"]) == 1
+        failed = JobResults(client, *ingest_job.state_location(failing)).get("bad-1")
+        assert not failed.ok and "none-*.jsonl" in failed.error and failed.error_type
+        assert JobResults(client, *ingest_job.state_location(spec)).get("never") is None
+
+        run = ApplicationRun(cluster_submission_stub(), kind="ingest", job_file=ingest_job.__file__, job_argv=[],
+                             connection_argv=[], secrets={}, state_location=ingest_job.state_location(spec),
+                             client=client, name="t")
+        assert run.result({"submission": "ok-1"})["files_ingested"] == []
+        assert run.status({"submission": "ok-1"}) == "SUCCEEDED"
+        assert run.status({"submission": "bad-1"}) == "FAILED"
+        with pytest.raises(SparkApplicationError, match="ingest application submission bad-1 failed: .*none-"):
+            run.result({"submission": "bad-1"})
+        with pytest.raises(SparkApplicationError, match="application_1_0001 ended FAILED/FAILED without recording "
+                                                        "an outcome.*AM container exited"):
+            run.result({"submission": "never", "application": "application_1_0001"}, ended="FAILED/FAILED",
+                       diagnostics="AM container exited with code 2")
+
+
+def test_a_submitted_export_records_its_outcome(tmp_path: Path, pravega_embedded, unique_name) -> None:
+    """An empty range exported by the export's command line as the operator builds it (no JVM)."""
+    scope = unique_name("sub")
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "s", 2)
+        spec = export_job.ExportSpec(scope=scope, stream="s", output_path=str(tmp_path / "out"), format="jsonl",
+                                     export_id="daily", interval_key="2026-11-20/2026-11-21", start_cut="head")
+        argv, _ = connection_arguments(PravegaConnectionConfig.from_connection_fields(
+            host=pravega_embedded.controller_uri))
+        assert export_job.main([*argv, *export_job.job_arguments(spec), "--submission", "e-1"]) == 0
+        outcome = JobResults(client, *export_job.state_location(spec)).get("e-1")
+        assert outcome.ok and outcome.result["events"] == 0 and outcome.result["interval"] == spec.interval_key
+
+
+def cluster_submission_stub():
+    from airflow_provider_pravega.spark.submit import Submission
+
+    return Submission("yarn_cluster", "yarn")
