@@ -1,0 +1,277 @@
+"""The ingest and export operators in cluster deploy mode on a real YARN (Hadoop's MiniYARNCluster
+over MiniDFSCluster, pravega_testing.yarn): the operator submits the job through the Spark
+provider's SparkSubmitHook (``spark`` connection ``host=yarn``, ``deploy-mode: cluster``), follows
+the application through the ResourceManager's REST API and reads the outcome from Pravega.
+
+- An ingest from ``hdfs://`` with an executor container SIGKILLed while the write tasks run, then
+  the export of its interval to ``hdfs://``: every record once in the stream and in the files.
+- A try that dies after submitting; the next try reattaches to the running application (no second
+  submission) while the driver holds right after the ingest's commit point; the driver's container
+  is SIGKILLed there; the try after that submits again and the new driver finishes the run. The
+  old driver's Python process, cut off from its container and released afterwards, commits
+  nothing twice: every record once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
+from airflow_provider_pravega.client.ingest import COMMITTING, open_state_store, state_location
+from airflow_provider_pravega.client.streamcut import StreamCut
+from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator
+from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
+from airflow_provider_pravega.spark import ingest_job
+from airflow_provider_pravega.spark.submit import ApplicationRun, SparkApplicationError
+from pravega_testing.yarn import Yarn, applications, container_processes, role, spark_submit_conf, submit_env
+
+DAY = datetime(2026, 11, 20, tzinfo=timezone.utc)
+BOUND_S = 600.0  # a bound for a loaded machine, not a timing assertion
+
+
+class TaskStateStore:
+    """Airflow's task state store as the operators use it (get/set/delete), kept across tries."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
+
+    def set(self, key: str, value: Any) -> None:
+        self.values[key] = json.loads(json.dumps(value))
+
+    def delete(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+def _context(store: TaskStateStore, try_number: int | None = None) -> dict[str, Any]:
+    """What the operators read of a task's context; with ``try_number``, the try of one task
+    instance (a later try takes an earlier try's run over at once)."""
+    context = {"task_state_store": store, "data_interval_start": DAY, "data_interval_end": DAY + timedelta(days=1)}
+    if try_number is not None:
+        context["ti"] = SimpleNamespace(dag_id="yarn", task_id="ingest", run_id="scheduled__2026-11-20", map_index=-1,
+                                        try_number=try_number)
+    return context
+
+
+class Hdfs:
+    """Files on the minicluster's HDFS through its own JVM."""
+
+    def __init__(self, yarn: Yarn) -> None:
+        self.jvm = yarn.gateway.jvm
+        self.uri = yarn.hdfs_uri
+        self.fs = self.jvm.org.apache.hadoop.fs.FileSystem.get(self.jvm.java.net.URI(self.uri),
+                                                                self.jvm.org.apache.hadoop.conf.Configuration())
+
+    def write(self, path: str, data: bytes) -> None:
+        out = self.fs.create(self.jvm.org.apache.hadoop.fs.Path(path), True)
+        out.write(bytearray(data))
+        out.close()
+
+    def read_dir(self, path: str) -> dict[str, bytes]:
+        found = {}
+        for status in self.fs.listStatus(self.jvm.org.apache.hadoop.fs.Path(path)):
+            name = status.getPath().getName()
+            stream = self.fs.open(status.getPath())
+            buffer = self.jvm.java.io.ByteArrayOutputStream()
+            self.jvm.org.apache.hadoop.io.IOUtils.copyBytes(stream, buffer, 65536, True)
+            found[name] = bytes(buffer.toByteArray())
+        return found
+
+
+@pytest.fixture
+def yarn_conn(yarn: Yarn, monkeypatch: pytest.MonkeyPatch, pravega_conn: None) -> str:
+    """A ``spark`` connection in cluster deploy mode on the minicluster; spark-submit on PATH."""
+    for key, value in submit_env(yarn, base={}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PATH", f"{os.environ['SPARK_HOME']}/bin{os.pathsep}{os.environ['PATH']}")
+    conf = {**spark_submit_conf(yarn), "spark.yarn.maxAppAttempts": "1"}
+    conf.pop("spark.yarn.submit.waitAppCompletion")  # the operator's: spark-submit returns at once
+    monkeypatch.setenv("AIRFLOW_CONN_YARN_CLUSTER", json.dumps({
+        "conn_type": "spark", "host": "yarn",
+        "extra": {"deploy-mode": "cluster", "yarn_resourcemanager_webapp_address": yarn.rm_web, "conf": conf}}))
+    return "yarn_cluster"
+
+
+def _records(hdfs: Hdfs, directory: str, files: int, per_file: int) -> list[str]:
+    lines = [json.dumps({"sensor_id": f"s{n % 7}", "n": n, "pad": "p" * 30}) for n in range(files * per_file)]
+    for part in range(files):
+        hdfs.write(f"{directory}/part-{part}.jsonl", ("\n".join(lines[part::files]) + "\n").encode())
+    return lines
+
+
+def _stream_events(uri: str, scope: str, stream: str) -> list[str]:
+    with PravegaClient(uri) as client:
+        head, tail = StreamCut.head(client, scope, stream), StreamCut.tail(client, scope, stream)
+        return [e.payload.decode() for rng in plan_segment_ranges(client, head, tail)
+                for e in read_segment_range(client, rng)]
+
+
+def _run_state(uri: str, scope: str, ingest_id: str) -> dict[str, Any]:
+    with PravegaClient(uri) as client:
+        try:
+            store = open_state_store(client, *state_location(scope, "readings", ingest_id), create=False)
+        except Exception:  # not created yet
+            return {}
+        try:
+            return store.fetch()
+        finally:
+            store.close()
+
+
+def _wait_for(what: str, check, thread: threading.Thread | None = None) -> Any:
+    deadline = time.monotonic() + BOUND_S
+    while not (found := check()):
+        assert thread is None or thread.is_alive(), f"the task ended before {what}"
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.2)
+    return found
+
+
+def _in_thread(target) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = target()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_ingest_from_hdfs_survives_a_killed_executor_and_exports_to_hdfs(
+    yarn: Yarn, yarn_conn: str, pravega_embedded: Any, unique_name: Any,
+) -> None:
+    hdfs = Hdfs(yarn)
+    scope = unique_name("yarn")
+    lines = _records(hdfs, "/in/day1", files=4, per_file=5000)
+    ingest = PravegaTransactionalIngestOperator(
+        task_id="ingest", scope=scope, stream="readings", source=f"{yarn.hdfs_uri}/in/day1/*.jsonl",
+        routing_key_field="sensor_id", ingest_id="yarn", create_stream=True, stream_segments=2, num_writers=2,
+        spark_conn_id=yarn_conn)
+    store = TaskStateStore()
+    thread, out = _in_thread(lambda: ingest.execute(_context(store)))
+    _wait_for("a write task registered", lambda: any(
+        run.get("txns") for run in _run_state(pravega_embedded.controller_uri, scope, "yarn").get("runs", {}).values()),
+        thread)
+    killed = None
+    while killed is None and thread.is_alive():  # an executor container running a write task (a Python worker)
+        for pid, cmd in container_processes(yarn):
+            if role(cmd) == "executor" and psutil.Process(pid).children(recursive=True):
+                os.kill(pid, signal.SIGKILL)
+                killed = pid
+                break
+        else:
+            time.sleep(0.05)
+    thread.join(BOUND_S)
+    assert "error" not in out, out.get("error")
+    assert killed is not None, "no executor container was running a write task to kill"
+    result = out["result"]
+    assert result["events"] == len(lines) and len(result["files_ingested"]) == 4
+    assert store.values == {}  # done: a cleared task runs afresh
+    assert Counter(_stream_events(pravega_embedded.controller_uri, scope, "readings")) == Counter(lines)
+
+    export = PravegaStreamCutExportOperator(
+        task_id="export", scope=scope, stream="readings", output_path=f"{yarn.hdfs_uri}/out/day1", format="jsonl",
+        from_ingest="yarn", export_id="yarn-export", spark_conn_id=yarn_conn)
+    exported = export.execute(_context(store))
+    assert exported["events"] == len(lines)
+    files = hdfs.read_dir("/out/day1")
+    assert "_SUCCESS" in files
+    events = [json.loads(line)["event"] for name, data in files.items() if name.startswith("part-")
+              for line in data.decode().splitlines()]
+    assert Counter(events) == Counter(lines)
+    tags = {app["applicationTags"] for app in applications(yarn) if app["name"].startswith("pravega-")}
+    assert len(tags) == 2  # one application each
+
+
+def test_a_retry_reattaches_and_a_driver_killed_after_the_commit_point_loses_nothing(
+    yarn: Yarn, yarn_conn: str, pravega_embedded: Any, unique_name: Any, tmp_path: Path, monkeypatch,
+) -> None:
+    hdfs = Hdfs(yarn)
+    scope = unique_name("yarn")
+    uri = pravega_embedded.controller_uri
+    lines = _records(hdfs, "/in/day2", files=2, per_file=3000)
+    release = tmp_path / "release"
+    held = {"spark.yarn.appMasterEnv." + ingest_job.DELAY_ENV: "after_commit_record:3600",
+            "spark.yarn.appMasterEnv." + ingest_job.DELAY_RELEASE_ENV: str(release)}
+
+    def operator(conf: dict[str, str]) -> PravegaTransactionalIngestOperator:
+        return PravegaTransactionalIngestOperator(
+            task_id="ingest", scope=scope, stream="readings", source=f"{yarn.hdfs_uri}/in/day2/*.jsonl",
+            ingest_id="held", create_stream=True, spark_conn_id=yarn_conn, spark_conf=conf)
+
+    store = TaskStateStore()
+
+    class TryDied(Exception):
+        """The first try's worker dies right after the application's id was stored."""
+
+    real_wait, real_submit = ApplicationRun.wait, ApplicationRun.submit
+    monkeypatch.setattr(ApplicationRun, "wait", lambda self, identity: (_ for _ in ()).throw(TryDied()))
+    with pytest.raises(TryDied):
+        operator(held).execute(_context(store, 1))
+    identity = store.get("pravega_ingest_run")
+    application = identity["application"]
+    tag = f"pravega-submission-{identity['submission']}"
+
+    def committing() -> bool:
+        return any(run.get("phase") == COMMITTING for run in _run_state(uri, scope, "held").get("runs", {}).values())
+
+    _wait_for("the driver at its commit point", committing)
+
+    reattached = threading.Event()
+
+    def waiting(self, identity):
+        reattached.set()
+        return real_wait(self, identity)
+
+    monkeypatch.setattr(ApplicationRun, "wait", waiting)
+    monkeypatch.setattr("airflow_provider_pravega.spark.submit.ApplicationRun.submit",
+                        lambda self: pytest.fail("the second try submitted again instead of reattaching"))
+    thread, out = _in_thread(lambda: operator(held).execute(_context(store, 2)))
+    _wait_for("the second try reattached", reattached.is_set, thread)
+    drivers = [(pid, cmd) for pid, cmd in container_processes(yarn) if role(cmd) == "driver"]
+    assert len(drivers) == 1, drivers
+    leftover = [p for p in psutil.Process(drivers[0][0]).children(recursive=True) if "python" in p.name()]
+    assert leftover, "the driver's Python process"
+    os.kill(drivers[0][0], signal.SIGKILL)  # the driver's container: its JVM
+    thread.join(BOUND_S)
+    assert isinstance(out.get("error"), SparkApplicationError), out
+    assert f"{application} ended" in str(out["error"]) and "without recording an outcome" in str(out["error"])
+    assert [a["id"] for a in applications(yarn, tag=tag)] == [application]  # reattached: no second submission
+
+    # The third try submits again (the application failed; no hold this time): its driver takes the
+    # earlier try's run over at its commit point and finishes it.
+    monkeypatch.setattr(ApplicationRun, "wait", real_wait)
+    monkeypatch.setattr(ApplicationRun, "submit", real_submit)
+    result = operator({}).execute(_context(store, 3))
+    assert result["recovered_runs"] or result["finished_runs"], result
+    assert len({a["id"] for a in applications(yarn) if a["applicationTags"].startswith("pravega-submission-")
+                and a["name"].endswith("ingest") and a["id"] != application}) >= 1
+    assert Counter(_stream_events(uri, scope, "readings")) == Counter(lines)
+
+    release.touch()  # the cut-off driver goes on from its commit point: it must commit nothing twice
+    for process in leftover:
+        try:
+            process.wait(timeout=BOUND_S)
+        except psutil.NoSuchProcess:
+            pass
+    assert Counter(_stream_events(uri, scope, "readings")) == Counter(lines)
