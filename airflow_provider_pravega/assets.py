@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from urllib.parse import SplitResult
 
 __all__ = ["DEFAULT_PORT", "SCHEME", "convert_asset_to_openlineage", "create_asset", "parse_stream_uri", "sanitize_uri",
-           "stream_uri", "table_asset", "table_uri"]
+           "stream_uri", "catalog_table_asset", "catalog_table_uri", "table_asset", "table_uri"]
 
 SCHEME = "pravega"
 #: Pravega's controller port, assumed when an asset URI names none.
@@ -101,3 +101,42 @@ def table_asset(location: str, *, format: str = "delta") -> Any:
     from airflow.sdk import Asset
 
     return Asset(uri=table_uri(location), extra={"format": format})
+
+
+#: The scheme of a catalog table's name-based asset URI (``table=`` exports).
+CATALOG_SCHEME = "spark-catalog"
+DEFAULT_CATALOG = "spark_catalog"
+
+
+def catalog_table_uri(name: str) -> str:
+    """The name-based asset URI of the catalog table ``name`` (``db.table`` or
+    ``catalog.db.table``): ``spark-catalog://<catalog>/<db>.<table>``, the catalog
+    ``spark_catalog`` (Spark's session catalog) when the name has none; back quotes dropped."""
+    parts = [p.strip("`") for p in _split_name(name)]
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ValueError(f"{name!r}: a catalog table is named 'db.table' or 'catalog.db.table'")
+    catalog = parts[0] if len(parts) == 3 else DEFAULT_CATALOG
+    return f"{CATALOG_SCHEME}://{catalog}/" + urllib.parse.quote(".".join(parts[-2:]), safe=".")
+
+
+def _split_name(name: str) -> list[str]:
+    """``a.`b.c`.d`` -> ["a", "`b.c`", "d"]: dots inside back quotes do not split."""
+    parts, current, quoted = [], "", False
+    for ch in name.strip():
+        if ch == "`":
+            quoted = not quoted
+        if ch == "." and not quoted:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    return [*parts, current]
+
+
+def catalog_table_asset(name: str, *, format: str = "delta") -> Any:
+    """The ``Asset`` of the catalog table ``name``: what the export operator with ``table=`` updates
+    (an outlet; the table's location is not known when the DAG is parsed, so it is named by its
+    name, :func:`catalog_table_uri`)."""
+    from airflow.sdk import Asset
+
+    return Asset(uri=catalog_table_uri(name), extra={"format": format, "table": name})

@@ -115,6 +115,24 @@ def table_dataset(location: str, *, storage_layer: str = "delta", version: int |
     return file_dataset(location, facets=facets)
 
 
+def catalog_table_dataset(name: str, *, storage_layer: str = "delta", version: int | None = None) -> Any:
+    """An OpenLineage ``Dataset`` for a catalog table whose catalog reports no location: namespace
+    ``spark-catalog://<catalog>``, name ``<db>.<table>`` (the parts of its asset URI,
+    ``assets.catalog_table_uri``), with the storage and version facets (None without OpenLineage)."""
+    if _facet_classes() is None:
+        return None
+    from openlineage.client.facet_v2 import dataset_version_dataset, storage_dataset
+
+    from airflow_provider_pravega.assets import catalog_table_uri
+
+    namespace, _, table = catalog_table_uri(name).rpartition("/")
+    facets: dict[str, Any] = {"storage": storage_dataset.StorageDatasetFacet(storageLayer=storage_layer,
+                                                                             fileFormat="parquet")}
+    if version is not None:
+        facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=str(version))
+    return _dataset(namespace, table, None, facets)
+
+
 def _file_identity(path: str) -> tuple[str, str]:
     parts = urlsplit(path)
     if parts.scheme in ("", "file") or len(parts.scheme) == 1:  # one letter: a Windows drive

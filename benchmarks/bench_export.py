@@ -1,8 +1,8 @@
 """Stream-cut export rate: PySpark export to Parquet vs reading the same segment ranges raw.
 
 Run: ``python benchmarks/bench_export.py [--events 1000000] [--size 200] [--segments 4]
-[--rounds 3] [--warmup 2] [--master local[*]] [--format parquet] [--compression CODEC] [--profile]
-[--json PATH]``
+[--rounds 3] [--warmup 2] [--master local[*]] [--format parquet] [--compression CODEC] [--no-delta]
+[--profile] [--json PATH]``
 
 Writes ``--events`` events of ``--size`` bytes (official writer, routing keys spread over the
 segments) to a fresh stream on the embedded server (its own process), takes the tail cut and plans
@@ -13,7 +13,10 @@ export, raw, ...) so machine noise hits both:
   SparkSession (``--master``; one Spark task per range): the whole call - checks, cut record in
   the state synchronizer, the Spark job, renames and marker - as a DAG task would run it;
 - raw (the baseline): ``read_segment_range_batches`` over every range, one after the other, in one
-  spawned process; the events are only counted.
+  spawned process; the events are only counted;
+- delta (unless ``--no-delta``): the same ``run_export`` with ``format="delta"`` into a fresh Delta
+  table each round (one interval, its idempotent commit), in the same session (started with
+  Delta's package), so Parquet files and a Delta table are compared side by side.
 
 Neither side includes its process start: the SparkSession (JVM, Python workers) exists before the
 first timed export, and the raw reader is a pool process with the modules imported. Both sides
@@ -21,7 +24,8 @@ first run ``--warmup`` untimed full passes (the JVM's JIT keeps compiling for se
 
 Prints each round, the medians, the ratio export/raw (target >= 0.6), the export's phases, the CPU
 seconds each process kind used per round and, inside Spark's JVM, per thread kind (task threads,
-JIT compiler, GC). ``--profile`` also times, alternating with the others, the export's read stage
+JIT compiler, GC), and a table of CPU-s per export, Parquet beside Delta, split as JVM task
+threads, JIT, GC, other JVM, Python workers, server and driver. ``--profile`` also times, alternating with the others, the export's read stage
 alone (Spark's ``noop`` writer: reading, Arrow batches to the JVM, no files) and Spark's writer
 alone (the same rows from memory, no Pravega, no Python: the floor of any export through Spark's
 writers), and prints the top functions of one read task's Python side under cProfile.
@@ -204,6 +208,29 @@ def cpu_text(per_kind: dict[str, float]) -> str:
     return f"{sum(per_kind.values()):.2f} CPU s ({parts})"
 
 
+def breakdown(cpu: CpuMeter, jvm: JvmThreads) -> dict[str, float]:
+    """Median CPU-s per export by part (the rounds' process and JVM-thread samples paired)."""
+    rows: list[dict[str, float]] = []
+    for run, threads in zip(cpu.runs, jvm.runs, strict=True):
+        inside = {k: threads.get(k, 0.0) for k in ("task threads", "JIT compiler", "GC")}
+        row = {"JVM task threads": inside["task threads"], "JIT": inside["JIT compiler"], "GC": inside["GC"],
+               "Other JVM": max(0.0, run.get("spark jvm", 0.0) - sum(inside.values())),
+               "Python workers": run.get("spark python workers", 0.0), "Server": run.get("pravega server", 0.0),
+               "Driver": run.get("driver", 0.0)}
+        row["Total"] = sum(row.values())
+        rows.append(row)
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]} if rows else {}
+
+
+def breakdown_table(columns: dict[str, dict[str, float]]) -> list[str]:
+    """``Part | parquet | delta`` lines (CPU-s per export, medians)."""
+    names = list(columns)
+    parts = list(next(iter(columns.values())))
+    out = ["CPU-s per export (median): " + " | ".join(["part", *names])]
+    out += [f"  {part}: " + " | ".join(f"{columns[n].get(part, 0.0):.2f}" for n in names) for part in parts]
+    return out
+
+
 def rates(results: list[tuple[int, int, float]], expected: int, label: str) -> list[float]:
     for count, _, _ in results:
         if count != expected:
@@ -245,6 +272,8 @@ def main() -> None:
     parser.add_argument("--num-partitions", type=int, default=None,
                         help="Spark partitions / files of the export (default: one per segment range)")
     parser.add_argument("--driver-memory", default=None, help="spark.driver.memory (local mode: the whole heap)")
+    parser.add_argument("--delta", action=argparse.BooleanOptionalAction, default=True,
+                        help="also export each round into a fresh Delta table (default: yes)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="write the result file here")
     args = parser.parse_args()
@@ -278,6 +307,10 @@ def main() -> None:
             conf = {"spark.master": args.master, "spark.ui.showConsoleProgress": "false"}
             if args.driver_memory:
                 conf["spark.driver.memory"] = args.driver_memory
+            if args.delta:  # Delta's package and SQL extension (the Parquet export does not use them)
+                from airflow_provider_pravega.spark.delta_export import session_conf
+
+                conf = session_conf(conf)
             spark = get_spark_session(None, "bench-export", **conf)
             sc = spark.sparkContext
             print(f"spark {spark.version}, master {sc.master}, {sc.defaultParallelism} cores")
@@ -303,6 +336,23 @@ def main() -> None:
                     phases.append(result.phases)
                     sizes.append(sum(f.stat().st_size for f in out.iterdir() if f.name.startswith("part-")))
                     shutil.rmtree(out, ignore_errors=True)
+                    return result.events, result.bytes, elapsed
+
+                delta_phases: list[dict] = []
+                delta_sizes: list[int] = []
+
+                def export_delta(label: str) -> tuple[int, int, float]:
+                    table = work / f"delta-{label}"  # a fresh table: a real commit, not a no-op rerun
+                    spec = ExportSpec(scope, stream, str(table), start_cut=head.to_text(), end_cut=tail.to_text(),
+                                      format="delta", event_format=args.event_format,
+                                      export_id=f"bench-delta-{label}", interval_key="bench",
+                                      num_partitions=args.num_partitions)
+                    t0 = time.perf_counter()
+                    result = run_export(client, spark, spec)
+                    elapsed = time.perf_counter() - t0
+                    delta_phases.append(result.phases)
+                    delta_sizes.append(sum(f.stat().st_size for f in table.rglob("*.parquet")))
+                    shutil.rmtree(table, ignore_errors=True)
                     return result.events, result.bytes, elapsed
 
                 spec = ExportSpec(scope, stream, "unused", event_format=args.event_format)
@@ -331,22 +381,30 @@ def main() -> None:
                     shutil.rmtree(out, ignore_errors=True)
                     return args.events, payload, elapsed
 
-                raw, exported, read_stage, floor = [], [], [], []
+                raw, exported, read_stage, floor, delta = [], [], [], [], []
                 cpu_raw, cpu_export, cpu_noop, cpu_floor = CpuMeter(), CpuMeter(), CpuMeter(), CpuMeter()
-                jvm_floor = JvmThreads(jvm.pid)
+                cpu_delta = CpuMeter()
+                jvm_floor, jvm_delta = JvmThreads(jvm.pid), JvmThreads(jvm.pid)
                 sampler = rf.PeakSampler(lambda: [os.getpid(), *rf.children(os.getpid())], process_kind(server.pid))
                 with SPAWN.Pool(1, initializer=warm_up) as one, sampler:
                     for w in range(args.warmup):  # untimed: JIT, Python workers, page cache, connections
                         export(f"warm-{w}")
+                        if args.delta:
+                            export_delta(f"warm-{w}")
                         one.apply(read_raw, (uri, ranges))
                         if args.profile:
                             noop()
                             from_memory(f"warm-{w}")
                     phases.clear()
                     sizes.clear()
+                    delta_phases.clear()
+                    delta_sizes.clear()
                     for n in range(args.rounds):
                         with cpu_export, jvm:
                             exported.append(export(str(n)))
+                        if args.delta:
+                            with cpu_delta, jvm_delta:
+                                delta.append(export_delta(str(n)))
                         with cpu_raw:
                             raw.append(one.apply(read_raw, (uri, ranges)))
                         if args.profile:
@@ -355,6 +413,7 @@ def main() -> None:
                             with cpu_floor, jvm_floor:
                                 floor.append(from_memory(str(n)))
                         print(f"round {n + 1}: export {exported[-1][2]:.2f} s, raw {raw[-1][2]:.2f} s"
+                              + (f", delta {delta[-1][2]:.2f} s" if args.delta else "")
                               + (f", read stage {read_stage[-1][2]:.2f} s, writer from memory {floor[-1][2]:.2f} s"
                                  if args.profile else ""), flush=True)
                 if cached is not None:
@@ -367,6 +426,9 @@ def main() -> None:
                     fmt_name += f", {args.num_partitions} partitions"
                 figures.append(rf.figure(f"export to {fmt_name}", "events/s", rates(exported, args.events, "export"),
                                          baseline=baseline, target_ratio=0.6))
+                if args.delta:
+                    figures.append(rf.figure("export to a Delta table", "events/s",
+                                             rates(delta, args.events, "delta export"), baseline=baseline))
                 if args.profile:
                     figures.append(rf.figure("export read stage only (noop writer)", "events/s",
                                              rates(read_stage, args.events, "read stage"), baseline=baseline))
@@ -379,6 +441,16 @@ def main() -> None:
                 notes.append(f"CPU per raw read (median): {cpu_text(median_cpu(cpu_raw))}")
                 notes.append(f"CPU per export (median): {cpu_text(median_cpu(cpu_export))}")
                 notes.append(f"  inside Spark's JVM per export: {cpu_text(jvm.median())}")
+                columns = {fmt_name: breakdown(cpu_export, jvm)}
+                if args.delta:
+                    fastest_delta = min(delta_phases, key=lambda p: sum(p.values()))
+                    notes.append("delta export phases (fastest round): "
+                                 + ", ".join(f"{k} {v:.2f} s" for k, v in fastest_delta.items()))
+                    notes.append(f"delta export: {statistics.median(delta_sizes) / 1e6:.1f} MB of data files, "
+                                 f"{statistics.median(r[2] for r in delta):.2f} s per export (median; "
+                                 f"{fmt_name} {statistics.median(r[2] for r in exported):.2f} s)")
+                    columns["delta"] = breakdown(cpu_delta, jvm_delta)
+                notes.extend(breakdown_table(columns))
                 if args.profile:
                     notes.append(f"CPU per read stage (median): {cpu_text(median_cpu(cpu_noop))}")
                     notes.append(f"CPU per write from memory (median): {cpu_text(median_cpu(cpu_floor))}")
@@ -391,7 +463,7 @@ def main() -> None:
                     {"events": args.events, "size": args.size, "segments": args.segments, "rounds": args.rounds,
                      "warmup": args.warmup, "master": sc.master, "cores": sc.defaultParallelism,
                      "format": args.format, "event_format": args.event_format, "compression": args.compression,
-                     "num_partitions": args.num_partitions,
+                     "num_partitions": args.num_partitions, "delta": args.delta,
                      "ranges": len(ranges)},
                     figures, sampler.peaks, notes,
                 )

@@ -23,14 +23,24 @@ class PravegaStreamCutExportOperator(BaseOperator):
     :param scope: Scope of the stream (default: the connection's default scope).
     :param stream: The stream to export.
     :param output_path: Directory to write (templated, e.g. ``"/lake/readings/{{ ds }}/"``); a local
-        path or any filesystem URL Spark can write (``s3a://``, ``hdfs://``...).
+        path or any filesystem URL Spark can write (``s3a://``, ``hdfs://``...). With
+        ``format="delta"``: the table's location. Give exactly one of ``output_path`` and ``table``.
+    :param table: With ``format="delta"``, instead of ``output_path``: a catalog table,
+        ``"db.table"`` or ``"catalog.db.table"`` (templated), resolved by the session's catalog
+        (``spark_catalog`` is Delta's ``DeltaCatalog`` in a session the operator starts) and created
+        at the first export. Written with the same idempotent Delta commits (``saveAsTable``). Its
+        outlet is the name-based asset ``assets.catalog_table_asset(table)``
+        (``spark-catalog://spark_catalog/db.table``); its OpenLineage output is the table's location
+        as the catalog reports it (the same dataset as an ``output_path`` export there), else that
+        name-based one.
     :param start_cut: ``"previous"`` (default: where the previous interval, or the previous export of
         this export id, ended; the head the first time), ``"head"``, ``"tail"``, a Pravega stream-cut
         text (e.g. an ingest's ``tail_cut`` from XCom) or its JSON form.
     :param end_cut: ``"tail"`` (default), ``"head"``, a stream-cut text or its JSON form. A literal
         cut that cannot be one fails when the DAG is parsed, a templated one at execute before any
         Spark work; both name ``start_cut``/``end_cut``.
-    :param format: ``parquet`` (default), ``jsonl``, ``csv``, or ``delta``: ``output_path`` is then a
+    :param format: ``parquet`` (default), ``jsonl``, ``csv``, or ``delta`` (``iceberg`` is refused,
+        naming why: no Iceberg Spark runtime for Spark 4.2 yet, see docs/export.md). ``output_path`` is then a
         Delta Lake table's location, each interval one partition (``interval_key``) written as an
         idempotent Delta commit, so retries, reruns and backfills of an interval never duplicate it
         (see docs/export.md). The operator adds Delta's package and SQL settings to a classic session
@@ -76,7 +86,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "scope", "stream", "start_cut", "end_cut", "output_path", "export_id", "interval_key", "json_schema",
-        "from_ingest", "state_scope", "ingest_state_scope",
+        "from_ingest", "state_scope", "ingest_state_scope", "table",
     )
     ui_color = "#9fd3c7"
 
@@ -84,7 +94,8 @@ class PravegaStreamCutExportOperator(BaseOperator):
         self,
         *,
         stream: str,
-        output_path: str,
+        output_path: str | None = None,
+        table: str | None = None,
         scope: str | None = None,
         start_cut: Any = "previous",
         end_cut: Any = "tail",
@@ -106,17 +117,25 @@ class PravegaStreamCutExportOperator(BaseOperator):
     ) -> None:
         _check_literal_cuts(scope, stream, start_cut, end_cut)  # before the task joins its DAG
         _check_literal_state_scopes(state_scope=state_scope, ingest_state_scope=ingest_state_scope)
+        _check_literal_target(format, output_path, table)
+        asset = None
         if format == "delta" and isinstance(output_path, str) and not _templated(output_path):
             from airflow_provider_pravega.assets import table_asset
 
-            table = table_asset(output_path)
+            asset = table_asset(output_path)
+        elif format == "delta" and isinstance(table, str) and not _templated(table):
+            from airflow_provider_pravega.assets import catalog_table_asset
+
+            asset = catalog_table_asset(table)
+        if asset is not None:
             outlets = list(kwargs.get("outlets") or [])
-            if all(getattr(o, "uri", None) != table.uri for o in outlets):
-                kwargs["outlets"] = [*outlets, table]  # downstream DAGs can be scheduled on the table
+            if all(getattr(o, "uri", None) != asset.uri for o in outlets):
+                kwargs["outlets"] = [*outlets, asset]  # downstream DAGs can be scheduled on the table
         super().__init__(**kwargs)
         self.scope = scope
         self.stream = stream
         self.output_path = output_path
+        self.table = table
         self.start_cut = start_cut
         self.end_cut = end_cut
         self.format = format
@@ -163,7 +182,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
             interval_key=self.interval_key or self.interval_of(context), on_truncated=self.on_truncated,
             num_partitions=self.num_partitions, json_schema=self.json_schema or None,
             compression=self.compression or None, from_ingest=self.from_ingest or None,
-            state_scope=self.state_scope, ingest_state_scope=self.ingest_state_scope,
+            state_scope=self.state_scope, ingest_state_scope=self.ingest_state_scope, table=self.table or None,
         )
         spark_conf = dict(self.spark_conf)
         if spec.format == "delta":
@@ -188,7 +207,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
         self.log.info(
             "exported %d events (%d bytes) of %s/%s%s to %d file(s) in %s (%.1f s)", result.events, result.bytes,
             scope, self.stream, f" for {spec.interval_key}" if spec.interval_key else "", len(result.files),
-            self.output_path, result.seconds,
+            result.output_path, result.seconds,
         )
         return self._result
 
@@ -223,9 +242,11 @@ class PravegaStreamCutExportOperator(BaseOperator):
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The stream as input, the output directory (or the Delta table) as output (None without
-        OpenLineage)."""
+        OpenLineage). A ``table=`` export's output is the table's location the run found (its
+        catalog's answer), else its name-based dataset."""
         try:
             from airflow_provider_pravega.openlineage import (
+                catalog_table_dataset,
                 file_dataset,
                 operator_lineage,
                 stream_dataset,
@@ -235,9 +256,17 @@ class PravegaStreamCutExportOperator(BaseOperator):
             return None
         config = PravegaHook(self.pravega_conn_id).get_config()
         scope = self._scope_used or self.scope or config.scope
-        location = ((self._result or {}).get("output_path") or self.output_path).rstrip("/") or "/"
-        output = (table_dataset(location, version=(self._result or {}).get("table_version"))
-                  if self.format == "delta" else file_dataset(location))
+        result = self._result or {}
+        version = result.get("table_version")
+        if self.table and not self.output_path:
+            location = result.get("output_path")
+            if location and location != self.table and not _templated(location):  # the catalog named its location
+                output = table_dataset(location.rstrip("/") or "/", version=version)
+            else:
+                output = catalog_table_dataset(result.get("table") or self.table, version=version)
+        else:
+            location = (result.get("output_path") or self.output_path).rstrip("/") or "/"
+            output = table_dataset(location, version=version) if self.format == "delta" else file_dataset(location)
         return operator_lineage(inputs=[stream_dataset(config, scope, self.stream)], outputs=[output])
 
 
@@ -256,6 +285,19 @@ def _check_literal_cuts(scope: Any, stream: Any, start_cut: Any, end_cut: Any) -
     for option, value in (("start_cut", start_cut), ("end_cut", end_cut)):
         if isinstance(value, str) and not _templated(value) or isinstance(value, dict):
             check_cut_option(option, value, scope, stream)
+
+
+def _check_literal_target(format: Any, output_path: Any, table: Any) -> None:
+    """A bad literal format, or not exactly one of ``output_path``/``table``, or ``table`` without
+    format='delta', fails when the DAG is parsed, naming the options; a templated path or table
+    name is checked at execute (by ExportSpec)."""
+    from airflow_provider_pravega.spark.export_job import check_target
+
+    if _templated(output_path) or _templated(table):
+        if output_path is not None and table is not None:
+            check_target(format, output_path, table)  # both given: said now, whatever they render to
+        return
+    check_target(format, output_path, table)
 
 
 def _check_literal_state_scopes(**options: Any) -> None:

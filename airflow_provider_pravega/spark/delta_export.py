@@ -10,6 +10,11 @@ newer one is written, not skipped (Delta skips a version not above the app id's 
 version is 1, or for ``from_ingest`` exports the number of the ingest's committed pieces, so an
 interval whose ingest added a later range is written again (replacing it) once. Each commit's user
 metadata names the export, the interval and its stream cuts.
+
+The table is a location (``path``: written with ``save``) or a catalog table (``table``, e.g.
+``lake.readings``, resolved by the session's catalog, Delta's ``DeltaCatalog`` as
+``spark_catalog``: written with ``saveAsTable``, which takes the same ``replaceWhere`` and
+``txnAppId``/``txnVersion`` options and creates the table at the first export).
 """
 
 from __future__ import annotations
@@ -61,17 +66,31 @@ class DeltaWrite:
     version: int  # the table version holding the interval (this write's, or the earlier one's)
     events: int  # rows the write added (0 when it was a no-op)
     skipped: bool  # Delta found this interval's version already committed: nothing was written
+    location: str | None = None  # the table's location (a catalog table: as its catalog reports it)
 
 
-def _history(spark: Any, path: str, limit: int | None = None) -> list[Any]:
-    """The table's commits, newest first (the ``limit`` newest); [] when there is no table yet."""
+def _history(spark: Any, table: str, limit: int | None = None) -> list[Any]:
+    """The commits of ``table`` (a SQL table reference), newest first (the ``limit`` newest); []
+    when there is no table yet."""
     try:
-        return spark.sql(f"DESCRIBE HISTORY delta.`{path}`" + (f" LIMIT {limit}" if limit else "")).collect()
+        return spark.sql(f"DESCRIBE HISTORY {table}" + (f" LIMIT {limit}" if limit else "")).collect()
     except Exception as exc:  # noqa: BLE001 - Spark's error classes differ between classic and Connect
         text = str(exc)
-        if "DELTA_MISSING_DELTA_TABLE" in text or "is not a Delta table" in text or "PATH_NOT_FOUND" in text:
+        if ("DELTA_MISSING_DELTA_TABLE" in text or "is not a Delta table" in text or "PATH_NOT_FOUND" in text
+                or "TABLE_OR_VIEW_NOT_FOUND" in text):
             return []
         raise _missing_delta(exc) or exc
+
+
+def table_location(spark: Any, table: str) -> str | None:
+    """The location of the catalog table ``table`` as its catalog reports it (None if it reports
+    none)."""
+    try:
+        rows = spark.sql(f"DESCRIBE DETAIL {table}").collect()
+    except Exception:  # noqa: BLE001 - a catalog without locations: the table is named by its name
+        return None
+    location = rows[0]["location"] if rows else None
+    return str(location) if location else None
 
 
 def _missing_delta(exc: BaseException) -> Exception | None:
@@ -94,18 +113,24 @@ def _sql_text(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def write_interval(spark: Any, frame: Any, *, path: str, export_id: str, scope: str, stream: str, interval: str,
-                   start_cut: str, end_cut: str, pieces: Sequence[Sequence[str]] | None = None) -> DeltaWrite:
-    """Write ``frame`` (the export's rows) as interval ``interval`` of the Delta table at ``path``."""
+def write_interval(spark: Any, frame: Any, *, path: str | None = None, table: str | None = None, export_id: str,
+                   scope: str, stream: str, interval: str, start_cut: str, end_cut: str,
+                   pieces: Sequence[Sequence[str]] | None = None) -> DeltaWrite:
+    """Write ``frame`` (the export's rows) as interval ``interval`` of the Delta table at ``path``,
+    or of the catalog table ``table`` (one of the two; ExportSpec checked the name)."""
     from pyspark.sql import functions as F
 
+    if (path is None) == (table is None):
+        raise ValueError("write_interval writes to a path or a catalog table: give exactly one")
+    ref = f"delta.`{path}`" if path is not None else str(table)
+    shown = path if path is not None else f"table {table}"
     app_id = f"pravega-export:{export_id}:{interval}"
     txn_version = len(pieces) if pieces else 1
     metadata = {"export_id": export_id, "scope": scope, "stream": stream, "interval": interval,
                 "start_cut": start_cut, "end_cut": end_cut, "txn_app_id": app_id, "txn_version": txn_version}
     if pieces:
         metadata["pieces"] = [list(p) for p in pieces]
-    before = _history(spark, path, limit=1)
+    before = _history(spark, ref, limit=1)
     rows = (frame.withColumn("scope", F.lit(scope)).withColumn("stream", F.lit(stream))
             .withColumn(INTERVAL_COLUMN, F.lit(interval)))
     writer = (rows.write.format("delta").mode("overwrite").partitionBy(INTERVAL_COLUMN)
@@ -113,22 +138,26 @@ def write_interval(spark: Any, frame: Any, *, path: str, export_id: str, scope: 
               .option("txnAppId", app_id).option("txnVersion", str(txn_version))
               .option("userMetadata", json.dumps(metadata, sort_keys=True)))
     try:
-        writer.save(path)
+        if path is not None:
+            writer.save(path)
+        else:
+            writer.saveAsTable(table)
     except Exception as exc:  # noqa: BLE001 - said clearly when Delta is missing, else as Spark says
         missing = _missing_delta(exc)
         if missing is not None:
             raise missing from None
         raise
-    after = _history(spark, path, limit=1)
+    after = _history(spark, ref, limit=1)
+    location = path if path is not None else table_location(spark, ref)
     newest_before = before[0]["version"] if before else -1
     if not after or after[0]["version"] == newest_before:  # Delta skipped it: which version holds it?
-        version = _version_of(_history(spark, path), app_id, txn_version)
-        log.info("delta table %s: interval %s (txn %s v%d) was already written (version %s): nothing written", path,
+        version = _version_of(_history(spark, ref), app_id, txn_version)
+        log.info("delta table %s: interval %s (txn %s v%d) was already written (version %s): nothing written", shown,
                  interval, app_id, txn_version, version)
-        return DeltaWrite(version if version is not None else newest_before, 0, True)
+        return DeltaWrite(version if version is not None else newest_before, 0, True, location)
     commit = after[0]
     metrics = commit["operationMetrics"] or {}
-    return DeltaWrite(commit["version"], int(metrics.get("numOutputRows") or 0), False)
+    return DeltaWrite(commit["version"], int(metrics.get("numOutputRows") or 0), False, location)
 
 
 def _version_of(history: Sequence[Any], app_id: str, txn_version: int) -> int | None:

@@ -118,6 +118,7 @@ __all__ = [
     "ExportState",
     "IntervalNotIngestedError",
     "OutputPathError",
+    "check_target",
     "main",
     "run_export",
     "state_location",
@@ -128,6 +129,16 @@ EVENT_FORMATS = ("text", "json", "binary")
 ON_TRUNCATED = ("fail", "head")
 PREVIOUS = "previous"
 _SPARK_FORMAT = {"parquet": "parquet", "jsonl": "json", "csv": "csv"}
+#: A catalog table name for ``table=``: ``db.table`` or ``catalog.db.table`` (plain identifiers or
+#: back-quoted parts).
+_NAME_PART = r"(?:[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)"
+_TABLE_NAME = re.compile(rf"{_NAME_PART}(?:\.{_NAME_PART}){{1,2}}")
+#: Why ``format="iceberg"`` is refused (docs/export.md, "Iceberg"): checked with Maven on 2026-11.
+ICEBERG_UNAVAILABLE = (
+    "format='iceberg' is not available yet: Apache Iceberg publishes no iceberg-spark-runtime for Spark 4.2 "
+    "(Scala 2.13), the Spark this provider runs on (org.apache.iceberg:iceberg-spark-runtime-4.2_2.13 is not on "
+    "Maven Central; Iceberg's Spark runtimes stop at Spark 4.1). Export with format='delta', or write files with "
+    "format='parquet' and add them to an Iceberg table yourself; see docs/export.md (Iceberg)")
 #: Parquet settings for the event columns (a profile of the writer showed min/max statistics of
 #: the opaque event payloads and dictionary attempts on unique values as its largest costs): no
 #: dictionary for ``event`` (payloads rarely repeat) and ``offset`` (unique by construction), no
@@ -187,7 +198,9 @@ class ExportSpec:
 
     scope: str
     stream: str
-    output_path: str
+    #: The output directory, or with ``format="delta"`` the Delta table's location. Exactly one of
+    #: ``output_path`` and ``table`` is given.
+    output_path: str | None = None
     start_cut: Any = PREVIOUS
     end_cut: Any = TAIL
     format: str = "parquet"
@@ -209,14 +222,16 @@ class ExportSpec:
     state_scope: str | None = None
     #: ``from_ingest``: the scope keeping the ingest's state (None: ``state_scope``).
     ingest_state_scope: str | None = None
+    #: ``format="delta"``: a catalog table (``db.table`` or ``catalog.db.table``) resolved by the
+    #: session's catalog, instead of ``output_path``; created at the first export if missing.
+    table: str | None = None
 
     def __post_init__(self) -> None:
         from airflow_provider_pravega.client.ingest import check_state_scope
 
         check_state_scope(self.state_scope)
         check_state_scope(self.ingest_state_scope, "ingest_state_scope")
-        if self.format not in FORMATS:
-            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        check_target(self.format, self.output_path, self.table)
         if self.event_format not in EVENT_FORMATS:
             raise ValueError(f"event_format must be one of {', '.join(EVENT_FORMATS)}, got {self.event_format!r}")
         if self.on_truncated not in ON_TRUNCATED:
@@ -224,8 +239,6 @@ class ExportSpec:
         if self.format == "csv" and self.event_format == "binary":
             raise ValueError("CSV files cannot hold binary events: use format='parquet' or 'jsonl', or "
                              "event_format='text'")
-        if not isinstance(self.output_path, str) or not self.output_path.strip().rstrip("/"):
-            raise ValueError(f"output_path must be a directory path or URL, got {self.output_path!r}")
         if isinstance(self.end_cut, str) and self.end_cut.strip().lower() == PREVIOUS:
             raise ValueError("end_cut cannot be 'previous' (only the start cut continues a previous export)")
         check_cut_option("start_cut", self.start_cut, self.scope, self.stream)
@@ -262,6 +275,36 @@ class ExportSpec:
     @property
     def continues_previous(self) -> bool:
         return isinstance(self.start_cut, str) and self.start_cut.strip().lower() == PREVIOUS
+
+    @property
+    def target(self) -> str:
+        """Where the export writes: ``output_path``, or the ``table``'s name."""
+        return self.output_path if self.output_path is not None else str(self.table)
+
+
+def check_target(format: str, output_path: Any, table: Any) -> None:
+    """ValueError naming what is wrong with the format and where it writes: an unknown format (and
+    ``iceberg``, see :data:`ICEBERG_UNAVAILABLE`), not exactly one of ``output_path`` and
+    ``table``, ``table`` with another format than ``delta``, or a malformed path or table name.
+    The operator calls it with literal values when the DAG is parsed."""
+    if format == "iceberg":
+        raise ValueError(ICEBERG_UNAVAILABLE)
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if (output_path is None) == (table is None):
+        raise ValueError(
+            "give exactly one of output_path (a directory, or with format='delta' a Delta table's location) and table "
+            f"(a catalog table name, format='delta' only); got {'both' if table is not None else 'neither'}"
+            + (f": output_path={output_path!r}, table={table!r}" if table is not None else ""))
+    if table is not None:
+        if format != "delta":
+            raise ValueError(f"table={table!r} is a catalog table, written only with format='delta' (got "
+                             f"format={format!r}); for {format} files give output_path")
+        if not isinstance(table, str) or not _TABLE_NAME.fullmatch(table.strip()):
+            raise ValueError(f"table must be a qualified catalog table name, 'db.table' or 'catalog.db.table' (e.g. "
+                             f"'lake.readings'), got {table!r}")
+    elif not isinstance(output_path, str) or not output_path.strip().rstrip("/"):
+        raise ValueError(f"output_path must be a directory path or URL, got {output_path!r}")
 
 
 def check_cut_option(option: str, value: Any, scope: str | None = None, stream: str | None = None) -> None:
@@ -316,6 +359,9 @@ class ExportResult:
     table_version: int | None = None
     #: ``format="delta"``: the interval's write was a no-op (Delta had its transaction version already).
     already_written: bool = False
+    #: ``table=`` exports: the catalog table's name (``output_path`` is then its location, as the
+    #: catalog reports it, or the name when it reports none).
+    table: str | None = None
     #: Seconds per phase: ``prepare`` (checks, cuts, plan, what is at the output path), ``write``
     #: (the Spark job and its commit), ``publish`` (listing what was written, recording it).
     phases: dict[str, float] = field(default_factory=dict)
@@ -995,8 +1041,8 @@ def run_export(client: Any, spark: Any, spec: ExportSpec, *, local_files: bool =
                  planned_bytes, start_text, end_text, " (recorded cuts)" if decision.reused else "")
         result = ExportResult(
             export_id=export_id, scope=scope, stream=stream, interval=spec.interval_key, start_cut=start_text,
-            end_cut=end_text, output_path=spec.output_path, format=spec.format, event_format=spec.event_format,
-            ranges=len(decision.ranges), reused_record=decision.reused,
+            end_cut=end_text, output_path=spec.target, format=spec.format, event_format=spec.event_format,
+            ranges=len(decision.ranges), reused_record=decision.reused, table=spec.table,
         )
         if pieces is not None:
             result.ingest_runs = ingest_runs
@@ -1039,7 +1085,8 @@ def run_export(client: Any, spark: Any, spec: ExportSpec, *, local_files: bool =
 def _export_to_delta(client: Any, spark: Any, spec: ExportSpec, decision: Any,
                      pieces: list[tuple[str, str]] | None, result: ExportResult, started: float,
                      planned_bytes: int) -> None:
-    """The interval as a partition of the Delta table at ``output_path`` (spark/delta_export.py)."""
+    """The interval as a partition of the Delta table at ``output_path`` or the catalog's ``table``
+    (spark/delta_export.py)."""
     from airflow_provider_pravega.spark import delta_export
 
     groups = group_ranges(decision.ranges, spec.num_partitions)
@@ -1049,7 +1096,8 @@ def _export_to_delta(client: Any, spark: Any, spec: ExportSpec, decision: Any,
     result.phases["prepare"] = round(written_at - started, 3)
     try:
         write = delta_export.write_interval(
-            spark, frame, path=spec.output_path, export_id=result.export_id, scope=spec.scope, stream=spec.stream,
+            spark, frame, path=spec.output_path, table=spec.table, export_id=result.export_id, scope=spec.scope,
+            stream=spec.stream,
             interval=spec.interval_key, start_cut=result.start_cut, end_cut=result.end_cut, pieces=pieces)
     except Exception as exc:
         clear = _worker_failure(spec, exc)
@@ -1060,12 +1108,14 @@ def _export_to_delta(client: Any, spark: Any, spec: ExportSpec, decision: Any,
     result.events = write.events
     result.bytes = planned_bytes - wire.EVENT_HEADER_LEN * write.events if not write.skipped else 0
     result.table_version, result.already_written = write.version, write.skipped
-    result.files = [spec.output_path]
+    result.output_path = write.location or spec.target
+    result.files = [result.output_path]
     result.seconds = time.monotonic() - started
     log.info("export %s: interval %s of %s/%s %s Delta table %s (version %s) in %.1f s", result.export_id,
              spec.interval_key, spec.scope, spec.stream,
-             "was already in" if write.skipped else f"wrote {write.events} events to", spec.output_path,
-             write.version, result.seconds)
+             "was already in" if write.skipped else f"wrote {write.events} events to",
+             spec.target + (f" at {write.location}" if spec.table and write.location else ""), write.version,
+             result.seconds)
 
 
 def _maybe_compact(sync: Any, limit: int = 1 << 20) -> None:
@@ -1089,10 +1139,12 @@ def main(argv: list[str] | None = None) -> int:
     add_connection_arguments(ap)
     ap.add_argument("--scope", required=True)
     ap.add_argument("--stream", required=True)
-    ap.add_argument("--output-path", required=True)
+    target = ap.add_mutually_exclusive_group(required=True)
+    target.add_argument("--output-path", help="the output directory, or with --format delta the table's location")
+    target.add_argument("--table", help="with --format delta: a catalog table (db.table), instead of --output-path")
     ap.add_argument("--start-cut", default=PREVIOUS, help="previous (default), head, tail or a stream-cut text")
     ap.add_argument("--end-cut", default=TAIL, help="tail (default), head or a stream-cut text")
-    ap.add_argument("--format", default="parquet", choices=FORMATS)
+    ap.add_argument("--format", default="parquet", choices=(*FORMATS, "iceberg"))  # iceberg: said why not
     ap.add_argument("--event-format", default="text", choices=EVENT_FORMATS)
     ap.add_argument("--export-id")
     ap.add_argument("--interval", help="interval key, e.g. 2026-11-20T00:00:00+00:00/2026-11-21T00:00:00+00:00")
@@ -1117,7 +1169,7 @@ def main(argv: list[str] | None = None) -> int:
             end_cut=args.end_cut, format=args.format, event_format=args.event_format, export_id=args.export_id,
             interval_key=args.interval, on_truncated=args.on_truncated, num_partitions=args.num_partitions,
             json_schema=args.json_schema, compression=args.compression, from_ingest=args.from_ingest,
-            state_scope=args.state_scope, ingest_state_scope=args.ingest_state_scope,
+            state_scope=args.state_scope, ingest_state_scope=args.ingest_state_scope, table=args.table,
         )
         settings = spark_settings(args)
     except ValueError as exc:

@@ -132,3 +132,29 @@ def test_memory_of_an_exited_unreaped_process_is_zero_and_its_cpu_time_is_kept()
     finally:
         proc.wait()
     assert rf.rss_mb(proc.pid) == (0.0, 0.0)  # reaped: gone
+
+
+def test_the_export_bench_prints_parquet_and_delta_cpu_side_by_side_with_the_breakdown():
+    """bench_export.py's table of CPU-s per export: the JVM split by its threads (the rest of the
+    JVM's CPU is "Other JVM"), the other processes by kind, medians over the rounds, one column per
+    format."""
+    import bench_export
+
+    def meters(runs, threads):
+        cpu, jvm = bench_export.CpuMeter(), bench_export.JvmThreads(0)
+        cpu.runs, jvm.runs = runs, threads
+        return cpu, jvm
+
+    parquet = bench_export.breakdown(*meters(
+        [{"spark jvm": 1.0, "spark python workers": 0.3, "pravega server": 0.05, "driver": 0.05}] * 3,
+        [{"task threads": 0.4, "JIT compiler": 0.3, "GC": 0.1, "other": 0.2}] * 3))
+    assert parquet == pytest.approx({"JVM task threads": 0.4, "JIT": 0.3, "GC": 0.1, "Other JVM": 0.2,
+                                     "Python workers": 0.3, "Server": 0.05, "Driver": 0.05, "Total": 1.4})
+    delta = bench_export.breakdown(*meters(
+        [{"spark jvm": 2.0, "spark python workers": 0.3}, {"spark jvm": 2.4, "spark python workers": 0.3},
+         {"spark jvm": 2.2, "spark python workers": 0.4}],
+        [{"task threads": 0.8, "JIT compiler": 1.0}] * 3))
+    assert delta["Other JVM"] == pytest.approx(0.4) and delta["Total"] == pytest.approx(2.6)  # median of totals
+    lines = bench_export.breakdown_table({"parquet": parquet, "delta": delta})
+    assert lines[0] == "CPU-s per export (median): part | parquet | delta"
+    assert "  JIT: 0.30 | 1.00" in lines and lines[-1] == "  Total: 1.40 | 2.60"

@@ -201,3 +201,138 @@ def test_a_session_without_delta_is_told_which_settings_to_add(spark, pravega_em
     assert f"spark.jars.packages={delta_package()}" in str(caught.value)
     assert not (tmp_path / "table").exists()
 
+
+
+TABLE_EXPORTS = textwrap.dedent("""
+    import json, sys
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.spark.delta_export import session_conf
+    from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
+    from airflow_provider_pravega.spark.session import get_spark_session
+
+    uri, scope, warehouse, plan = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    spark = get_spark_session(None, "delta-table-test", **session_conf(
+        {"spark.master": "local[2]", "spark.sql.warehouse.dir": warehouse}))
+    spark.sql("CREATE DATABASE IF NOT EXISTS lake")
+    with PravegaClient(uri) as client:
+        for step in plan:
+            result = run_export(client, spark, ExportSpec(
+                scope=scope, stream="s", table="lake.readings", start_cut=step["start"], end_cut=step["end"],
+                format="delta", export_id="daily", interval_key=step["interval"]))
+            print("RESULT", json.dumps({"interval": step["interval"], "events": result.events,
+                                        "version": result.table_version, "skipped": result.already_written,
+                                        "location": result.output_path, "table": result.table}), flush=True)
+    spark.stop()
+""")
+
+
+def test_a_catalog_table_gets_each_interval_once(tmp_path, pravega_embedded, unique_name):
+    """``table="lake.readings"``: a table of the session's catalog (Delta's DeltaCatalog, a local
+    warehouse), created by the first export; days out of order, a rerun a no-op, each day once.
+    Read back with delta-rs from the location the catalog reports."""
+    scope = unique_name("delta-table")
+    days = ["2026-11-20", "2026-11-21"]
+    cuts, events = [], {}
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "s", 2)
+        cuts.append(StreamCut.head(client, scope, "s").to_text())
+        with client.event_writer(scope, "s") as writer:
+            for day in days:
+                events[day] = [f"{day}|{i:04d}" for i in range(150)]
+                for i, event in enumerate(events[day]):
+                    writer.write_event(event.encode(), routing_key=f"k{i % 7}")
+                writer.flush()
+                cuts.append(StreamCut.tail(client, scope, "s").to_text())
+    span = {day: {"interval": day, "start": cuts[i], "end": cuts[i + 1]} for i, day in enumerate(days)}
+    warehouse = tmp_path / "warehouse"
+    script = tmp_path / "table_exports.py"
+    script.write_text(TABLE_EXPORTS)
+    plan = [span[days[1]], span[days[0]], span[days[1]]]
+    done = subprocess.run([sys.executable, str(script), pravega_embedded.controller_uri, scope, str(warehouse),
+                           json.dumps(plan)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert [(r["events"], r["skipped"]) for r in results] == [(150, False), (150, False), (0, True)]
+    assert results[2]["version"] == results[0]["version"] == 0 and results[1]["version"] == 1
+    location = results[0]["location"]
+    assert {r["table"] for r in results} == {"lake.readings"}
+    assert location.rstrip("/").endswith("warehouse/lake.db/readings"), location
+    dt = deltalake.DeltaTable(location)
+    assert Counter((r["interval_key"], r["event"]) for r in dt.to_pyarrow_table().to_pylist()) == Counter(
+        (day, e) for day in days for e in events[day])
+    history = sorted((json.loads(h["userMetadata"]) for h in dt.history() if h.get("userMetadata")),
+                     key=lambda m: m["interval"])
+    assert [(m["interval"], m["start_cut"], m["end_cut"]) for m in history] == [
+        (day, span[day]["start"], span[day]["end"]) for day in days]
+
+
+def test_output_path_or_table_exactly_one_and_table_only_for_delta():
+    """Bad input, said when the spec (or the operator, when the DAG is parsed) is made, naming the
+    options."""
+    from airflow_provider_pravega.operators import PravegaStreamCutExportOperator
+    from airflow_provider_pravega.spark.export_job import ExportSpec, main
+
+    delta = {"format": "delta", "interval_key": "d"}
+    with pytest.raises(ValueError, match="exactly one of output_path .* and table .*got both"):
+        ExportSpec(scope="s", stream="t", output_path="/tmp/x", table="lake.t", **delta)
+    with pytest.raises(ValueError, match="exactly one of output_path .* and table .*got neither"):
+        ExportSpec(scope="s", stream="t", **delta)
+    with pytest.raises(ValueError, match="table='lake.t' is a catalog table, written only with format='delta' "
+                                         r"\(got format='parquet'\)"):
+        ExportSpec(scope="s", stream="t", table="lake.t")
+    for bad in ("readings", "a.b.c.d", "lake.", "lake.read ings", ""):
+        with pytest.raises(ValueError, match="table must be a qualified catalog table name"):
+            ExportSpec(scope="s", stream="t", table=bad, **delta)
+    assert ExportSpec(scope="s", stream="t", table="spark_catalog.lake.`read-ings`", **delta).target == (
+        "spark_catalog.lake.`read-ings`")
+    with pytest.raises(ValueError, match="exactly one of output_path .* and table"):
+        PravegaStreamCutExportOperator(task_id="both", stream="t", format="delta", output_path="/x", table="lake.t")
+    with pytest.raises(ValueError, match="written only with format='delta'"):
+        PravegaStreamCutExportOperator(task_id="csv", stream="t", format="csv", table="lake.t")
+    assert main(["--controller-uri", "tcp://127.0.0.1:1", "--scope", "s", "--stream", "t", "--table", "lake.t"]) == 2
+
+
+def test_a_catalog_table_is_the_tasks_outlet_and_its_location_the_lineage_output(pravega_default_conn):
+    """``table=``: the outlet is the name-based asset (the location is not known when the DAG is
+    parsed); the OpenLineage output is the location the catalog reported, else the name."""
+    from airflow_provider_pravega.assets import catalog_table_asset, catalog_table_uri
+    from airflow_provider_pravega.operators import PravegaStreamCutExportOperator
+
+    assert catalog_table_uri("lake.readings") == "spark-catalog://spark_catalog/lake.readings"
+    assert catalog_table_uri("hive.lake.`read-ings`") == "spark-catalog://hive/lake.read-ings"
+    op = PravegaStreamCutExportOperator(task_id="t", stream="readings", scope="iot", format="delta",
+                                        table="lake.readings")
+    assert [o.uri for o in op.outlets] == ["spark-catalog://spark_catalog/lake.readings"]
+    assert catalog_table_asset("lake.readings") in op.outlets
+    templated = PravegaStreamCutExportOperator(task_id="t2", stream="readings", format="delta",
+                                               table="{{ var.value.table }}")
+    assert templated.outlets == [] and "table" in PravegaStreamCutExportOperator.template_fields
+    pytest.importorskip("airflow.providers.openlineage.extractors",
+                        reason="apache-airflow-providers-openlineage is not installed")
+
+    def output(result):
+        op._result = result
+        [dataset] = op.get_openlineage_facets_on_complete(task_instance=None).outputs
+        return dataset
+
+    named = output({"output_path": "lake.readings", "table": "lake.readings", "table_version": 2})
+    assert (named.namespace, named.name) == ("spark-catalog://spark_catalog", "lake.readings")
+    assert named.facets["version"].datasetVersion == "2" and named.facets["storage"].storageLayer == "delta"
+    located = output({"output_path": "file:/wh/lake.db/readings", "table": "lake.readings", "table_version": 0})
+    assert (located.namespace, located.name) == ("file", "/wh/lake.db/readings")
+
+
+def test_iceberg_is_refused_naming_the_missing_spark_runtime():
+    """No iceberg-spark-runtime exists for Spark 4.2: format='iceberg' says so (spec, operator at
+    parse time, command line), instead of 'not one of the formats'."""
+    from airflow_provider_pravega.operators import PravegaStreamCutExportOperator
+    from airflow_provider_pravega.spark.export_job import ExportSpec, main
+
+    why = r"format='iceberg' is not available yet: .*iceberg-spark-runtime for Spark 4\.2"
+    with pytest.raises(ValueError, match=why):
+        ExportSpec(scope="s", stream="t", table="lake.t", format="iceberg", interval_key="d")
+    with pytest.raises(ValueError, match=why):
+        PravegaStreamCutExportOperator(task_id="ice", stream="t", format="iceberg", output_path="/lake/t")
+    assert main(["--controller-uri", "tcp://127.0.0.1:1", "--scope", "s", "--stream", "t", "--output-path", "/x",
+                 "--format", "iceberg", "--interval", "d"]) == 2

@@ -4,7 +4,8 @@ Pravega server: ``hdfs://`` sources listed and identified without reading data, 
 everything, a same-size rewrite is detected (HDFS's modification time), a bad record is named by
 its hdfs:// URI and line with nothing written, a missing path is a clear error; the export
 publishes by HDFS's atomic rename, every record once, a rerun rewrites the same bytes and nothing
-temporary is left."""
+temporary is left. A Delta table at an hdfs:// location: an interval once, its rerun a
+no-op, a second interval appended, each commit naming its cuts."""
 
 from __future__ import annotations
 
@@ -134,3 +135,65 @@ def test_ingest_from_and_export_to_hdfs(hdfs: Hdfs, spark: Any, client: PravegaC
     assert {stable_name(n.removeprefix("2026-11-01/")): parquet_pages(files.read(f"{out}/{n.removeprefix('2026-11-01/')}"))
             for n in rewritten} == {
         n: parquet_pages(data) for n, data in first_bytes.items()}
+
+
+DELTA_ON_HDFS = """
+import json, sys
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.spark.delta_export import session_conf
+from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
+from airflow_provider_pravega.spark.session import get_spark_session
+
+uri, scope, table, plan = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+spark = get_spark_session(None, "delta-hdfs-test", **session_conf({"spark.master": "local[2]"}))
+with PravegaClient(uri) as client:
+    for step in plan:
+        result = run_export(client, spark, ExportSpec(scope=scope, stream="s", output_path=table, format="delta",
+                                                       start_cut=step["start"], end_cut=step["end"],
+                                                       export_id="daily", interval_key=step["interval"]))
+        print("RESULT", json.dumps({"events": result.events, "version": result.table_version,
+                                    "skipped": result.already_written}), flush=True)
+rows = [[r["interval_key"], r["event"]] for r in spark.read.format("delta").load(table).collect()]
+history = [r["userMetadata"] for r in spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect() if r["userMetadata"]]
+print("TABLE", json.dumps({"rows": rows, "metadata": [json.loads(m) for m in history]}), flush=True)
+spark.stop()
+"""
+
+
+def test_export_into_a_delta_table_on_hdfs(hdfs: Hdfs, client: PravegaClient, unique_name: Any,
+                                           tmp_path: Any) -> None:
+    """format='delta' at an hdfs:// location (a Spark session with Delta's package in its own
+    process): one interval exported, its rerun a no-op decided by Delta, a second interval appended;
+    read back through Spark (delta-rs has no HDFS client here): each event once, and each commit's
+    metadata names its interval's cuts."""
+    import subprocess
+    import sys
+    from collections import Counter
+
+    scope = unique_name("hdfs-delta")
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, "s", 2)
+    cuts, events = [StreamCut.head(client, scope, "s").to_text()], {}
+    with client.event_writer(scope, "s") as writer:
+        for day in ("2026-11-01", "2026-11-02"):
+            events[day] = [f"{day}|{i:03d}" for i in range(200)]
+            for i, event in enumerate(events[day]):
+                writer.write_event(event.encode(), routing_key=f"k{i % 5}")
+            writer.flush()
+            cuts.append(StreamCut.tail(client, scope, "s").to_text())
+    span = {day: {"interval": day, "start": cuts[n], "end": cuts[n + 1]} for n, day in enumerate(events)}
+    table = f"{hdfs.uri}/{scope}/tables/readings"
+    script = tmp_path / "delta_on_hdfs.py"
+    script.write_text(DELTA_ON_HDFS)
+    plan = [span["2026-11-01"], span["2026-11-01"], span["2026-11-02"]]
+    done = subprocess.run([sys.executable, str(script), client.controller_uri, scope, table, json.dumps(plan)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stdout.splitlines()
+    results = [json.loads(line[len("RESULT "):]) for line in lines if line.startswith("RESULT ")]
+    assert [(r["events"], r["skipped"]) for r in results] == [(200, False), (0, True), (200, False)]
+    assert results[1]["version"] == results[0]["version"] and results[2]["version"] == results[0]["version"] + 1
+    read = next(json.loads(line[len("TABLE "):]) for line in lines if line.startswith("TABLE "))
+    assert Counter(map(tuple, read["rows"])) == Counter((day, e) for day in events for e in events[day])
+    assert sorted((m["interval"], m["start_cut"], m["end_cut"]) for m in read["metadata"]) == [
+        (day, span[day]["start"], span[day]["end"]) for day in events]  # two commits: the rerun wrote none
