@@ -88,11 +88,14 @@ def test_job_arguments_give_the_jobs_the_same_spec(monkeypatch, tmp_path: Path) 
         scope="sc", stream="s", output_path="hdfs://nn/out", start_cut="head", end_cut="tail", format="jsonl",
         event_format="json", export_id="e", interval_key="2026-11-20/2026-11-21", on_truncated="head",
         num_partitions=5, json_schema="a string, b double", compression="gzip", state_scope="st")
+    table = export_job.ExportSpec(scope="sc", stream="s", table="lake.events", format="delta", export_id="x",
+                                  interval_key="2026-11-20/2026-11-21", from_ingest="daily", ingest_state_scope="st")
     monkeypatch.setattr(ingest_job, "run_job_command", lambda name, args, job, failures, state_location: job(None) and 0)
     monkeypatch.setattr(export_job, "run_job_command", lambda name, args, job, failures, state_location: job(None) and 0)
     ingest_job.main([*argv, *ingest_job.job_arguments(ingest)])
     export_job.main([*argv, *export_job.job_arguments(export)])
-    assert seen == [ingest, export]
+    export_job.main([*argv, *export_job.job_arguments(table)])
+    assert seen == [ingest, export, table]
 
 
 def test_a_submitted_ingest_records_its_outcome_in_pravega(tmp_path: Path, pravega_embedded, unique_name) -> None:

@@ -231,7 +231,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
         self.log.info("exported %s events (%s bytes) of %s/%s%s to %d file(s) in %s (Spark application %s)",
                       self._result.get("events"), self._result.get("bytes"), spec.scope, spec.stream,
                       f" for {spec.interval_key}" if spec.interval_key else "", len(self._result.get("files") or []),
-                      spec.output_path, self._application.submission.master)
+                      spec.table or spec.output_path, self._application.submission.master)
         return self._result
 
     def on_kill(self) -> None:

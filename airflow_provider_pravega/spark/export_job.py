@@ -1191,8 +1191,8 @@ def main(argv: list[str] | None = None) -> int:
 def job_arguments(spec: ExportSpec) -> list[str]:
     """The command-line arguments of :func:`main` that run ``spec`` (the connection's and Spark's
     options apart): what an operator hands a Spark application it submits."""
-    argv = ["--scope", spec.scope, "--stream", spec.stream, "--output-path", spec.output_path,
-            "--format", spec.format, "--event-format", spec.event_format, "--export-id", spec.effective_export_id,
+    argv = ["--scope", spec.scope, "--stream", spec.stream,
+            *(["--table", spec.table] if spec.table else ["--output-path", spec.output_path]), "--format", spec.format, "--event-format", spec.event_format, "--export-id", spec.effective_export_id,
             "--on-truncated", spec.on_truncated]
     for option, cut in (("--start-cut", spec.start_cut), ("--end-cut", spec.end_cut)):
         if cut is not None:
