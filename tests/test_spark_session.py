@@ -41,6 +41,19 @@ def test_spark_connections_give_the_master_and_conf(monkeypatch: pytest.MonkeyPa
     assert spark_target("spark_small").master == "local[2,4]"  # local mode retries tasks
 
 
+def test_the_connections_queue_namespace_and_principal_reach_a_driver_in_the_task(monkeypatch, caplog) -> None:
+    _connection(monkeypatch, "spark_yarn", conn_type="spark", host="yarn",
+                extra={"queue": "etl", "principal": "etl@EXAMPLE.COM", "keytab": "AAAA", "namespace": "ignored",
+                       "conf": {"spark.yarn.queue": "adhoc"}})
+    _connection(monkeypatch, "spark_k8s", conn_type="spark", host="k8s://https://api.example:6443",
+                extra={"namespace": "lake", "queue": "ignored"})
+    with caplog.at_level("WARNING"):
+        assert spark_target("spark_yarn").conf == {"spark.yarn.queue": "adhoc",  # the conf wins
+                                                   "spark.kerberos.principal": "etl@EXAMPLE.COM"}
+    assert "its keytab applies to cluster deploy mode only" in caplog.text
+    assert spark_target("spark_k8s").conf == {"spark.kubernetes.namespace": "lake"}
+
+
 def test_spark_connect_connections_give_the_remote_url(monkeypatch: pytest.MonkeyPatch) -> None:
     _connection(monkeypatch, "spark_connect_lab", conn_type="spark_connect", host="spark.example", port=15002,
                 login="etl", password="tok", extra={"use_ssl": True})

@@ -131,7 +131,25 @@ def spark_target(spark_conn_id: str | None) -> SparkTarget:
         master = f"{host}:{conn.port}"
     if master.startswith("local"):
         master = _local(master)
-    return SparkTarget(master=master, conf=conf)
+    return SparkTarget(master=master, conf={**_connection_fields(spark_conn_id, master, extra), **conf})
+
+
+def _connection_fields(spark_conn_id: str, master: str, extra: dict[str, Any]) -> dict[str, str]:
+    """The Spark provider's connection fields as the settings a driver in the task's process
+    takes (cluster deploy mode passes them to spark-submit, see spark/submit.py): the YARN queue,
+    the Kubernetes namespace and the Kerberos principal. A keytab in the connection is its content
+    (base64); only spark-submit writes it out, so a driver here uses the worker's ticket cache."""
+    settings = {}
+    if extra.get("queue") and master.startswith("yarn"):
+        settings["spark.yarn.queue"] = str(extra["queue"])
+    if extra.get("namespace") and master.startswith("k8s://"):
+        settings["spark.kubernetes.namespace"] = str(extra["namespace"])
+    if extra.get("principal"):
+        settings["spark.kerberos.principal"] = str(extra["principal"])
+    if extra.get("keytab") and str(extra.get("deploy-mode", "client")).lower() != "cluster":
+        log.warning("Spark connection %r: its keytab applies to cluster deploy mode only; a driver in the task "
+                    "uses the worker's Kerberos ticket cache", spark_conn_id)
+    return settings
 
 
 def starts_local_session(spark_conn_id: str | None = DEFAULT_CONN_ID, **conf: Any) -> bool:
