@@ -319,7 +319,7 @@ def yarn_minicluster(work: Path, *, timeout_s: float = 240.0) -> Iterator[Yarn]:
         except Py4JJavaError as exc:  # its str() needs the gateway, closed below
             trace = gateway.jvm.org.apache.hadoop.util.StringUtils.stringifyException(exc.java_exception)
             raise RuntimeError(f"the YARN minicluster did not start: {trace[:4000]}; see {log}") from None
-        yarn = Yarn(hdfs_uri, conf_dir, rm_web, rm_address, process, log, work, work / "target" / _NAME, gateway)
+        yarn = Yarn(hdfs_uri, conf_dir, rm_web, rm_address, process, log, work, work / "data" / "yarn", gateway)
         try:
             yield yarn
         finally:
@@ -336,3 +336,34 @@ def yarn_minicluster(work: Path, *, timeout_s: float = 240.0) -> Iterator[Yarn]:
             process.stdin.close()
         process.wait()
         _kill_leftovers(work, exclude=set())
+
+
+def _filesystem(yarn: Yarn, path: str) -> tuple[Any, Any]:
+    jvm = yarn.gateway.jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    conf = jvm.org.apache.hadoop.conf.Configuration()
+    conf.set("fs.defaultFS", yarn.hdfs_uri)
+    return hadoop_path.getFileSystem(conf), hadoop_path
+
+
+def write_file(yarn: Yarn, path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` (absolute, or an ``hdfs://`` URI) on the cluster's HDFS."""
+    fs, hadoop_path = _filesystem(yarn, path)
+    out = fs.create(hadoop_path, True)
+    out.write(bytearray(data))
+    out.close()
+
+
+def read_file(yarn: Yarn, path: str) -> bytes:
+    """The bytes of the file ``path`` on the cluster's HDFS."""
+    fs, hadoop_path = _filesystem(yarn, path)
+    jvm = yarn.gateway.jvm
+    out = jvm.java.io.ByteArrayOutputStream()
+    jvm.org.apache.hadoop.io.IOUtils.copyBytes(fs.open(hadoop_path), out, 65536, True)
+    return bytes(out.toByteArray())
+
+
+def list_files(yarn: Yarn, path: str) -> list[str]:
+    """Names of the entries of the directory ``path`` on the cluster's HDFS."""
+    fs, hadoop_path = _filesystem(yarn, path)
+    return sorted(status.getPath().getName() for status in fs.listStatus(hadoop_path))
