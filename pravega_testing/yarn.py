@@ -274,18 +274,28 @@ def spark_submit_command(yarn: Yarn, app: str | os.PathLike[str], *args: str, co
             *(arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")), str(app), *args]
 
 
-def _kill_leftovers(work: Path, exclude: set[int]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        left = processes_under(work, exclude)
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_leftovers(work: Path, known: set[int]) -> None:
+    """SIGTERM, then SIGKILL, every process under ``work`` and every pid of ``known`` still alive
+    (a process that is exiting may no longer show its working directory), until none is left."""
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        left = {pid for pid in known if alive(pid)} | {pid for pid, _cmd in processes_under(work)}
         if not left:
             return
-        for pid, _cmd in left:
+        for pid in left:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and processes_under(work, exclude):
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and (any(alive(pid) for pid in left) or processes_under(work)):
             time.sleep(0.1)
 
 
@@ -315,7 +325,7 @@ def yarn_minicluster(work: Path, *, timeout_s: float = 240.0, log_retain_s: int 
     with log.open("wb") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, cwd=work,
                                    env=env, start_new_session=True)
-    gateway = None
+    gateway, containers = None, set()
     try:
         deadline = time.monotonic() + timeout_s
         port, token = _read_gateway_line(log, process, deadline)
@@ -330,6 +340,7 @@ def yarn_minicluster(work: Path, *, timeout_s: float = 240.0, log_retain_s: int 
         try:
             yield yarn
         finally:
+            containers.update(pid for pid, _cmd in container_processes(yarn, jvm_only=False))
             try:  # the NodeManager stops its containers; then the RM, then HDFS
                 yarn_cluster.stop()
                 dfs.shutdown()
@@ -342,7 +353,7 @@ def yarn_minicluster(work: Path, *, timeout_s: float = 240.0, log_retain_s: int 
         if process.stdin:
             process.stdin.close()
         process.wait()
-        _kill_leftovers(work, exclude=set())
+        _kill_leftovers(work, containers)
 
 
 def _filesystem(yarn: Yarn, path: str) -> tuple[Any, Any]:

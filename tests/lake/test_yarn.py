@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pravega_testing.hdfs import HdfsUnavailable
-from pravega_testing.yarn import (Yarn, applications, container_processes, processes_under, read_file, role,
+from pravega_testing.yarn import (Yarn, alive, applications, container_processes, processes_under, read_file, role,
                                   spark_submit_command, submit_env, write_file, yarn_minicluster)
 
 APP = '''\
@@ -41,13 +41,6 @@ class Cluster:
     seen: dict[int, str | None] = field(default_factory=dict)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     work = tmp_path_factory.mktemp("yarn")
@@ -57,7 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             yield state
     except HdfsUnavailable as exc:
         pytest.skip(str(exc))
-    left = [pid for pid in state.seen if _alive(pid)] + [pid for pid, _cmd in processes_under(work)]
+    left = [pid for pid in state.seen if alive(pid)] + [pid for pid, _cmd in processes_under(work)]
     assert not left, f"processes left after the cluster stopped: {left}"
 
 
