@@ -36,13 +36,13 @@ from airflow_provider_pravega._cache import cache_dir
 from pravega_testing.hdfs import HdfsUnavailable, maven_jars, minicluster_jars
 from pravega_testing.spark_connect import spark_home, stop_group
 
-#: The MiniYARNCluster's name: its directories are ``<work>/target/<name>/`` (Hadoop makes them
-#: relative to the JVM's working directory, which is ``work``).
+#: The MiniYARNCluster's name: Hadoop 3.5 puts its NodeManager's local and log directories under
+#: ``$test.build.data/<name>/`` (``<work>/data/yarn/``, ``Yarn.nm_dir``).
 _NAME = "yarn"
 #: The JVM (both clusters and the gateway): small heap, IPv4 so "localhost" is 127.0.0.1.
 _JAVA_OPTS = ("-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.net.preferIPv4Stack=true")
-#: YARN and HDFS settings beyond Hadoop's defaults (``yarn.minicluster.*`` are MiniYARNCluster's
-#: own names for the NodeManager's memory and for the ports it picks).
+#: YARN and HDFS settings beyond Hadoop's defaults (MiniYARNCluster sets the NodeManager's memory
+#: from its own ``yarn.minicluster.yarn.nodemanager.resource.memory-mb``, default 4096).
 SETTINGS: dict[str, str] = {
     # Room for a driver (the ApplicationMaster) and two small executors on a 2-core machine.
     "yarn.minicluster.yarn.nodemanager.resource.memory-mb": "8192",
@@ -336,7 +336,7 @@ def yarn_minicluster(work: Path, *, timeout_s: float = 240.0, log_retain_s: int 
         except Py4JJavaError as exc:  # its str() needs the gateway, closed below
             trace = gateway.jvm.org.apache.hadoop.util.StringUtils.stringifyException(exc.java_exception)
             raise RuntimeError(f"the YARN minicluster did not start: {trace[:4000]}; see {log}") from None
-        yarn = Yarn(hdfs_uri, conf_dir, rm_web, rm_address, process, log, work, work / "data" / "yarn", gateway)
+        yarn = Yarn(hdfs_uri, conf_dir, rm_web, rm_address, process, log, work, work / "data" / _NAME, gateway)
         try:
             yield yarn
         finally:
