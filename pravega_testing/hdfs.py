@@ -32,8 +32,13 @@ class HdfsUnavailable(RuntimeError):
 
 def minicluster_jars() -> list[Path]:
     """hadoop-client-minicluster and JUnit's API in the cache, fetched by Maven when missing."""
-    artifacts = (f"org.apache.hadoop:hadoop-client-minicluster:{hadoop_version()}", *_JUNIT)
-    directory = cache_dir("hdfs-minicluster")
+    return maven_jars((f"org.apache.hadoop:hadoop-client-minicluster:{hadoop_version()}", *_JUNIT),
+                      cache_dir("hdfs-minicluster"))
+
+
+def maven_jars(artifacts: tuple[str, ...], directory: Path) -> list[Path]:
+    """The jars of ``artifacts`` (``group:name:version``, no dependencies) in ``directory``, fetched
+    by Maven from Maven Central when missing; HdfsUnavailable without java or mvn."""
     jars = [directory / f"{a.split(':')[1]}-{a.split(':')[2]}.jar" for a in artifacts]
     missing = [a for a, jar in zip(artifacts, jars, strict=True) if not jar.exists()]
     if not missing:
