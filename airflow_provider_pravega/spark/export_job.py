@@ -1208,4 +1208,8 @@ def job_arguments(spec: ExportSpec) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Also run as a file (spark-submit ships this one to the cluster): the package's module does the
+    # work, so that every class exists once (an error raised deep in the package is one `main` knows).
+    from airflow_provider_pravega.spark import export_job
+
+    sys.exit(export_job.main())

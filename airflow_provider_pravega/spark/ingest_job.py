@@ -1440,4 +1440,8 @@ def job_arguments(spec: IngestSpec) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Also run as a file (spark-submit ships this one to the cluster): the package's module does the
+    # work, so that every class exists once (an error raised deep in the package is one `main` knows).
+    from airflow_provider_pravega.spark import ingest_job
+
+    sys.exit(ingest_job.main())

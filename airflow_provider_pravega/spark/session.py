@@ -541,8 +541,9 @@ def submitted_master() -> str | None:
     must use it, not local mode."""
     if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # set by spark-submit's PythonRunner only
         return None
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
 
+    SparkContext._ensure_initialized()  # connect to spark-submit's JVM, whose properties hold the master
     return SparkConf().get("spark.master", None)
 
 
@@ -589,7 +590,7 @@ def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str
     else:
         master, master_from = target.master or _local(), "local mode"
     settings = _Settings(_local(master) if master.startswith("local") else master, master_from, given)
-    missing = classic_spark_missing()
+    missing = classic_spark_missing() if master_from != "spark-submit" else None  # its JVM runs already
     if missing is not None:
         raise SparkSessionError(
             f"Spark master {settings.master} ({master_from}) runs the driver in this process, which needs the full "

@@ -94,6 +94,18 @@ class Hdfs:
         return found
 
 
+@pytest.fixture(scope="module")
+def yarn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Yarn]:
+    from pravega_testing.hdfs import HdfsUnavailable
+    from pravega_testing.yarn import yarn_minicluster
+
+    try:
+        with yarn_minicluster(tmp_path_factory.mktemp("yarn"), log_retain_s=int(os.environ.get("YARN_LOG_RETAIN_S", "0"))) as cluster:
+            yield cluster
+    except HdfsUnavailable as exc:
+        pytest.skip(str(exc))
+
+
 @pytest.fixture
 def yarn_conn(yarn: Yarn, monkeypatch: pytest.MonkeyPatch, pravega_conn: None) -> str:
     """A ``spark`` connection in cluster deploy mode on the minicluster; spark-submit on PATH."""
@@ -134,10 +146,10 @@ def _run_state(uri: str, scope: str, ingest_id: str) -> dict[str, Any]:
             store.close()
 
 
-def _wait_for(what: str, check, thread: threading.Thread | None = None) -> Any:
+def _wait_for(what: str, check, thread: threading.Thread | None = None, out: dict[str, Any] | None = None) -> Any:
     deadline = time.monotonic() + BOUND_S
     while not (found := check()):
-        assert thread is None or thread.is_alive(), f"the task ended before {what}"
+        assert thread is None or thread.is_alive(), f"the task ended before {what}: {(out or {}).get('error')!r}"
         assert time.monotonic() < deadline, f"never saw {what}"
         time.sleep(0.2)
     return found
@@ -171,7 +183,7 @@ def test_ingest_from_hdfs_survives_a_killed_executor_and_exports_to_hdfs(
     thread, out = _in_thread(lambda: ingest.execute(_context(store)))
     _wait_for("a write task registered", lambda: any(
         run.get("txns") for run in _run_state(pravega_embedded.controller_uri, scope, "yarn").get("runs", {}).values()),
-        thread)
+        thread, out)
     killed = None
     while killed is None and thread.is_alive():  # an executor container running a write task (a Python worker)
         for pid, cmd in container_processes(yarn):
@@ -247,7 +259,7 @@ def test_a_retry_reattaches_and_a_driver_killed_after_the_commit_point_loses_not
     monkeypatch.setattr("airflow_provider_pravega.spark.submit.ApplicationRun.submit",
                         lambda self: pytest.fail("the second try submitted again instead of reattaching"))
     thread, out = _in_thread(lambda: operator(held).execute(_context(store, 2)))
-    _wait_for("the second try reattached", reattached.is_set, thread)
+    _wait_for("the second try reattached", reattached.is_set, thread, out)
     drivers = [(pid, cmd) for pid, cmd in container_processes(yarn) if role(cmd) == "driver"]
     assert len(drivers) == 1, drivers
     leftover = [p for p in psutil.Process(drivers[0][0]).children(recursive=True) if "python" in p.name()]
