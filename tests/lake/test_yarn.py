@@ -1,37 +1,51 @@
-"""A PySpark application on a real YARN (Hadoop's MiniYARNCluster over a MiniDFSCluster, see
-pravega_testing.yarn), submitted as a user's scheduler would: pyspark's ``spark-submit --master
-yarn --deploy-mode cluster``. The driver runs in the ApplicationMaster's container and two
-executors in theirs, all launched by the NodeManager; the application reads a file from the
-cluster's HDFS, counts its rows on the executors and writes the count back. The ResourceManager
-reports it FINISHED/SUCCEEDED, and once the cluster stops no container process is left."""
+"""The ingest and export operators in cluster deploy mode on a real YARN: Hadoop's MiniYARNCluster
+over a MiniDFSCluster (pravega_testing.yarn), whose NodeManager launches the driver (Spark's
+ApplicationMaster) and the executors as container processes. Each operator submits its job
+through the Spark provider's SparkSubmitHook (a ``spark`` connection ``host=yarn``,
+``deploy-mode: cluster``), follows the application through the ResourceManager's REST API and
+reads the outcome from Pravega.
+
+- An ingest from ``hdfs://`` with an executor container SIGKILLed while the write tasks run, then
+  the export of its interval to ``hdfs://``: every record once in the stream and in the files.
+- A try that dies after submitting; the next try reattaches to the running application (no second
+  submission) while the driver holds right after the ingest's commit point, and the driver's
+  container is SIGKILLed there; the try after that submits again and its driver finishes the run.
+- A try that dies between submitting and storing the application's id: its driver runs on past
+  the commit point while later tries submit, reattach and finish the run; released afterwards,
+  it commits nothing twice.
+
+Every record is in the stream once, and once the cluster stops no container process is left."""
 
 from __future__ import annotations
 
+import json
 import os
-import subprocess
+import signal
+import threading
 import time
-import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import psutil
 import pytest
 
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
+from airflow_provider_pravega.client.job_results import JobResults
+from airflow_provider_pravega.client.ingest import COMMITTING, open_state_store, state_location
+from airflow_provider_pravega.client.streamcut import StreamCut
+from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator
+from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
+from airflow_provider_pravega.spark import ingest_job
+from airflow_provider_pravega.spark.submit import ApplicationRun, SparkApplicationError
 from pravega_testing.hdfs import HdfsUnavailable
-from pravega_testing.yarn import (Yarn, alive, applications, container_processes, processes_under, read_file, role,
-                                  spark_submit_command, submit_env, write_file, yarn_minicluster)
-
-APP = '''\
-import sys
-
-from pyspark.sql import SparkSession
-
-spark = SparkSession.builder.appName("yarn-smoke").getOrCreate()
-source, target = sys.argv[1], sys.argv[2]
-rows = spark.sparkContext.textFile(source, 4).filter(lambda line: line.strip()).count()
-spark.sparkContext.parallelize([str(rows)], 1).saveAsTextFile(target)
-spark.stop()
-'''
+from pravega_testing.yarn import (Yarn, alive, applications, container_processes, list_files, processes_under,
+                                  read_file, role, spark_submit_conf, submit_env, write_file, yarn_minicluster)
 
 
 @dataclass
@@ -44,8 +58,8 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     work = tmp_path_factory.mktemp("yarn")
-    try:
-        with yarn_minicluster(work) as yarn:
+    try:  # YARN_LOG_RETAIN_S keeps the containers' logs for a look after a failure (costs 10 s at stop)
+        with yarn_minicluster(work, log_retain_s=int(os.environ.get("YARN_LOG_RETAIN_S", "0"))) as yarn:
             state = Cluster(yarn)
             yield state
     except HdfsUnavailable as exc:
@@ -54,35 +68,270 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     assert not left, f"processes left after the cluster stopped: {left}"
 
 
-def test_pyspark_application_in_cluster_mode(cluster: Cluster, tmp_path: Path) -> None:
+DAY = datetime(2026, 11, 20, tzinfo=timezone.utc)
+BOUND_S = 600.0  # a bound for a loaded machine, not a timing assertion
+
+
+class TaskStateStore:
+    """Airflow's task state store as the operators use it (get/set/delete), kept across tries."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
+
+    def set(self, key: str, value: Any) -> None:
+        self.values[key] = json.loads(json.dumps(value))
+
+    def delete(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+def _context(store: TaskStateStore, try_number: int | None = None) -> dict[str, Any]:
+    """What the operators read of a task's context; with ``try_number``, the try of one task
+    instance (a later try takes an earlier try's run over at once)."""
+    context = {"task_state_store": store, "data_interval_start": DAY, "data_interval_end": DAY + timedelta(days=1)}
+    if try_number is not None:
+        context["ti"] = SimpleNamespace(dag_id="yarn", task_id="ingest", run_id="scheduled__2026-11-20", map_index=-1,
+                                        try_number=try_number)
+    return context
+
+
+@pytest.fixture
+def yarn_conn(cluster: Cluster, monkeypatch: pytest.MonkeyPatch, pravega_conn: None) -> str:
+    """A ``spark`` connection in cluster deploy mode on the minicluster; spark-submit on PATH."""
     yarn = cluster.yarn
-    write_file(yarn, "/smoke/rows.txt", b"".join(b"row %d\n" % i for i in range(1000)) + b"\n")
-    app = tmp_path / "count_rows.py"
-    app.write_text(APP)
-    tag = f"smoke-{uuid.uuid4().hex[:8]}"
-    cmd = spark_submit_command(yarn, app, f"{yarn.hdfs_uri}/smoke/rows.txt", f"{yarn.hdfs_uri}/smoke/count",
-                               conf={"spark.yarn.tags": tag, "spark.yarn.maxAppAttempts": "1"})
-    log = tmp_path / "spark-submit.log"
-    started = time.monotonic()
-    with log.open("wb") as out:
-        submit = subprocess.Popen(cmd, env=submit_env(yarn), stdout=out, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True)
+    for key, value in submit_env(yarn, base={}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PATH", f"{os.environ['SPARK_HOME']}/bin{os.pathsep}{os.environ['PATH']}")
+    conf = {**spark_submit_conf(yarn), "spark.yarn.maxAppAttempts": "1"}
+    conf.pop("spark.yarn.submit.waitAppCompletion")  # the operator's: spark-submit returns at once
+    monkeypatch.setenv("AIRFLOW_CONN_YARN_CLUSTER", json.dumps({
+        "conn_type": "spark", "host": "yarn",
+        "extra": {"deploy-mode": "cluster", "yarn_resourcemanager_webapp_address": yarn.rm_web, "conf": conf}}))
+    return "yarn_cluster"
+
+
+def _records(yarn: Yarn, directory: str, files: int, per_file: int) -> list[str]:
+    lines = [json.dumps({"sensor_id": f"s{n % 7}", "n": n, "pad": "p" * 30}) for n in range(files * per_file)]
+    for part in range(files):
+        write_file(yarn, f"{directory}/part-{part}.jsonl", ("\n".join(lines[part::files]) + "\n").encode())
+    return lines
+
+
+def _stream_events(uri: str, scope: str, stream: str) -> list[str]:
+    with PravegaClient(uri) as client:
+        head, tail = StreamCut.head(client, scope, stream), StreamCut.tail(client, scope, stream)
+        return [e.payload.decode() for rng in plan_segment_ranges(client, head, tail)
+                for e in read_segment_range(client, rng)]
+
+
+def _run_state(uri: str, scope: str, ingest_id: str) -> dict[str, Any]:
+    with PravegaClient(uri) as client:
         try:
-            while submit.poll() is None:
-                assert time.monotonic() - started < 300, "spark-submit did not finish within 300 s"
-                cluster.seen.update((pid, role(cmdline)) for pid, cmdline in container_processes(yarn))
-                time.sleep(0.5)
+            store = open_state_store(client, *state_location(scope, "readings", ingest_id), create=False)
+        except Exception:  # not created yet
+            return {}
+        try:
+            return store.fetch()
         finally:
-            if submit.poll() is None:
-                os.killpg(submit.pid, 9)
-                submit.wait()
-    elapsed = time.monotonic() - started
-    apps = applications(yarn, tag)
-    assert submit.returncode == 0, f"spark-submit failed ({submit.returncode}) in {elapsed:.0f} s: " \
-                                   f"{apps}\n{log.read_text(errors='replace')[-4000:]}"
-    assert [(a["state"], a["finalStatus"]) for a in apps] == [("FINISHED", "SUCCEEDED")], apps
-    assert read_file(yarn, "/smoke/count/part-00000") == b"1000\n"
-    # The driver ran in the ApplicationMaster's container, the rows were counted in two executors'.
-    roles = sorted(r for r in cluster.seen.values() if r)
-    assert roles == ["driver", "executor", "executor"], cluster.seen
-    print(f"cluster-mode submission: {elapsed:.1f} s end to end, {apps[0]['elapsedTime'] / 1000:.1f} s in YARN")
+            store.close()
+
+
+def _wait_for(what: str, check, thread: threading.Thread | None = None, out: dict[str, Any] | None = None) -> Any:
+    deadline = time.monotonic() + BOUND_S
+    while not (found := check()):
+        assert thread is None or thread.is_alive(), f"the task ended before {what}: {(out or {}).get('error')!r}"
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.2)
+    return found
+
+
+def _in_thread(target) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = target()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_ingest_from_hdfs_survives_a_killed_executor_and_exports_to_hdfs(
+    cluster: Cluster, yarn_conn: str, pravega_embedded: Any, unique_name: Any,
+) -> None:
+    yarn = cluster.yarn
+    scope = unique_name("yarn")
+    lines = _records(yarn, "/in/day1", files=4, per_file=5000)
+    ingest = PravegaTransactionalIngestOperator(
+        task_id="ingest", scope=scope, stream="readings", source=f"{yarn.hdfs_uri}/in/day1/*.jsonl",
+        routing_key_field="sensor_id", ingest_id="yarn", create_stream=True, stream_segments=2, num_writers=2,
+        spark_conn_id=yarn_conn)
+    store = TaskStateStore()
+    thread, out = _in_thread(lambda: ingest.execute(_context(store)))
+    _wait_for("a write task registered", lambda: any(
+        run.get("txns") for run in _run_state(pravega_embedded.controller_uri, scope, "yarn").get("runs", {}).values()),
+        thread, out)
+    killed = None
+    while killed is None and thread.is_alive():  # an executor container running a write task (a Python worker)
+        for pid, cmd in container_processes(yarn):
+            cluster.seen[pid] = role(cmd)
+            if role(cmd) == "executor" and psutil.Process(pid).children(recursive=True):
+                os.kill(pid, signal.SIGKILL)
+                killed = pid
+                break
+        else:
+            time.sleep(0.05)
+    thread.join(BOUND_S)
+    assert "error" not in out, out.get("error")
+    assert killed is not None, "no executor container was running a write task to kill"
+    result = out["result"]
+    assert result["events"] == len(lines) and len(result["files_ingested"]) == 4
+    assert store.values == {}  # done: a cleared task runs afresh
+    assert Counter(_stream_events(pravega_embedded.controller_uri, scope, "readings")) == Counter(lines)
+
+    export = PravegaStreamCutExportOperator(
+        task_id="export", scope=scope, stream="readings", output_path=f"{yarn.hdfs_uri}/out/day1", format="jsonl",
+        from_ingest="yarn", export_id="yarn-export", spark_conn_id=yarn_conn)
+    exported = export.execute(_context(store))
+    assert exported["events"] == len(lines)
+    names = list_files(yarn, "/out/day1")
+    assert "_SUCCESS" in names
+    events = [json.loads(line)["event"] for name in names if name.startswith("part-")
+              for line in read_file(yarn, f"/out/day1/{name}").decode().splitlines()]
+    assert Counter(events) == Counter(lines)
+    tags = {app["applicationTags"] for app in applications(yarn) if app["name"].startswith("pravega-")}
+    assert len(tags) == 2  # one application each
+
+
+def _held_at(step: str, release: Path) -> dict[str, str]:
+    """Settings that hold the submitted ingest's driver at ``step`` until ``release`` exists."""
+    return {"spark.yarn.appMasterEnv." + ingest_job.DELAY_ENV: f"{step}:3600",
+            "spark.yarn.appMasterEnv." + ingest_job.DELAY_RELEASE_ENV: str(release)}
+
+
+class TryDied(Exception):
+    """A try's worker died (raised where the test makes it die)."""
+
+
+def test_a_retry_reattaches_and_a_driver_killed_after_the_commit_point_loses_nothing(
+    cluster: Cluster, yarn_conn: str, pravega_embedded: Any, unique_name: Any, tmp_path: Path, monkeypatch,
+) -> None:
+    yarn = cluster.yarn
+    scope = unique_name("yarn")
+    uri = pravega_embedded.controller_uri
+    lines = _records(yarn, "/in/day2", files=2, per_file=3000)
+    held = _held_at("after_commit_record", tmp_path / "release")
+
+    def operator(conf: dict[str, str]) -> PravegaTransactionalIngestOperator:
+        return PravegaTransactionalIngestOperator(
+            task_id="ingest", scope=scope, stream="readings", source=f"{yarn.hdfs_uri}/in/day2/*.jsonl",
+            ingest_id="held", create_stream=True, spark_conn_id=yarn_conn, spark_conf=conf)
+
+    store = TaskStateStore()
+
+    real_wait, real_submit = ApplicationRun.wait, ApplicationRun.submit
+    monkeypatch.setattr(ApplicationRun, "wait", lambda self, identity: (_ for _ in ()).throw(TryDied()))
+    with pytest.raises(TryDied):
+        operator(held).execute(_context(store, 1))
+    identity = store.get("pravega_ingest_run")
+    application = identity["application"]
+    tag = f"pravega-submission-{identity['submission']}"
+
+    def committing() -> bool:
+        return any(run.get("phase") == COMMITTING for run in _run_state(uri, scope, "held").get("runs", {}).values())
+
+    _wait_for("the driver at its commit point", committing)
+
+    reattached = threading.Event()
+
+    def waiting(self, identity):
+        reattached.set()
+        return real_wait(self, identity)
+
+    monkeypatch.setattr(ApplicationRun, "wait", waiting)
+    monkeypatch.setattr("airflow_provider_pravega.spark.submit.ApplicationRun.submit",
+                        lambda self: pytest.fail("the second try submitted again instead of reattaching"))
+    thread, out = _in_thread(lambda: operator(held).execute(_context(store, 2)))
+    _wait_for("the second try reattached", reattached.is_set, thread, out)
+    drivers = [(pid, cmd) for pid, cmd in container_processes(yarn) if role(cmd) == "driver"]
+    assert len(drivers) == 1, drivers
+    os.kill(drivers[0][0], signal.SIGKILL)  # the driver's container: its JVM
+    thread.join(BOUND_S)
+    assert isinstance(out.get("error"), SparkApplicationError), out
+    assert f"{application} ended" in str(out["error"]) and "without recording an outcome" in str(out["error"])
+    assert [a["id"] for a in applications(yarn, tag=tag)] == [application]  # reattached: no second submission
+
+    # The third try submits again (the application failed; no hold this time): its driver takes the
+    # earlier try's run over at its commit point and finishes it.
+    monkeypatch.setattr(ApplicationRun, "wait", real_wait)
+    monkeypatch.setattr(ApplicationRun, "submit", real_submit)
+    result = operator({}).execute(_context(store, 3))
+    assert result["recovered_runs"] or result["finished_runs"], result
+    assert len({a["id"] for a in applications(yarn) if a["applicationTags"].startswith("pravega-submission-")
+                and a["name"].endswith("ingest") and a["id"] != application}) >= 1
+    assert Counter(_stream_events(uri, scope, "readings")) == Counter(lines)
+
+
+def test_a_driver_left_running_by_a_lost_submission_is_harmless(
+    cluster: Cluster, yarn_conn: str, pravega_embedded: Any, unique_name: Any, tmp_path: Path, monkeypatch,
+) -> None:
+    """The first try dies after spark-submit and before the application's id is stored (the gap
+    Airflow's mixin documents): its driver A runs on, and holds past the ingest's commit point. The
+    second try therefore submits B, stores it and dies too; the third reattaches to B. B takes A's
+    run over (an earlier try's) and finishes it; A, released afterwards, commits nothing twice."""
+    yarn = cluster.yarn
+    scope = unique_name("yarn")
+    uri = pravega_embedded.controller_uri
+    lines = _records(yarn, "/in/day3", files=2, per_file=3000)
+
+    def operator(conf: dict[str, str]) -> PravegaTransactionalIngestOperator:
+        return PravegaTransactionalIngestOperator(
+            task_id="ingest", scope=scope, stream="readings", source=f"{yarn.hdfs_uri}/in/day3/*.jsonl",
+            ingest_id="gap", create_stream=True, spark_conn_id=yarn_conn, spark_conf=conf)
+
+    class LosingStore(TaskStateStore):
+        def set(self, key: str, value: Any) -> None:
+            raise TryDied()
+
+    lost = LosingStore()
+    with pytest.raises(TryDied):
+        operator(_held_at("after_commit_record", tmp_path / "release-a")).execute(_context(lost, 1))
+    _wait_for("driver A at its commit point", lambda: any(
+        run.get("phase") == COMMITTING for run in _run_state(uri, scope, "gap").get("runs", {}).values()))
+    [app_a] = [a["id"] for a in applications(yarn) if a["name"].startswith("pravega-ingest") and
+               a["state"] == "RUNNING"]
+
+    store = TaskStateStore()
+    real_wait = ApplicationRun.wait
+    monkeypatch.setattr(ApplicationRun, "wait", lambda self, identity: (_ for _ in ()).throw(TryDied()))
+    with pytest.raises(TryDied):
+        operator(_held_at("after_listing", tmp_path / "release-b")).execute(_context(store, 2))
+    app_b = store.get("pravega_ingest_run")["application"]
+
+    monkeypatch.setattr(ApplicationRun, "wait", real_wait)
+    monkeypatch.setattr(ApplicationRun, "submit",
+                        lambda self: pytest.fail("the third try submitted again instead of reattaching"))
+    thread, out = _in_thread(lambda: operator({}).execute(_context(store, 3)))
+    (tmp_path / "release-b").touch()
+    thread.join(BOUND_S)
+    assert "error" not in out, out.get("error")
+    assert out["result"]["recovered_runs"] or out["result"]["finished_runs"], out["result"]
+    assert Counter(_stream_events(uri, scope, "readings")) == Counter(lines)
+
+    assert [a["state"] for a in applications(yarn) if a["id"] == app_a] == ["RUNNING"]  # A still holds
+    (tmp_path / "release-a").touch()  # driver A goes on from its commit point
+    _wait_for("application A to end", lambda: [a["state"] for a in applications(yarn) if a["id"] == app_a]
+              != ["RUNNING"])
+    assert Counter(_stream_events(uri, scope, "readings")) == Counter(lines)  # nothing twice
+    assert app_a != app_b
+    [tags_a] = [a["applicationTags"] for a in applications(yarn) if a["id"] == app_a]
+    with PravegaClient(uri) as client:
+        outcome_a = JobResults(client, *ingest_job.state_location(ingest_job.IngestSpec(
+            scope=scope, stream="readings", source="-", ingest_id="gap"))).get(tags_a.split("pravega-submission-")[1])
+    assert not outcome_a.ok and outcome_a.error_type == "FencedError", outcome_a  # it stopped, fenced
