@@ -12,7 +12,7 @@ import os
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_pravega.openlineage import controller_namespace, stream_dataset_name
+from airflow_provider_pravega.openlineage import catalog_table_identity, controller_namespace, stream_dataset_name
 from airflow_provider_pravega.protocol.naming import validate_scope_name, validate_stream_name
 
 if TYPE_CHECKING:
@@ -104,33 +104,13 @@ def table_asset(location: str, *, format: str = "delta") -> Any:
 
 
 #: The scheme of a catalog table's name-based asset URI (``table=`` exports).
-CATALOG_SCHEME = "spark-catalog"
-DEFAULT_CATALOG = "spark_catalog"
-
-
 def catalog_table_uri(name: str) -> str:
     """The name-based asset URI of the catalog table ``name`` (``db.table`` or
     ``catalog.db.table``): ``spark-catalog://<catalog>/<db>.<table>``, the catalog
-    ``spark_catalog`` (Spark's session catalog) when the name has none; back quotes dropped."""
-    parts = [p.strip("`") for p in _split_name(name)]
-    if len(parts) not in (2, 3) or not all(parts):
-        raise ValueError(f"{name!r}: a catalog table is named 'db.table' or 'catalog.db.table'")
-    catalog = parts[0] if len(parts) == 3 else DEFAULT_CATALOG
-    return f"{CATALOG_SCHEME}://{catalog}/" + urllib.parse.quote(".".join(parts[-2:]), safe=".")
-
-
-def _split_name(name: str) -> list[str]:
-    """``a.`b.c`.d`` -> ["a", "`b.c`", "d"]: dots inside back quotes do not split."""
-    parts, current, quoted = [], "", False
-    for ch in name.strip():
-        if ch == "`":
-            quoted = not quoted
-        if ch == "." and not quoted:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    return [*parts, current]
+    ``spark_catalog`` (Spark's session catalog) when the name has none; back quotes dropped
+    (the naming is the lineage dataset's, openlineage.catalog_table_identity)."""
+    namespace, table = catalog_table_identity(name)
+    return f"{namespace}/" + urllib.parse.quote(table, safe=".")
 
 
 def catalog_table_asset(name: str, *, format: str = "delta") -> Any:

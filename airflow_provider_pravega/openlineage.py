@@ -115,17 +115,44 @@ def table_dataset(location: str, *, storage_layer: str = "delta", version: int |
     return file_dataset(location, facets=facets)
 
 
+CATALOG_SCHEME = "spark-catalog"
+DEFAULT_CATALOG = "spark_catalog"
+
+
+def catalog_table_identity(name: str) -> tuple[str, str]:
+    """``("spark-catalog://<catalog>", "<db>.<table>")`` for the catalog table ``name``
+    (``db.table`` or ``catalog.db.table``; ``spark_catalog``, Spark's session catalog, when it
+    names none; back quotes dropped): its lineage namespace and name, and its asset URI's parts."""
+    parts = [p.strip("`") for p in _split_name(name)]
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ValueError(f"{name!r}: a catalog table is named 'db.table' or 'catalog.db.table'")
+    catalog = parts[0] if len(parts) == 3 else DEFAULT_CATALOG
+    return f"{CATALOG_SCHEME}://{catalog}", ".".join(parts[-2:])
+
+
+def _split_name(name: str) -> list[str]:
+    """``a.`b.c`.d`` -> ["a", "`b.c`", "d"]: dots inside back quotes do not split."""
+    parts, current, quoted = [], "", False
+    for ch in name.strip():
+        if ch == "`":
+            quoted = not quoted
+        if ch == "." and not quoted:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    return [*parts, current]
+
+
 def catalog_table_dataset(name: str, *, storage_layer: str = "delta", version: int | None = None) -> Any:
     """An OpenLineage ``Dataset`` for a catalog table whose catalog reports no location: namespace
     ``spark-catalog://<catalog>``, name ``<db>.<table>`` (the parts of its asset URI,
-    ``assets.catalog_table_uri``), with the storage and version facets (None without OpenLineage)."""
+    :func:`catalog_table_identity`), with the storage and version facets (None without OpenLineage)."""
     if _facet_classes() is None:
         return None
     from openlineage.client.facet_v2 import dataset_version_dataset, storage_dataset
 
-    from airflow_provider_pravega.assets import catalog_table_uri
-
-    namespace, _, table = catalog_table_uri(name).rpartition("/")
+    namespace, table = catalog_table_identity(name)
     facets: dict[str, Any] = {"storage": storage_dataset.StorageDatasetFacet(storageLayer=storage_layer,
                                                                              fileFormat="parquet")}
     if version is not None:
