@@ -151,3 +151,17 @@ def cluster_submission_stub():
     from airflow_provider_pravega.spark.submit import Submission
 
     return Submission("yarn_cluster", "yarn")
+
+
+def test_yarn_cluster_mode_without_the_resourcemanager_address_fails_before_submitting(
+    monkeypatch, pravega_embedded, tmp_path: Path,
+) -> None:
+    """The task follows a YARN application through the ResourceManager: without its address in the
+    connection, the submission is refused at once, naming the extra to set (no spark-submit runs)."""
+    conn = _spark_conn(monkeypatch, "yarn_no_rm", conn_type="spark", host="yarn", extra={"deploy-mode": "cluster"})
+    monkeypatch.setenv("PATH", str(tmp_path))  # no spark-submit anywhere: it must not be needed to fail
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        run = ApplicationRun(cluster_submission(conn), kind="ingest", job_file=ingest_job.__file__, job_argv=[],
+                             connection_argv=[], secrets={}, state_location=("sc", "st"), client=client, name="t")
+        with pytest.raises(ValueError, match="yarn_resourcemanager_webapp_address"):
+            run.submit()

@@ -13,6 +13,7 @@ reads the outcome from Pravega.
 - A try that dies between submitting and storing the application's id: its driver runs on past
   the commit point while later tries submit, reattach and finish the run; released afterwards,
   it commits nothing twice.
+- Killing the task kills its application.
 
 Every record is in the stream once, and once the cluster stops no container process is left."""
 
@@ -335,3 +336,32 @@ def test_a_driver_left_running_by_a_lost_submission_is_harmless(
         outcome_a = JobResults(client, *ingest_job.state_location(ingest_job.IngestSpec(
             scope=scope, stream="readings", source="-", ingest_id="gap"))).get(tags_a.split("pravega-submission-")[1])
     assert not outcome_a.ok and outcome_a.error_type == "FencedError", outcome_a  # it stopped, fenced
+
+
+def test_killing_the_task_kills_its_application(
+    cluster: Cluster, yarn_conn: str, pravega_embedded: Any, unique_name: Any, tmp_path: Path, monkeypatch,
+) -> None:
+    """``on_kill`` (Airflow killing the task) kills the YARN application through the
+    ResourceManager; the waiting try then fails with YARN's verdict, and nothing was written."""
+    yarn = cluster.yarn
+    scope = unique_name("yarn")
+    _records(yarn, "/in/day4", files=1, per_file=100)
+    ingest = PravegaTransactionalIngestOperator(
+        task_id="ingest", scope=scope, stream="readings", source=f"{yarn.hdfs_uri}/in/day4/*.jsonl",
+        ingest_id="killed", create_stream=True, spark_conn_id=yarn_conn,
+        spark_conf=_held_at("after_listing", tmp_path / "never"))
+    waiting = threading.Event()
+    real_wait = ApplicationRun.wait
+    monkeypatch.setattr(ApplicationRun, "wait", lambda self, identity: waiting.set() or real_wait(self, identity))
+    store = TaskStateStore()
+    thread, out = _in_thread(lambda: ingest.execute(_context(store)))
+    _wait_for("the application submitted", waiting.is_set, thread, out)
+    application = store.get("pravega_ingest_run")["application"]
+    ingest.on_kill()
+    thread.join(BOUND_S)
+    assert isinstance(out.get("error"), SparkApplicationError), out
+    assert [a["state"] for a in applications(yarn) if a["id"] == application] == ["KILLED"]
+    assert f"{application} ended KILLED" in str(out["error"])
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        assert not client.admin.stream_exists(scope, "readings") or \
+            not _stream_events(pravega_embedded.controller_uri, scope, "readings")
