@@ -29,7 +29,7 @@ def test_which_connections_submit_an_application(monkeypatch) -> None:
                        extra={"deploy-mode": "cluster", "queue": "etl", "conf": {"spark.executor.memory": "2g"}})
     submission = cluster_submission(yarn, {"spark.executor.instances": "3"})
     assert submission is not None and submission.on_yarn
-    assert submission.conf == {"spark.executor.memory": "2g", "spark.executor.instances": "3"}
+    assert submission.conf == {"spark.yarn.queue": "etl", "spark.executor.memory": "2g", "spark.executor.instances": "3"}
     k8s = _spark_conn(monkeypatch, "k8s_cluster", conn_type="spark", host="k8s://https://api.example:6443",
                       extra={"namespace": "etl"})
     assert cluster_submission(k8s) is None  # client mode unless asked

@@ -218,14 +218,10 @@ class PravegaStreamCutExportOperator(BaseOperator):
         """Cluster deploy mode: the export's command line as a Spark application (spark/submit.py);
         a later try reattaches to it through the task state store."""
         from airflow_provider_pravega.spark import export_job
-        from airflow_provider_pravega.spark.connection_args import connection_arguments
         from airflow_provider_pravega.spark.submit import ApplicationRun, run_application
 
-        connection_argv, secrets = connection_arguments(config)
-        self._application = ApplicationRun(
-            submission, kind="export", job_file=export_job.__file__, job_argv=export_job.job_arguments(spec),
-            connection_argv=connection_argv, secrets=secrets, state_location=export_job.state_location(spec),
-            client=client, name=f"pravega-export-{self.dag_id}.{self.task_id}")
+        self._application = ApplicationRun.of_job(submission, export_job, spec, config, client, kind="export",
+                                                  name=f"pravega-export-{self.dag_id}.{self.task_id}")
         store = context.get("task_state_store") if hasattr(context, "get") else None
         self._result = run_application(self._application, store, self.application_key)
         self.log.info("exported %s events (%s bytes) of %s/%s%s to %d file(s) in %s (Spark application %s)",

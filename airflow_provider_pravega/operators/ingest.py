@@ -173,16 +173,13 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         """Cluster deploy mode: the ingest's command line as a Spark application (spark/submit.py);
         a later try reattaches to it through the same task state store key."""
         from airflow_provider_pravega.spark import ingest_job
-        from airflow_provider_pravega.spark.connection_args import connection_arguments
         from airflow_provider_pravega.spark.submit import ApplicationRun, run_application
 
         hook, spec = self._spec(context)
-        connection_argv, secrets = connection_arguments(hook.get_config(), lease=True)
         with hook.get_client() as client:
-            self._application = ApplicationRun(
-                submission, kind="ingest", job_file=ingest_job.__file__, job_argv=ingest_job.job_arguments(spec),
-                connection_argv=connection_argv, secrets=secrets, state_location=ingest_job.state_location(spec),
-                client=client, name=f"pravega-ingest-{self.dag_id}.{self.task_id}")
+            self._application = ApplicationRun.of_job(
+                submission, ingest_job, spec, hook.get_config(), client, kind="ingest", lease=True,
+                name=f"pravega-ingest-{self.dag_id}.{self.task_id}")
             outcome = run_application(self._application, _state_store(context) if self.durable else None,
                                       self.external_id_key)
         self._done(ingest_job.IngestResult.from_dict(outcome))

@@ -113,6 +113,19 @@ class ApplicationRun:
         self.sleep = sleep
         self.hook: Any = None
 
+    @classmethod
+    def of_job(cls, submission: Submission, job: Any, spec: Any, config: Any, client: Any, *, kind: str, name: str,
+               lease: bool = False) -> ApplicationRun:
+        """The application that runs ``spec`` with the job module ``job`` (``ingest_job`` or
+        ``export_job``: its file, its :func:`job_arguments` and its state location) on the
+        Pravega connection ``config`` (its password in the driver's environment, never in argv)."""
+        from airflow_provider_pravega.spark.connection_args import connection_arguments
+
+        connection_argv, secrets = connection_arguments(config, lease=lease)
+        return cls(submission, kind=kind, job_file=job.__file__, job_argv=job.job_arguments(spec),
+                   connection_argv=connection_argv, secrets=secrets, state_location=job.state_location(spec),
+                   client=client, name=name)
+
     def _hook(self, submission_id: str, application: str | None = None) -> Any:
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
