@@ -778,7 +778,10 @@ def writer_labels(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: Inge
         return None
     groups = file_groups(files, writers_of(spark, spec))
     n = max(groups.values()) + 1
-    rows = spark.sql(f"SELECT id, pmod(hash(id), {n}) AS p FROM range({64 * n})").collect()
+    from pyspark.sql import functions as F
+
+    # A DataFrame, not spark.sql(): on Spark Connect, sql() is a round trip of its own before the job.
+    rows = spark.range(64 * n).select("id", F.pmod(F.hash("id"), F.lit(n)).alias("p")).collect()
     label: dict[int, int] = {}
     for row in rows:
         label.setdefault(int(row["p"]), int(row["id"]))
@@ -1408,7 +1411,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def spark() -> Any:  # started only when there is something to ingest
-        return get_spark_session(None, "pravega-ingest", **settings)
+        return get_spark_session(None, "pravega-ingest", share_session=True, **settings)
 
     return run_job_command("ingest", args, lambda client: run_ingest(client, spark, spec), (IngestError, PravegaError),
                            state_location=lambda: state_location(spec))
