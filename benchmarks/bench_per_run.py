@@ -11,8 +11,12 @@ embedded server, on one day of sample data (``--events`` readings in 4 files, ro
 * the same day through a warm local Spark Connect server: one stock server from pyspark's own jars
   (no plugin, Spark's default SQL settings; ``pravega_testing.spark_connect``), started once by the
   benchmark, warmed by one ingest that is not counted (a scheduled run meets a server that has been
-  up for a while), and stopped at the end; each sample is a new process and a new Connect session,
-  as an Airflow task is;
+  up for a while), and stopped at the end; each sample is a new process, as an Airflow task is, and
+  joins the server-side session that the ingest's task processes share (``share_session``; see
+  ``airflow_provider_pravega.spark.session``);
+* the same through a new Connect session per process (``PRAVEGA_SPARK_CONNECT_SHARED_SESSION=false``,
+  as every run was before, and what a run pays when the server has closed the shared session: its
+  idle timeout, 60 min by default, e.g. a daily run): the server starts a Python daemon for it;
 * the same day again, nothing new (a backfill of a done day): local files are listed without Spark
   and no JVM starts, nor any Connect session. Its baseline is the same run listed through Spark, as
   every run was before (forced here by spelling the source as a ``file:`` URI with ``..``, which
@@ -48,15 +52,19 @@ DAY = "2026-11-01"
 INTERVAL = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 
 
-def ingest(uri: str, scope: str, source: str, remote: str | None = None) -> tuple[dict, float]:
+def ingest(uri: str, scope: str, source: str, remote: str | None = None, new_session: bool = False
+           ) -> tuple[dict, float]:
     """One ingest task's process: (its summary, wall seconds). ``remote``: through that Spark Connect
-    server, else a classic local session."""
+    server, else a classic local session; ``new_session``: a new Connect session, not the shared one."""
+    import os
+
     spark = ["--conf", f"spark.remote={remote}"] if remote else ["--master", "local[2]"]
     cmd = [sys.executable, "-m", "airflow_provider_pravega.spark.ingest_job", "--controller-uri", uri,
            "--scope", scope, "--stream", "readings", "--source", source, "--routing-key-field", "sensor_id",
            "--create-stream", "--ingest-id", "daily", "--interval", INTERVAL, *spark]
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    env = dict(os.environ, PRAVEGA_SPARK_CONNECT_SHARED_SESSION="false" if new_session else "true")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         sys.exit(f"ingest failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -96,6 +104,7 @@ def main() -> int:
     nothing: list[tuple[float, float]] = []
     nothing_spark: list[tuple[float, float]] = []
     c_new_day: list[tuple[float, float]] = []
+    c_new_session: list[tuple[float, float]] = []
     c_nothing_spark: list[tuple[float, float]] = []
     work: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="bench-per-run-") as tmp:
@@ -148,10 +157,14 @@ def main() -> int:
                 summary, wall = ingest(server.controller_uri, scope, via_spark, remote)
                 assert summary["run_id"] is None and summary.get("files_skipped"), summary
                 c_nothing_spark.append((summary["seconds"], wall))
+                summary, wall = ingest(server.controller_uri, f"perrunfresh{n}", local, remote, new_session=True)
+                assert summary["events"] == args.events, summary
+                c_new_session.append((summary["seconds"], wall))
                 print(f"  round {n + 1}, warm Spark Connect server: new day {c_new_day[-1][0]:.2f} s (process "
                       f"{c_new_day[-1][1]:.1f} s; {work['jobs']} jobs, {work['stages']} stages run + "
                       f"{work['skipped_stages']} skipped, {work['tasks']} tasks); nothing new listed by Spark "
-                      f"{c_nothing_spark[-1][0]:.2f} s (process {c_nothing_spark[-1][1]:.1f} s)", flush=True)
+                      f"{c_nothing_spark[-1][0]:.2f} s (process {c_nothing_spark[-1][1]:.1f} s); new day in a new "
+                      f"session {c_new_session[-1][0]:.2f} s (process {c_new_session[-1][1]:.1f} s)", flush=True)
         finally:
             servers.close()
             server.stop()
@@ -168,11 +181,16 @@ def main() -> int:
     if c_new_day:
         print(f"a day of {args.events:,} readings, warm Spark Connect server: run {med(c_new_day, 0):.2f} s "
               f"(target <= 2 s), process {med(c_new_day, 1):.1f} s; nothing new listed by Spark there: run "
-              f"{med(c_nothing_spark, 0):.2f} s")
+              f"{med(c_nothing_spark, 0):.2f} s; a new day in a new Connect session (before, or after the server's "
+              f"idle timeout): run {med(c_new_session, 0):.2f} s")
         connect_figures = [
             rf.figure(f"a day of {args.events:,} readings, warm local Spark Connect server: run seconds", "s",
                       [r[0] for r in c_new_day], higher_is_better=False,
                       baseline=("classic local session", [r[0] for r in new_day]), target=2.0),
+            rf.figure(f"a day of {args.events:,} readings, warm Spark Connect server, shared session vs a new "
+                      f"session per task: run seconds", "s", [r[0] for r in c_new_day], higher_is_better=False,
+                      baseline=("a new Connect session per task (before; a run after the server's idle timeout)",
+                                [r[0] for r in c_new_session]), target=2.0),
             rf.figure(f"a day of {args.events:,} readings, warm local Spark Connect server: process seconds", "s",
                       [r[1] for r in c_new_day], higher_is_better=False,
                       baseline=("classic local session", [r[1] for r in new_day])),
@@ -183,7 +201,9 @@ def main() -> int:
         ]
         notes += [
             "Spark Connect: a stock local server (pyspark's own jars, no plugin, default SQL settings), started "
-            "once and warmed by one uncounted ingest; every sample is a new process and a new Connect session",
+            "once and warmed by one uncounted ingest; every sample is a new process; the shared-session samples "
+            "join the server-side session the ingest's tasks share (the warm-up opened it), the new-session "
+            "samples open their own (PRAVEGA_SPARK_CONNECT_SHARED_SESSION=false)",
             f"Spark Connect, one new day's run: {work['jobs']} jobs, {work['stages']} stages run (+ "
             f"{work['skipped_stages']} skipped), {work['tasks']} tasks (the server's REST API)",
             "nothing new without a JVM: the same with a Spark Connect connection (no session is opened)",

@@ -344,3 +344,75 @@ def test_a_cluster_keeps_its_own_shuffle_partitions_and_ui():
         cluster = session_defaults(master)
         assert "spark.sql.shuffle.partitions" not in cluster and "spark.ui.enabled" not in cluster
         assert cluster["spark.ui.showConsoleProgress"] == "false"
+
+
+def test_a_shared_spark_connect_session_id_is_keyed_by_what_the_task_asks_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Task processes asking for the same server, job and settings in the same window share one
+    server-side session (one Python daemon on the server instead of one per task); anything else,
+    and the next window, gets another. The URL's token is not part of the id."""
+    import uuid
+
+    from airflow_provider_pravega.spark.session import (
+        SHARED_SESSION_WINDOW_S,
+        _with_session_id,
+        shared_session_id,
+        sharing_sessions,
+    )
+
+    now = 1_000 * SHARED_SESSION_WINDOW_S + 5
+    url = "sc://spark.example:15002/;user_id=etl"
+    sid = shared_session_id(url, "pravega-ingest-d.t", {"spark.sql.ansi.enabled": "true"}, now)
+    assert uuid.UUID(sid).version == 4
+    assert sid == shared_session_id(url + ";token=secret", "pravega-ingest-d.t", {"spark.sql.ansi.enabled": "true"},
+                                    now + SHARED_SESSION_WINDOW_S - 10)
+    others = {shared_session_id(url, "pravega-ingest-d.other", {"spark.sql.ansi.enabled": "true"}, now),
+              shared_session_id(url, "pravega-ingest-d.t", {}, now),
+              shared_session_id("sc://spark.example:15002/;user_id=bi", "pravega-ingest-d.t",
+                                {"spark.sql.ansi.enabled": "true"}, now),
+              shared_session_id(url, "pravega-ingest-d.t", {"spark.sql.ansi.enabled": "true"},
+                                now + SHARED_SESSION_WINDOW_S)}
+    assert sid not in others and len(others) == 4
+    assert _with_session_id("sc://h:1", sid) == f"sc://h:1/;session_id={sid}"
+    assert _with_session_id(url, sid) == f"{url};session_id={sid}"
+    monkeypatch.delenv("PRAVEGA_SPARK_CONNECT_SHARED_SESSION", raising=False)
+    assert sharing_sessions()
+    monkeypatch.setenv("PRAVEGA_SPARK_CONNECT_SHARED_SESSION", "false")
+    assert not sharing_sessions()
+
+
+def test_a_closed_shared_session_is_replaced_and_a_given_session_id_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ingest joins the shared session; when the server has closed it (its idle timeout), the
+    task opens a new session of its own; a URL naming a session, and sharing turned off, keep
+    the URL as given. Anything else that fails the start is raised as it is."""
+    from airflow_provider_pravega.spark import session as session_module
+
+    calls: list[tuple[str, bool]] = []
+    closed = {"yes": True}
+
+    def fake_open(remote: str, app_name: str, wanted: dict, source: str, shared: bool = False) -> str:
+        calls.append((remote, shared))
+        if shared and closed["yes"]:
+            cause = RuntimeError("[INVALID_HANDLE.SESSION_CLOSED] The handle x is invalid. Session was closed.")
+            raise SparkSessionError("Spark Connect server sc://h:1 is unreachable") from cause
+        return remote
+
+    monkeypatch.setattr(session_module, "_open_connect", fake_open)
+    monkeypatch.delenv("PRAVEGA_SPARK_CONNECT_SHARED_SESSION", raising=False)
+    assert session_module._connect("sc://h:1", "job", {}, "test", share=True) == "sc://h:1"
+    assert [shared for _, shared in calls] == [True, False] and "/;session_id=" in calls[0][0]
+    calls.clear()
+    closed["yes"] = False
+    assert "/;session_id=" in session_module._connect("sc://h:1", "job", {}, "test", share=True)
+    given = "sc://h:1/;session_id=0ede3b47-6304-482c-ac1f-5576c5294fab"
+    assert session_module._connect(given, "job", {}, "test", share=True) == given
+    assert session_module._connect("sc://h:1", "job", {}, "test") == "sc://h:1"
+    monkeypatch.setenv("PRAVEGA_SPARK_CONNECT_SHARED_SESSION", "false")
+    assert session_module._connect("sc://h:1", "job", {}, "test", share=True) == "sc://h:1"
+
+    def refused(remote: str, app_name: str, wanted: dict, source: str, shared: bool = False) -> str:
+        raise SparkSessionError("Spark Connect server sc://h:1 is unreachable: connection refused")
+
+    monkeypatch.setattr(session_module, "_open_connect", refused)
+    monkeypatch.delenv("PRAVEGA_SPARK_CONNECT_SHARED_SESSION")
+    with pytest.raises(SparkSessionError, match="connection refused"):
+        session_module._connect("sc://h:1", "job", {}, "test", share=True)

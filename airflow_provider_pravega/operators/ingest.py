@@ -209,7 +209,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
 
         def spark() -> Any:  # only when there is something to ingest (run_ingest checks inputs first)
             return get_spark_session(self.spark_conn_id, f"pravega-ingest-{self.dag_id}.{self.task_id}",
-                                     **self.spark_conf)
+                                     share_session=True, **self.spark_conf)
 
         with hook.get_client() as client:
             self._done(run_ingest(client, spark, spec, on_run=remember))

@@ -769,23 +769,63 @@ def _planned_bytes(ident: Mapping[str, Any]) -> int:
     return int(ident.get("size") or 0)
 
 
+def spark_hash_long(value: int) -> int:
+    """Spark's ``hash(value)`` of a bigint: Murmur3 x86 32-bit, seed 42, the hash of its hash
+    partitioning (``HashPartitioning`` is ``pmod(hash(cols), n)``) since Spark 2.0. The write
+    checks the outcome (:func:`check_file_groups`), so a Spark that partitions otherwise fails the
+    run before its commit point instead of mixing the groups."""
+    mask = 0xFFFFFFFF
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & mask
+
+    def mix(h1: int, k1: int) -> int:
+        k1 = rotl((k1 * 0xCC9E2D51) & mask, 15) * 0x1B873593 & mask
+        return (rotl(h1 ^ k1, 13) * 5 + 0xE6546B64) & mask
+
+    value &= 0xFFFFFFFFFFFFFFFF
+    h1 = mix(mix(42, value & mask), value >> 32)
+    h1 ^= 8
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & mask
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & mask
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
 def writer_labels(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: IngestSpec) -> dict[str, int] | None:
     """File key -> a label whose hash partition (``repartition(n, "w")``) is the file's write task
     (:func:`file_groups`), so that task *i* gets exactly group *i*; None where files stay whole
-    without it (:func:`needs_labels`). The labels come from Spark's own hash, so they match the
-    partitioner of whichever Spark runs the job."""
+    without it (:func:`needs_labels`). The labels are the smallest ids that Spark's hash
+    partitioner sends to each task (:func:`spark_hash_long`: computed here, not in a Spark job of
+    its own; :func:`check_file_groups` checks what the tasks got)."""
     if not needs_labels(spec):
         return None
     groups = file_groups(files, writers_of(spark, spec))
     n = max(groups.values()) + 1
-    rows = spark.sql(f"SELECT id, pmod(hash(id), {n}) AS p FROM range({64 * n})").collect()
     label: dict[int, int] = {}
-    for row in rows:
-        label.setdefault(int(row["p"]), int(row["id"]))
+    for i in range(64 * n):
+        label.setdefault(spark_hash_long(i) % n, i)
     fallback = [i for i in range(n) if i not in label]  # a task no label reached: share one (still whole files)
     for i in fallback:
         label[i] = label[min(label)]
     return {key: label[g] for key, g in groups.items()}
+
+
+def check_file_groups(labels: Mapping[str, int] | None, holds: Mapping[str, Sequence[str]]) -> None:
+    """Each transaction holds the files of one label (one group of :func:`file_groups`), as the
+    labels meant: else the partitioner is not the one :func:`spark_hash_long` computes, and with a
+    routing key the commit order would no longer follow the files' order. Raised before the
+    commit point: nothing of the run is committed."""
+    if labels is None:
+        return
+    for txn, keys in holds.items():
+        found = {labels[k] for k in keys if k in labels}
+        if len(found) > 1:
+            raise IngestError(f"transaction {txn} holds files of {len(found)} write groups ({', '.join(keys[:3])}): "
+                              f"this Spark does not partition as spark_hash_long computes. Nothing of this run was "
+                              f"committed; this is a bug of the provider's partitioning: please report it")
 
 
 def partition_for_writing(spark: Any, df: Any, spec: IngestSpec, labels: Mapping[str, int] | None = None) -> Any:
@@ -1148,6 +1188,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
         if bad:
             raise bad_record_error(spark, bad[0]["bad_file"], spec, plan.to_ingest)
         holds = whole_file_holds({r["txn"]: r["files"] or () for r in rows if r["txn"]})
+        check_file_groups(labels, holds)
         # Committed in path order of their files: with a routing key, a key's events keep source order.
         txns = sorted(holds, key=lambda t: (holds[t][:1], t))
         return WriteResult(txns, sum(r["events"] for r in rows), sum(r["bytes"] for r in rows), holds)
@@ -1408,7 +1449,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def spark() -> Any:  # started only when there is something to ingest
-        return get_spark_session(None, "pravega-ingest", **settings)
+        return get_spark_session(None, "pravega-ingest", share_session=True, **settings)
 
     return run_job_command("ingest", args, lambda client: run_ingest(client, spark, spec), (IngestError, PravegaError),
                            state_location=lambda: state_location(spec))

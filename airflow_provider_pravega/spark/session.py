@@ -23,6 +23,19 @@ started with its stderr on a pipe that a thread relays to the ``airflow_provider
 logger at each line's own level (:func:`jvm_log_level`); py4j's per-connection INFO chatter
 ("Closing down clientserver connection", hundreds per task, and a ``RecursionError`` when it logs
 from a finalizer while the process shuts down) is kept at WARNING.
+
+Spark Connect: a job that asks for it (``share_session``: the ingest) reuses one server-side
+session across task processes instead of opening a new one per process. A stock Connect server
+starts a new Python daemon for every session (its Python workers are keyed by the session's
+artifact id, ``SPARK_JOB_ARTIFACT_UUID``, isolation or not), and a session's first Python stage
+pays that start and the workers' imports: 1.5-3 s, most of a small run. The shared session's id is
+derived from the server's address, the user, the job's name, its settings, the provider's version
+and the current half hour (:func:`shared_session_id`), so only tasks asking for the same thing
+share one, and a session is never kept past the server's idle timeout (60 min by default) for
+lack of a fresh id: a session the server has closed (expired) is replaced by a new one. A task
+never releases a shared session. ``PRAVEGA_SPARK_CONNECT_SHARED_SESSION=false`` turns sharing off
+(a new session per task process, as before); a ``session_id`` in the connection's URL is used as
+given.
 """
 
 from __future__ import annotations
@@ -473,9 +486,75 @@ class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", 
     """A call's details with another timeout (gRPC's own class is abstract)."""
 
 
-def _connect(remote: str, app_name: str, wanted: dict[str, str], source: str) -> Any:
+#: Environment switch: "false" (or 0/no/off) gives every task process a new Spark Connect session.
+SHARED_SESSION_ENV = "PRAVEGA_SPARK_CONNECT_SHARED_SESSION"
+#: Seconds during which tasks asking for the same session get the same session id (the id changes
+#: with the next window): below the Connect server's default idle timeout (60 min), so a window's
+#: session is not expired while tasks keep using it.
+SHARED_SESSION_WINDOW_S = 1800
+
+
+def sharing_sessions() -> bool:
+    """Whether :envvar:`PRAVEGA_SPARK_CONNECT_SHARED_SESSION` leaves session sharing on."""
+    return os.environ.get(SHARED_SESSION_ENV, "true").strip().lower() not in ("false", "0", "no", "off")
+
+
+def shared_session_id(remote: str, app_name: str, wanted: dict[str, str], now: float | None = None) -> str:
+    """The Spark Connect session id that task processes asking for the same session share: a
+    UUID (version 4 form, as the client checks) from the server's address, the user, the job's
+    name, its settings, the provider's version and the current :data:`SHARED_SESSION_WINDOW_S`
+    window. The URL's token is not part of it."""
+    import getpass
+    import hashlib
+    import json
+    import time
+    import uuid
+
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    from airflow_provider_pravega import __version__
+
+    channel = DefaultChannelBuilder(remote)
+    try:
+        user = channel.userId or getpass.getuser()
+    except Exception:  # no user name in this environment: the server takes the session anyway
+        user = ""
+    window = int((time.time() if now is None else now) // SHARED_SESSION_WINDOW_S)
+    key = json.dumps([channel.endpoint, user, app_name, sorted(wanted.items()), __version__, window])
+    return str(uuid.UUID(bytes=hashlib.blake2b(key.encode(), digest_size=16).digest(), version=4))
+
+
+def _with_session_id(remote: str, session_id: str) -> str:
+    """``remote`` with the ``session_id`` parameter (``sc://host:port/;session_id=...``)."""
+    if "/;" in remote:
+        return f"{remote};session_id={session_id}"
+    return f"{remote.rstrip('/')}/;session_id={session_id}"
+
+
+def _session_closed(exc: BaseException) -> bool:
+    return "INVALID_HANDLE.SESSION_CLOSED" in str(exc)
+
+
+def _connect(remote: str, app_name: str, wanted: dict[str, str], source: str, share: bool = False) -> Any:
     """A Spark Connect session whose first calls are bounded: a deadline on each and a few quick
-    retries (the client's default retries an unreachable server for ten minutes, silently)."""
+    retries (the client's default retries an unreachable server for ten minutes, silently).
+    ``share``: the session that task processes asking for the same one share (see the module's
+    docstring), unless the URL names a session or sharing is turned off."""
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    if share and sharing_sessions() and DefaultChannelBuilder(remote).session_id is None:
+        shared = _with_session_id(remote, shared_session_id(remote, app_name, wanted))
+        try:
+            return _open_connect(shared, app_name, wanted, source, shared=True)
+        except SparkSessionError as exc:
+            if not _session_closed(exc.__cause__ or exc):
+                raise
+            log.info("the Spark Connect server has closed this window's shared session (its idle timeout): "
+                     "opening a new one for this task")
+    return _open_connect(remote, app_name, wanted, source)
+
+
+def _open_connect(remote: str, app_name: str, wanted: dict[str, str], source: str, shared: bool = False) -> Any:
     try:
         from pyspark import SparkContext
     except ImportError:  # pyspark-client: this process cannot hold a classic session at all
@@ -485,11 +564,14 @@ def _connect(remote: str, app_name: str, wanted: dict[str, str], source: str) ->
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     address = _connect_address(remote)
-    log.info("connecting to Spark Connect server %s (%s)", address, source)
+    log.info("connecting to Spark Connect server %s (%s)%s", address, source,
+             "; the session shared by tasks asking for the same one" if shared else "")
     channel = DefaultChannelBuilder(remote)
     deadline = _StartDeadline(CONNECT_TIMEOUT_S)
     channel.add_interceptor(deadline)  # type: ignore[arg-type]
     session = ConnectSession.builder.channelBuilder(channel).getOrCreate()  # no call to the server yet
+    if shared:  # other tasks use it: stopping this process's client must not close it on the server
+        session.release_session_on_close = False
     client = session.client
     policies = client.get_retry_policies()
     # 0.25 + 0.5 + 1 + 2 s between the tries: enough for a connection that drops once
@@ -563,11 +645,14 @@ def session_defaults(master: str) -> dict[str, str]:
     return defaults
 
 
-def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str = "pravega", **conf: Any):
+def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str = "pravega", *,
+                      share_session: bool = False, **conf: Any):
     """A SparkSession for the provider's jobs: the Spark Connect server or master the connection
     names, with ``conf``; an active session of this process only when it matches. An endpoint that
     does not answer, a JVM that exits at start and a setting Spark rejects are
-    :class:`SparkSessionError` naming the connection or setting."""
+    :class:`SparkSessionError` naming the connection or setting. ``share_session``: on a Spark
+    Connect server, the server-side session shared by the task processes asking for the same one
+    (see the module's docstring); only for jobs that register nothing in their session."""
     from pyspark.sql import SparkSession
 
     target = spark_target(spark_conn_id)
@@ -577,9 +662,9 @@ def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str
     wanted = {key: value for key, (value, _) in given.items()}
     remote = wanted.pop("spark.remote", None)  # spark-submit's --remote / --conf spark.remote
     if remote is not None:
-        return _connect(remote, app_name, wanted, f"{given['spark.remote'][1]} 'spark.remote'")
+        return _connect(remote, app_name, wanted, f"{given['spark.remote'][1]} 'spark.remote'", share_session)
     if target.remote is not None:
-        return _connect(target.remote, app_name, wanted, origin)
+        return _connect(target.remote, app_name, wanted, origin, share_session)
     if "spark.master" in wanted:
         master = wanted.pop("spark.master")
         master_from = f"{given['spark.master'][1]} 'spark.master'"
