@@ -69,9 +69,12 @@ def _serves_again(client: PravegaClient, store) -> bool:
     probe stream of 32 segments (Pravega hashes segments onto the 8 containers; 32 cover every
     container but for a chance in millions), created on first use."""
     scope = "cluster-probe"
-    if scope not in client.admin.list_scopes():
-        client.admin.create_scope(scope)
-        client.admin.create_stream(scope, "probe", 32)
+    try:  # while containers recover, the controller may fail a create (status FAILURE): ask again later
+        if not client.admin.stream_exists(scope, "probe"):
+            client.admin.create_scope(scope)
+            client.admin.create_stream(scope, "probe", 32)
+    except (ControllerUnreachableError, ControllerError):
+        return False
     return store.port in _owners_once_answered(client, scope, "probe").values()
 
 
