@@ -107,6 +107,8 @@ class SparkTarget:
     conf: dict[str, str] = field(default_factory=dict)
     #: True when nothing asked for a master (local mode by default): any active session will do.
     default: bool = False
+    #: The ``spark`` connection's ``deploy-mode`` extra (``cluster``: see spark/submit.py).
+    deploy_mode: str | None = None
 
 
 def spark_target(spark_conn_id: str | None) -> SparkTarget:
@@ -137,14 +139,16 @@ def spark_target(spark_conn_id: str | None) -> SparkTarget:
         except ValueError as exc:
             raise SparkSessionError(f"Spark Connect connection {spark_conn_id!r}: {exc}") from None
     host = (conn.host or "").strip()
+    deploy_mode = str(extra["deploy-mode"]).strip().lower() if extra.get("deploy-mode") else None
     if not host:
-        return SparkTarget(master=_local(), conf=conf, default=True)
+        return SparkTarget(master=_local(), conf=conf, default=True, deploy_mode=deploy_mode)
     master = host
     if conn.port and "://" in host and host.count(":") < 2:
         master = f"{host}:{conn.port}"
     if master.startswith("local"):
         master = _local(master)
-    return SparkTarget(master=master, conf={**_connection_fields(spark_conn_id, master, extra), **conf})
+    return SparkTarget(master=master, conf={**_connection_fields(spark_conn_id, master, extra), **conf},
+                       deploy_mode=deploy_mode)
 
 
 def _connection_fields(spark_conn_id: str, master: str, extra: dict[str, Any]) -> dict[str, str]:

@@ -68,17 +68,13 @@ def cluster_submission(spark_conn_id: str | None, spark_conf: dict[str, Any] | N
     from airflow_provider_pravega.spark.session import spark_target
 
     try:
-        from airflow.sdk import BaseHook  # type: ignore[attr-defined]
-
-        conn = BaseHook.get_connection(spark_conn_id)
-    except Exception:
-        return None  # spark_target says what a missing connection means
-    if conn.conn_type != "spark":
+        target = spark_target(spark_conn_id)
+    except SparkSessionError:
+        return None  # a missing connection: get_spark_session says what that means for the task
+    if target.remote is not None:  # Spark Connect: the server is the cluster's driver already
         return None
-    extra = conn.extra_dejson or {}
-    target = spark_target(spark_conn_id)
     conf = {**target.conf, **{str(k): str(v) for k, v in (spark_conf or {}).items()}}
-    mode = str(conf.get("spark.submit.deployMode") or extra.get("deploy-mode") or "client").strip().lower()
+    mode = str(conf.get("spark.submit.deployMode") or target.deploy_mode or "client").strip().lower()
     if mode != "cluster":
         return None
     master = target.master or ""
