@@ -30,6 +30,12 @@ os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME /
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_AIRFLOW_HOME / "dags")
 os.environ.pop("AIRFLOW_CONFIG", None)
+# Every Spark driver the tests start (in-process sessions, the job subprocesses, Connect servers:
+# all launched through spark-submit, which adds SPARK_SUBMIT_OPTS to the JVM's options) lives
+# seconds to minutes and handles little data: C1 only and the serial GC start it sooner and spend
+# much less CPU on compiling, which two suite parts on 2 cores feel. Not a product default: long
+# exports lose by it (docs/benchmarks.md). Set SPARK_SUBMIT_OPTS yourself to run with other options.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 if "airflow" in sys.modules:  # pragma: no cover - guards the ordering this module relies on
     raise RuntimeError("tests/conftest.py must run before anything imports airflow")
