@@ -56,13 +56,25 @@ def server_env(base: dict[str, str] | None = None, python: str | None = None) ->
                 SPARK_LOCAL_IP="127.0.0.1")
 
 
+#: The long-running server of ``scripts/stack`` and ``scripts/demo`` keeps an idle session this long
+#: (Spark's default: 60 min), and the example DAGs' tasks share one session for
+#: :data:`LONG_SESSION_WINDOW_S` (below it): a daily run then finds the session of the day before,
+#: and its Python daemon, instead of paying a new one (2-4 s of a small run).
+LONG_SESSION_TIMEOUT = "8d"
+LONG_SESSION_WINDOW_S = 7 * 24 * 3600
+
+
 def server_command(port: int, *, master: str = DEFAULT_MASTER, ui_port: int | None = None,
-                   python: str | None = None, extra_args: Sequence[str] = ()) -> list[str]:
+                   python: str | None = None, extra_args: Sequence[str] = (),
+                   session_timeout: str | None = None) -> list[str]:
     """``spark-submit`` of the stock server on ``127.0.0.1:port``. ``ui_port``: the Spark UI (and its
     REST API, where jobs, stages and tasks are counted) on that loopback port; None: no UI.
-    ``extra_args``: more ``spark-submit`` arguments (``--jars``, ``--conf``, ``--packages``)."""
+    ``extra_args``: more ``spark-submit`` arguments (``--jars``, ``--conf``, ``--packages``).
+    ``session_timeout``: how long the server keeps an idle session (a Spark duration, e.g. ``8d``)."""
     ui = ["--conf", "spark.ui.enabled=false"] if ui_port is None else [
         "--conf", "spark.ui.enabled=true", "--conf", f"spark.ui.port={ui_port}", "--conf", "spark.port.maxRetries=0"]
+    if session_timeout:
+        ui += ["--conf", f"spark.connect.session.manager.defaultSessionTimeout={session_timeout}"]
     return [str(spark_home(python) / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", master,
             "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
@@ -104,13 +116,15 @@ def url(port: int) -> str:
 
 def example_dags_env(port: int) -> dict[str, str]:
     """The environment that points the example DAGs (dags/) at the server on ``port``: the
-    :data:`CONN_ID` connection, and their tasks' Spark connection (see
-    ``pravega_examples_common.spark_conn_id``)."""
+    :data:`CONN_ID` connection, their tasks' Spark connection (see
+    ``pravega_examples_common.spark_conn_id``) and the shared session's window for a server started
+    with :data:`LONG_SESSION_TIMEOUT`."""
     import json
 
     return {f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1",
                                                             "port": port}),
-            "PRAVEGA_EXAMPLES_SPARK_CONN": CONN_ID}
+            "PRAVEGA_EXAMPLES_SPARK_CONN": CONN_ID,
+            "PRAVEGA_SPARK_CONNECT_SESSION_WINDOW_S": str(LONG_SESSION_WINDOW_S)}
 
 
 def group_members(pgid: int) -> list[int]:
@@ -165,7 +179,8 @@ class RunningServer:
 @contextmanager
 def running_server(log: str | os.PathLike[str], *, port: int | None = None, master: str = DEFAULT_MASTER,
                    ui_port: int | None = None, python: str | None = None, extra_args: Sequence[str] = (),
-                   env: dict[str, str] | None = None, timeout_s: float = 180.0) -> Iterator[RunningServer]:
+                   env: dict[str, str] | None = None, timeout_s: float = 180.0,
+                   session_timeout: str | None = None) -> Iterator[RunningServer]:
     """Start the server in its own process group (output to ``log``), wait until it takes
     connections, yield it; stop the whole group at the end, also on an error or an interrupt."""
     from pravega_testing.net import free_port
@@ -175,7 +190,7 @@ def running_server(log: str | os.PathLike[str], *, port: int | None = None, mast
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         proc = subprocess.Popen(server_command(port, master=master, ui_port=ui_port, python=python,
-                                               extra_args=extra_args),
+                                               extra_args=extra_args, session_timeout=session_timeout),
                                 env=server_env(env, python), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     try:

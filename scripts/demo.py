@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             log("starting a stock Spark Connect server (pyspark's own jars, no plugin)")
             connect = servers.enter_context(spark_connect.running_server(
                 work / "spark-connect.log", env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                    filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}))
+                    filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))},
+                session_timeout=spark_connect.LONG_SESSION_TIMEOUT))
             log(f"Spark Connect server: {connect.url} (pid {connect.pid}; connection {spark_connect.CONN_ID})")
     except BaseException:
         servers.close()

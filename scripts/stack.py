@@ -396,7 +396,8 @@ def up(args: argparse.Namespace) -> int:
             senv = dict(spark_connect.server_env(base), PYTHONPATH=os.pathsep.join(
                 filter(None, [str(REPO), base.get("PYTHONPATH")])))
             comps["spark-connect"] = spawn("spark-connect", spark_connect.server_command(
-                port, master=args.spark_connect_master, ui_port=ui), senv, logs)
+                port, master=args.spark_connect_master, ui_port=ui,
+                session_timeout=spark_connect.LONG_SESSION_TIMEOUT), senv, logs)
             comps["spark-connect"]["port"] = port
             state["spark_connect_port"] = port
             state["spark_connect_url"] = spark_connect.url(port)

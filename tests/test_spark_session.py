@@ -380,6 +380,26 @@ def test_a_shared_spark_connect_session_id_is_keyed_by_what_the_task_asks_for(mo
     assert not sharing_sessions()
 
 
+def test_the_shared_sessions_window_can_span_days_and_a_bad_window_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PRAVEGA_SPARK_CONNECT_SESSION_WINDOW_S widens the window (a server keeping sessions for days):
+    a daily run then gets yesterday's session id; with the default half hour it does not. A window
+    that is not a positive number of seconds is refused, naming the setting."""
+    from airflow_provider_pravega.spark.session import SparkSessionError, shared_session_id
+
+    url, job = "sc://spark.example:15002", "pravega-ingest-d.t"
+    day = 86_400
+    monday = 20_000 * 7 * day + 3600  # the start of a 7-day window, one hour in
+    monkeypatch.delenv("PRAVEGA_SPARK_CONNECT_SESSION_WINDOW_S", raising=False)
+    assert shared_session_id(url, job, {}, monday) != shared_session_id(url, job, {}, monday + day)
+    monkeypatch.setenv("PRAVEGA_SPARK_CONNECT_SESSION_WINDOW_S", str(7 * day))
+    week = {shared_session_id(url, job, {}, monday + n * day) for n in range(7)}
+    assert len(week) == 1 and shared_session_id(url, job, {}, monday + 7 * day) not in week
+    for bad in ("0", "-5", "a week", "1.5"):
+        monkeypatch.setenv("PRAVEGA_SPARK_CONNECT_SESSION_WINDOW_S", bad)
+        with pytest.raises(SparkSessionError, match="PRAVEGA_SPARK_CONNECT_SESSION_WINDOW_S=.*not a positive"):
+            shared_session_id(url, job, {}, monday)
+
+
 def test_a_closed_shared_session_is_replaced_and_a_given_session_id_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ingest joins the shared session; when the server has closed it (its idle timeout), the
     task opens a new session of its own; a URL naming a session, and sharing turned off, keep

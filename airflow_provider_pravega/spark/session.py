@@ -32,7 +32,10 @@ pays that start and the workers' imports: 1.5-3 s, most of a small run. The shar
 derived from the server's address, the user, the job's name, its settings, the provider's version
 and the current half hour (:func:`shared_session_id`), so only tasks asking for the same thing
 share one, and a session is never kept past the server's idle timeout (60 min by default) for
-lack of a fresh id: a session the server has closed (expired) is replaced by a new one. A task
+lack of a fresh id: a session the server has closed (expired) is replaced by a new one. On a server
+whose sessions live for days (``scripts/stack``'s), ``PRAVEGA_SPARK_CONNECT_SESSION_WINDOW_S``
+widens the window so that a daily schedule's runs find their session, and its Python daemon, still
+there. A task
 never releases a shared session. ``PRAVEGA_SPARK_CONNECT_SHARED_SESSION=false`` turns sharing off
 (a new session per task process, as before); a ``session_id`` in the connection's URL is used as
 given.
@@ -496,6 +499,10 @@ SHARED_SESSION_ENV = "PRAVEGA_SPARK_CONNECT_SHARED_SESSION"
 #: with the next window): below the Connect server's default idle timeout (60 min), so a window's
 #: session is not expired while tasks keep using it.
 SHARED_SESSION_WINDOW_S = 1800
+#: Environment setting: the window in seconds, for a server whose sessions live longer
+#: (``spark.connect.session.manager.defaultSessionTimeout``): a daily schedule keeps one session,
+#: its Python daemon included, for days with a window of days and a server timeout above it.
+SHARED_SESSION_WINDOW_ENV = "PRAVEGA_SPARK_CONNECT_SESSION_WINDOW_S"
 
 
 def sharing_sessions() -> bool:
@@ -503,11 +510,30 @@ def sharing_sessions() -> bool:
     return os.environ.get(SHARED_SESSION_ENV, "true").strip().lower() not in ("false", "0", "no", "off")
 
 
+def shared_session_window_s() -> int:
+    """The shared session's window: :envvar:`PRAVEGA_SPARK_CONNECT_SESSION_WINDOW_S`, else
+    :data:`SHARED_SESSION_WINDOW_S`. A value that is not a positive whole number of seconds is
+    refused, naming the setting."""
+    raw = os.environ.get(SHARED_SESSION_WINDOW_ENV, "").strip()
+    if not raw:
+        return SHARED_SESSION_WINDOW_S
+    try:
+        window = int(raw)
+    except ValueError:
+        window = 0
+    if window <= 0:
+        raise SparkSessionError(
+            f"{SHARED_SESSION_WINDOW_ENV}={raw!r} is not a positive number of seconds: set it below the Spark "
+            f"Connect server's spark.connect.session.manager.defaultSessionTimeout (default 60 min), e.g. 604800 "
+            f"(7 days) with a server timeout of 8d, or unset it for {SHARED_SESSION_WINDOW_S} s")
+    return window
+
+
 def shared_session_id(remote: str, app_name: str, wanted: dict[str, str], now: float | None = None) -> str:
     """The Spark Connect session id that task processes asking for the same session share: a
     UUID (version 4 form, as the client checks) from the server's address, the user, the job's
-    name, its settings, the provider's version and the current :data:`SHARED_SESSION_WINDOW_S`
-    window. The URL's token is not part of it."""
+    name, its settings, the provider's version and the current window
+    (:func:`shared_session_window_s`). The URL's token is not part of it."""
     import getpass
     import hashlib
     import json
@@ -523,7 +549,7 @@ def shared_session_id(remote: str, app_name: str, wanted: dict[str, str], now: f
         user = channel.userId or getpass.getuser()
     except Exception:  # no user name in this environment: the server takes the session anyway
         user = ""
-    window = int((time.time() if now is None else now) // SHARED_SESSION_WINDOW_S)
+    window = int((time.time() if now is None else now) // shared_session_window_s())
     key = json.dumps([channel.endpoint, user, app_name, sorted(wanted.items()), __version__, window])
     return str(uuid.UUID(bytes=hashlib.blake2b(key.encode(), digest_size=16).digest(), version=4))
 
