@@ -1,7 +1,8 @@
 """Seconds per scheduled run: what one daily ingest task costs, as a new Airflow task pays it (a
 fresh process each time), for a day with new files and for a day with nothing new.
 
-Run: ``python benchmarks/bench_per_run.py [--events 10000] [--repeat 3] [--no-connect] [--json PATH]``
+Run: ``python benchmarks/bench_per_run.py [--events 10000] [--repeat 3] [--backfill-days N] [--no-connect]
+[--json PATH]``
 
 Each sample runs the ingest job's command (what the operator runs in its task process) against the
 embedded server, on one day of sample data (``--events`` readings in 4 files, routed by
@@ -27,6 +28,10 @@ embedded server, on one day of sample data (``--events`` readings in 4 files, ro
   and no JVM starts, nor any Connect session. Its baseline is the same run listed through Spark, as
   every run was before (forced here by spelling the source as a ``file:`` URI with ``..``, which
   only Spark may list), in a classic local session and on the Connect server.
+
+``--backfill-days N``: a backfill of N more days, a task process per day back to back (as Airflow
+runs a backfill's tasks), through the Connect server and with a classic local session (issue 28:
+a 30-day backfill >= 5x faster through the warm server).
 
 For the Connect runs the server's own REST API (its UI on a loopback port) counts the Spark jobs,
 stages and tasks of one new day's run; they are printed and kept in the result's notes.
@@ -60,8 +65,16 @@ IDLE_WORKERS_STOPPED_S = 65.0
 INTERVAL = "2026-11-01T00:00:00+00:00/2026-11-02T00:00:00+00:00"
 
 
-def ingest(uri: str, scope: str, source: str, remote: str | None = None, new_session: bool = False
-           ) -> tuple[dict, float]:
+def day_interval(day: str) -> str:
+    """The daily interval starting at ``day`` (YYYY-MM-DD), as the example DAG's runs have it."""
+    import datetime as dt
+
+    start = dt.datetime.fromisoformat(day).replace(tzinfo=dt.timezone.utc)
+    return f"{start.isoformat()}/{(start + dt.timedelta(days=1)).isoformat()}"
+
+
+def ingest(uri: str, scope: str, source: str, remote: str | None = None, new_session: bool = False,
+           interval: str = INTERVAL) -> tuple[dict, float]:
     """One ingest task's process: (its summary, wall seconds). ``remote``: through that Spark Connect
     server, else a classic local session; ``new_session``: a new Connect session, not the shared one."""
     import os
@@ -69,7 +82,7 @@ def ingest(uri: str, scope: str, source: str, remote: str | None = None, new_ses
     spark = ["--conf", f"spark.remote={remote}"] if remote else ["--master", "local[2]"]
     cmd = [sys.executable, "-m", "airflow_provider_pravega.spark.ingest_job", "--controller-uri", uri,
            "--scope", scope, "--stream", "readings", "--source", source, "--routing-key-field", "sensor_id",
-           "--create-stream", "--ingest-id", "daily", "--interval", INTERVAL, *spark]
+           "--create-stream", "--ingest-id", "daily", "--interval", interval, *spark]
     t0 = time.perf_counter()
     env = dict(os.environ, PRAVEGA_SPARK_CONNECT_SHARED_SESSION="false" if new_session else "true")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
@@ -94,10 +107,35 @@ def spark_work(ui: str, after_job: int) -> dict[str, int]:
             "tasks": sum(st["numTasks"] for st in run), "last_job": max([after_job] + [j["jobId"] for j in jobs])}
 
 
+def run_backfills(uri: str, work: Path, events: int, days: int, remote: str) -> dict[str, float]:
+    """A backfill of ``days`` new days, as Airflow runs one: a task process per day, back to back,
+    through the Connect server and then with a classic local session: each way's total process
+    seconds."""
+    import datetime as dt
+
+    first = dt.date.fromisoformat(DAY) + dt.timedelta(days=1)
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_sample_data.py"), "--out", str(work),
+                    "--start", first.isoformat(), "--days", str(days), "--files-per-day", "4",
+                    "--events-per-file", str(events // 4)], check=True, capture_output=True)
+    totals = {}
+    for way, via in (("connect", remote), ("classic", None)):
+        t0 = time.perf_counter()
+        for n in range(days):
+            day = (first + dt.timedelta(days=n)).isoformat()
+            summary, _wall = ingest(uri, f"perrunbackfill{way}", str(work / day / "*.jsonl"), via,
+                                    interval=day_interval(day))
+            assert summary["events"] == events, summary
+        totals[way] = time.perf_counter() - t0
+        print(f"  backfill of {days} days, {way}: {totals[way]:.1f} s", flush=True)
+    return totals
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=10_000, help="readings in the day (4 files)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--backfill-days", type=int, default=0,
+                        help="also a backfill of this many days, one task process per day, classic vs Connect")
     parser.add_argument("--no-connect", dest="connect", action="store_false",
                         help="classic local sessions only (no Spark Connect server)")
     parser.add_argument("--json", type=Path, default=None, help="write the result file here")
@@ -116,6 +154,7 @@ def main() -> int:
     c_nothing_spark: list[tuple[float, float]] = []
     c_daily: list[tuple[float, float]] = []
     work: dict[str, int] = {}
+    backfill: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-per-run-") as tmp:
         data = Path(tmp) / "incoming"
         subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_sample_data.py"), "--out", str(data),
@@ -182,6 +221,9 @@ def main() -> int:
                       f"{c_nothing_spark[-1][0]:.2f} s (process {c_nothing_spark[-1][1]:.1f} s); new day in a new "
                       f"session {c_new_session[-1][0]:.2f} s (process {c_new_session[-1][1]:.1f} s); a daily run "
                       f"in the kept session {c_daily[-1][0]:.2f} s (process {c_daily[-1][1]:.1f} s)", flush=True)
+            if args.backfill_days and remote is not None:
+                backfill = run_backfills(server.controller_uri, Path(tmp) / "backfill", args.events,
+                                         args.backfill_days, remote)
         finally:
             servers.close()
             server.stop()
@@ -230,6 +272,20 @@ def main() -> int:
             f"{work['skipped_stages']} skipped), {work['tasks']} tasks (the server's REST API)",
             "nothing new without a JVM: the same with a Spark Connect connection (no session is opened)",
         ]
+        if backfill:
+            days = args.backfill_days
+            print(f"a backfill of {days} days ({args.events:,} readings each, one task process per day, back to "
+                  f"back): {backfill['connect']:.1f} s through the warm Connect server vs {backfill['classic']:.1f} s "
+                  f"with a classic local session per task: {backfill['classic'] / backfill['connect']:.1f}x faster "
+                  f"(target >= 5x)")
+            connect_figures.append(rf.figure(
+                f"a backfill of {days} days, one task process per day: process seconds in all, warm Connect server",
+                "s", [backfill["connect"]], higher_is_better=False,
+                baseline=("a classic local session per task", [backfill["classic"]]),
+                target_ratio=0.2))  # >= 5x faster
+            notes.append(f"backfill: {days} days of {args.events:,} readings, each day a new ingest process with its "
+                         f"own interval, run back to back into one stream (the same ingest id), first through the "
+                         f"warm Connect server, then with a classic local session; target: >= 5x faster")
     else:
         notes.append("no Spark Connect figures (--no-connect)")
     rf.write(args.json, rf.result(
