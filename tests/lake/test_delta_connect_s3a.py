@@ -32,6 +32,8 @@ from delta_example_scenario import REPO, check_table, drop_example_stream, run_s
 from pravega_testing import spark_connect
 from pravega_testing.object_store import ObjectStore
 
+pytest.importorskip("deltalake", reason="the test extra installs deltalake (delta-rs) to read tables")
+
 DAYS = ["2026-11-01", "2026-11-02", "2026-11-03"]  # in the past: a backfill refuses future dates
 BUCKET = "lake"
 
@@ -68,7 +70,6 @@ def test_delta_example_dags_on_s3a_through_spark_connect(
     tmp_path: Path, fresh_airflow_env: dict[str, str], object_store: ObjectStore, pravega_embedded: Any,
     delta_s3a_server: spark_connect.RunningServer,
 ) -> None:
-    pytest.importorskip("deltalake", reason="the test extra installs deltalake (delta-rs) to read tables")
     s3 = object_store
     s3.client.create_bucket(Bucket=BUCKET)
     local = tmp_path / "incoming"
@@ -88,6 +89,8 @@ def test_delta_example_dags_on_s3a_through_spark_connect(
     env = dict(fresh_airflow_env, PRAVEGA_EXAMPLES_DATA=f"s3a://{BUCKET}/data", PRAVEGA_EXAMPLES_START=DAYS[0],
                AIRFLOW_CONN_PRAVEGA_DEFAULT=json.dumps({"conn_type": "pravega", "host": host, "port": int(port)}),
                **spark_connect.example_dags_env(delta_s3a_server.port))
+    # The tasks can only have run on the server: only it has hadoop-aws (a local session the
+    # operator started would fail on s3a://, and an unknown connection id fails the task).
     steps = run_scenario(DAYS, env, tmp_path)
 
     # Nothing was written outside the object store (a relative s3a path taken for a local one).
