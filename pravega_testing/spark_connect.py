@@ -2,8 +2,8 @@
 org.apache.spark.sql.connect.service.SparkConnectServer``; no Spark download, no plugin of this
 project unless a caller adds one): the command line, its environment, the readiness check and a
 context manager that starts it and stops its whole process group. ``scripts/stack``,
-``scripts/demo``, ``benchmarks/bench_per_run.py`` and the Spark Connect test
-(tests/lake/test_spark_connect.py) all start theirs with these.
+``scripts/demo``, ``benchmarks/bench_per_run.py`` and the Spark Connect tests
+(tests/lake/test_spark_connect.py, tests/lake/test_delta_connect_s3a.py) all start theirs with these.
 
 The server binds to 127.0.0.1 only, on a port the caller picks, and sets nothing of the job's: its
 SQL settings are Spark's defaults (``spark.sql.shuffle.partitions`` = 200), as on a Connect server

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -14,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from delta_example_scenario import check_table, drop_example_stream, read_table, run_scenario
 from pravega_clients import stream_writer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,20 +32,6 @@ def load_dag(path: Path, dag_id: str):
     return getattr(module, "dag") if hasattr(module, "dag") else next(
         v for v in vars(module).values() if getattr(v, "dag_id", None) == dag_id
     )
-
-
-def drop_example_stream(controller_uri: str) -> None:
-    """A fresh start for the examples: drop iot/readings and reset the example ingest's state (its
-    committed files and interval index describe the dropped stream; an export taking its cuts from
-    them would be refused, as those ranges do not exist in a new stream)."""
-    from airflow_provider_pravega.client import PravegaClient
-    from airflow_provider_pravega.client.ingest import reset_ingest_state
-
-    with PravegaClient(controller_uri) as client:
-        client.admin.create_scope("iot")
-        if client.admin.stream_exists("iot", "readings"):
-            client.admin.delete_stream("iot", "readings", seal=True)
-        reset_ingest_state(client, "iot", "readings", "pravega_exactly_once_ingest.ingest")
 
 
 def test_every_example_dag_imports_without_errors():
@@ -173,13 +159,11 @@ def test_delta_export_dag_catch_up_out_of_order_rerun_and_backfills_each_day_onc
     nothing), and each version's commit metadata names its day and stream cuts, between which
     every row of that day lies.
 
-    The DAG runs happen in one child process (tests/dags/delta_example_scenario.py, one Spark
+    The DAG runs happen in one child process (tests/delta_example_scenario.py, one Spark
     session with Delta for all of them; why: its docstring); this test checks what they left. On
     the embedded server only: what is tested is the table, and the DAG pair above runs on both
     backends."""
-    from airflow_provider_pravega.client.streamcut import StreamCut
-
-    deltalake = pytest.importorskip("deltalake", reason="the test extra installs deltalake (delta-rs) to read tables")
+    pytest.importorskip("deltalake", reason="the test extra installs deltalake (delta-rs) to read tables")
     days = ["2026-11-01", "2026-11-02", "2026-11-03"]  # in the past: a backfill refuses future dates
     data = tmp_path / "data"
     subprocess.run([sys.executable, str(REPO / "scripts" / "generate_sample_data.py"), "--out",
@@ -188,52 +172,8 @@ def test_delta_export_dag_catch_up_out_of_order_rerun_and_backfills_each_day_onc
     monkeypatch.setenv("PRAVEGA_EXAMPLES_DATA", str(data))
     monkeypatch.setenv("PRAVEGA_EXAMPLES_START", days[0])
     drop_example_stream(pravega_embedded.controller_uri)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(DAGS), str(REPO / "tests")]))
-    child = subprocess.Popen([sys.executable, str(Path(__file__).parent / "delta_example_scenario.py"), *days],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-                             start_new_session=True)  # its own process group: Spark's JVM is in it too
-    try:
-        out, err = child.communicate(timeout=600)
-    finally:
-        if child.poll() is None:  # timed out, or this test was interrupted: stop the child and its JVM
-            os.killpg(child.pid, signal.SIGKILL)
-            child.communicate()
-    assert child.returncode == 0, out[-3000:] + err[-6000:]
-    print(out)  # the runs and their seconds, shown when an assertion below fails
-    steps = [json.loads(line[len("STEP "):]) for line in out.splitlines() if line.startswith("STEP ")]
-    assert [(s["step"], s["day"]) for s in steps] == [
-        ("ingest", days[0]), ("ingest", days[1]), ("ingest", days[2]), ("export", days[2]), ("export", days[0]),
-        ("export", days[1]), ("rerun", days[1]), ("backfill completed", days[0]), ("backfill failed", days[0])]
-    for s in steps:
-        assert set(s["states"].values()) == {"success"}, s
-    assert [s["run_type"] for s in steps[-2:]] == ["backfill", "backfill"]
-    exports = [s["export"] for s in steps[3:]]
-    # The first export of each day committed its rows; the rerun and both backfills committed nothing.
-    assert [(e["already_written"], e["events"]) for e in exports] == [(False, 20)] * 3 + [(True, 0)] * 3
-    version = {s["day"]: s["export"]["table_version"] for s in steps[3:6]}
-    assert sorted(version.values()) == [0, 1, 2]
-    assert [e["table_version"] for e in exports[3:]] == [version[days[1]], version[days[0]], version[days[0]]]
-
-    table = deltalake.DeltaTable(str(data / "export" / "readings_delta"))
-    rows = table.to_pyarrow_table().to_pylist()
-    interval = {s["day"]: s["export"]["interval"] for s in steps[3:6]}
-    # The day's partition is the run's data interval (a daily cron DAG's runs are points in time).
-    assert all(interval[day].startswith(f"{day}T00:00:00") for day in days), interval
-    for day in days:
-        source = [json.loads(line)["reading_id"] for p in sorted((data / "incoming" / day).glob("*.jsonl"))
-                  for line in p.read_text().splitlines()]
-        assert len(source) == 20
-        assert Counter(r["reading_id"] for r in rows if r["interval_key"] == interval[day]) == Counter(source), day
-    assert len(rows) == 60 and {(r["scope"], r["stream"]) for r in rows} == {("iot", "readings")}
-
-    history = [h for h in table.history() if h.get("userMetadata")]
-    assert sorted(h["version"] for h in history) == [0, 1, 2] and len(table.history()) == 3
-    for commit in history:
-        meta = json.loads(commit["userMetadata"])
-        day = next(d for d in days if interval[d] == meta["interval"])
-        assert commit["version"] == version[day] and meta["export_id"] == "pravega_stream_cut_export_delta.export"
-        start = StreamCut.from_text(meta["start_cut"], scope="iot", stream="readings", unbounded="head").positions
-        end = StreamCut.from_text(meta["end_cut"], scope="iot", stream="readings", unbounded="tail").positions
-        for r in rows:  # every row of the day lies between the cuts its version names
-            if r["interval_key"] == meta["interval"]:
-                assert start.get(r["segment_id"], 0) <= r["offset"] < end[r["segment_id"]], (day, r, meta)
+    steps = run_scenario(days, os.environ, tmp_path)
+    sources = {day: [json.loads(line)["reading_id"] for p in sorted((data / "incoming" / day).glob("*.jsonl"))
+                     for line in p.read_text().splitlines()] for day in days}
+    assert [len(ids) for ids in sources.values()] == [20] * 3
+    check_table(steps, read_table(str(data / "export" / "readings_delta")), days, sources)
