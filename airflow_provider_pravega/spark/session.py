@@ -683,8 +683,10 @@ def session_defaults(master: str, conf: Mapping[str, str] | None = None) -> dict
     collector (``spark.driver.extraJavaOptions``: :data:`LOCAL_JVM_OPTIONS`) instead of the JVM's
     default G1, unless ``conf`` (the task's settings), a ``JAVA_TOOL_OPTIONS``-style variable or
     ``spark-defaults.conf`` sets the driver's Java options: measured on the export (1M events of
-    200 B, warm session, docs/benchmarks.md), G1 kept the JIT compiler busy on every job, about
-    0.4 CPU-s more per export (0.89 vs 0.47 CPU-s of JIT, 3.28 vs 2.83 CPU-s in all)."""
+    200 B, warm sessions side by side, docs/benchmarks.md), under G1 the JIT compiler kept
+    compiling on every job while under the parallel collector it settled; over 15 interleaved
+    rounds in three runs an export took a median 0.36 CPU-s less with the parallel collector (10
+    of 15 rounds lower, most of it JIT; one of the three runs showed no difference at its medians)."""
     defaults = {
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # The console progress bar redraws with carriage returns: in a task log, a line per redraw.
