@@ -348,8 +348,8 @@ def test_a_cluster_keeps_its_own_shuffle_partitions_and_ui():
 
 def test_a_local_session_gets_the_parallel_collector_unless_its_java_options_are_chosen(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A local session's JVM gets -XX:+UseParallelGC (the export spent about 0.4 CPU-s more in the
-    JIT compiler per job under G1: docs/benchmarks.md); never on a cluster, and never when the
+    """A local session's JVM gets -XX:+UseParallelGC (under G1 an export spent a median 0.36 CPU-s
+    more, mostly in the JIT compiler: docs/benchmarks.md); never on a cluster, and never when the
     task's settings, spark-defaults.conf or a JAVA_TOOL_OPTIONS-style variable choose the driver's
     Java options or a collector (the JVM refuses two collectors)."""
     from airflow_provider_pravega.spark.session import LOCAL_JVM_OPTIONS, session_defaults
