@@ -346,6 +346,44 @@ def test_a_cluster_keeps_its_own_shuffle_partitions_and_ui():
         assert cluster["spark.ui.showConsoleProgress"] == "false"
 
 
+def test_a_local_session_gets_the_parallel_collector_unless_its_java_options_are_chosen(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A local session's JVM gets -XX:+UseParallelGC (under G1 an export spent a median 0.36 CPU-s
+    more, mostly in the JIT compiler: docs/benchmarks.md); never on a cluster, and never when the
+    task's settings, spark-defaults.conf or a JAVA_TOOL_OPTIONS-style variable choose the driver's
+    Java options or a collector (the JVM refuses two collectors)."""
+    from airflow_provider_pravega.spark.session import LOCAL_JVM_OPTIONS, session_defaults
+
+    for name in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "SPARK_SUBMIT_OPTS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    key = "spark.driver.extraJavaOptions"
+    assert LOCAL_JVM_OPTIONS == "-XX:+UseParallelGC"
+    assert session_defaults("local[*]")[key] == LOCAL_JVM_OPTIONS
+    assert session_defaults("local[2]", {"spark.sql.shuffle.partitions": "3"})[key] == LOCAL_JVM_OPTIONS
+    assert key not in session_defaults("yarn") and key not in session_defaults("spark://master:7077")
+    for conf in ({key: "-Xss1m"}, {"spark.driver.defaultJavaOptions": "-XX:+UseSerialGC"}):
+        assert key not in session_defaults("local[*]", conf)
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-XX:MaxRAMPercentage=50")  # no collector: still ours
+    assert session_defaults("local[*]")[key] == LOCAL_JVM_OPTIONS
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Xss1m -XX:+UseZGC")
+    assert key not in session_defaults("local[*]")
+    monkeypatch.delenv("JAVA_TOOL_OPTIONS")
+    (tmp_path / "spark-defaults.conf").write_text("spark.driver.memory 2g\nspark.driver.extraJavaOptions=-XX:+UseG1GC\n")
+    assert key not in session_defaults("local[*]")
+
+
+def test_the_local_session_runs_the_parallel_collector(spark: Any) -> None:
+    """The default reaches the JVM (the provider's test session sets no Java options)."""
+    from airflow_provider_pravega.spark.session import _java_options_set_elsewhere
+
+    if _java_options_set_elsewhere({}):
+        pytest.skip("this environment chooses the driver's Java options itself")
+    beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+    names = {str(bean.getName()) for bean in beans}
+    assert names == {"PS Scavenge", "PS MarkSweep"}, names
+
+
 def test_a_shared_spark_connect_session_id_is_keyed_by_what_the_task_asks_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """Task processes asking for the same server, job and settings in the same window share one
     server-side session (one Python daemon on the server instead of one per task); anything else,

@@ -46,7 +46,8 @@ Files at the output path are replaced only when the export's state claims the pa
 export id, interval and cuts (a re-run reproduces them); anything else there is an error.
 
 Speed: the export is CPU-bound, its read stage (reading, Arrow to the JVM, rows) and Spark's
-Parquet writer (including the JVM's JIT compiler on every job) adding up; ``num_partitions`` near
+Parquet writer (including the JVM's JIT compiler on every job; a local session's JVM runs the
+parallel collector, under which the JIT settles sooner than under G1) adding up; ``num_partitions`` near
 the core count and ``compression`` trade file layout and size for speed. Figures and how they were
 measured (``benchmarks/bench_export.py``): docs/benchmarks.md.
 
