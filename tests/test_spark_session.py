@@ -373,15 +373,25 @@ def test_a_local_session_gets_the_parallel_collector_unless_its_java_options_are
     assert key not in session_defaults("local[*]")
 
 
-def test_the_local_session_runs_the_parallel_collector(spark: Any) -> None:
-    """The default reaches the JVM (the provider's test session sets no Java options)."""
-    from airflow_provider_pravega.spark.session import _java_options_set_elsewhere
+def test_the_local_session_runs_the_parallel_collector(tmp_path: Path) -> None:
+    """The default reaches the JVM: a session the provider starts in a process whose environment
+    chooses no Java options (the suite's own SPARK_SUBMIT_OPTS, tests/conftest.py, removed) runs
+    the parallel collector."""
+    import subprocess
+    import sys
 
-    if _java_options_set_elsewhere({}):
-        pytest.skip("this environment chooses the driver's Java options itself")
-    beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
-    names = {str(bean.getName()) for bean in beans}
-    assert names == {"PS Scavenge", "PS MarkSweep"}, names
+    code = (
+        "from airflow_provider_pravega.spark.session import get_spark_session\n"
+        "spark = get_spark_session(None, 'gc-check', **{'spark.master': 'local[1]'})\n"
+        "beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()\n"
+        "print(sorted(str(b.getName()) for b in beans))\n"
+        "spark.stop()\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "SPARK_SUBMIT_OPTS")}
+    env["SPARK_CONF_DIR"] = str(tmp_path)  # no spark-defaults.conf
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "['PS MarkSweep', 'PS Scavenge']", done.stdout
 
 
 def test_a_shared_spark_connect_session_id_is_keyed_by_what_the_task_asks_for(monkeypatch: pytest.MonkeyPatch) -> None:
