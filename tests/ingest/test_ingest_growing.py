@@ -246,3 +246,39 @@ def test_a_file_replaced_whole_by_a_longer_one_is_tailed_if_it_starts_with_what_
         run_ingest(client, spark, spec)
     got = read_stream(pravega_controller_uri, scope, "s")
     assert Counter(e.decode() for e in got) == Counter(line(n) for n in range(1, 16))
+
+
+def test_local_files_are_measured_in_the_task_exactly_as_in_spark_tasks(tmp_path, spark):
+    """Small local line files are measured in the task's process (no Spark job: a small daily run's
+    fixed cost), larger or remote ones in Spark tasks: both apply one rule (measure_file), so every
+    case of it gives the same piece either way; a listed file gone before it is read is named."""
+    import hashlib
+
+    head = "".join(line(n) + "\n" for n in range(3)).encode()
+    fp = hashlib.blake2b(head, digest_size=20).hexdigest()
+    files = {
+        "new": (head + b'{"k": "k1", "n": 9}', {"base": 0, "fp": None, "open": False, "tail": False}),
+        "new-settled": (head + b'{"k": "k1", "n": 9}', {"base": 0, "fp": None, "open": False, "tail": True}),
+        "grown": (head + head, {"base": len(head), "fp": fp, "open": False, "tail": False}),
+        "rewritten": (b"x" + head[1:] + head, {"base": len(head), "fp": fp, "open": False, "tail": False}),
+        "shrunk": (head[:10], {"base": len(head), "fp": fp, "open": False, "tail": False}),
+        "no-fingerprint": (head + head, {"base": len(head), "fp": None, "open": False, "tail": False}),
+        "open-extended": (head[:-1] + b"more\n", {"base": len(head) - 1, "open": True, "tail": False,
+                                             "fp": hashlib.blake2b(head[:-1], digest_size=20).hexdigest()}),
+        "open-ended": (head + b"\nnext\n", {"base": len(head), "fp": fp, "open": True, "tail": False}),
+        "old-record": (head + head, {"base": len(head), "fp": fp, "open": None, "tail": False}),
+    }
+    requests = {}
+    for name, (content, req) in files.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(content)
+        requests[ingest_job.key_of(path.resolve().as_uri())] = {"size": len(content), "mtime": 1, **req}
+    in_task = ingest_job.measure_local_pieces(requests)
+    assert in_task == ingest_job.measure_pieces(spark, requests)
+    changed = {Path(k).stem: p.get("changed") for k, p in in_task.items()}
+    assert {k for k, why in changed.items() if why} == {"rewritten", "shrunk", "no-fingerprint", "open-extended"}
+    assert in_task[ingest_job.key_of((tmp_path / "grown.jsonl").resolve().as_uri())]["start"] == len(head)
+    gone = next(iter(requests))
+    os.remove(ingest_job._local_path(gone))
+    with pytest.raises(ingest_job.SourceError, match="was listed but is gone"):
+        ingest_job.measure_local_pieces(requests)
