@@ -798,6 +798,11 @@ class Failover:
 
 # ----------------------------------------------------------------------------------- appends
 
+#: InvalidEventNumber refusals in a row, without an acknowledgment between them, that a session
+#: heals by setting up again; one more is an error (another writer with the same writer id, whose
+#: appends keep moving the event number, cannot be healed by reconnecting).
+MAX_INVALID_EVENT_NUMBERS = 5
+
 #: Append-setup failures that no reconnect can fix.
 _FINAL_ERRORS = (
     NoSuchSegmentError,
@@ -908,6 +913,8 @@ class AppendSession(FlushOnExit):
         self.events_written = 0
         #: How many times the session had to set up again after losing its connection.
         self.reconnects = 0
+        #: InvalidEventNumber refusals since the last acknowledgment (see MAX_INVALID_EVENT_NUMBERS).
+        self._invalid_event_numbers = 0
         self._buf = bytearray()
         self._count = 0
         self._next_event_number = 1
@@ -1027,6 +1034,7 @@ class AppendSession(FlushOnExit):
             inflight = self._inflight
             for reply in replies:
                 if type(reply) is wire.DataAppended:
+                    self._invalid_event_numbers = 0  # progress: the count is of refusals in a row
                     n = reply.event_number
                     while inflight and inflight[0].last <= n:
                         block = inflight.popleft()
@@ -1036,6 +1044,15 @@ class AppendSession(FlushOnExit):
                     self.write_offset = reply.current_segment_write_offset
                 elif isinstance(reply, wire.KeepAlive):
                     continue
+                elif isinstance(reply, wire.InvalidEventNumber) and self._invalid_event_numbers < MAX_INVALID_EVENT_NUMBERS:
+                    # Pravega refused a block because the writer's event number moved since this
+                    # connection's SetupAppend (a block of the previous connection landed late), and
+                    # closes the connection: set up again, which answers the true last event number,
+                    # and resend only what is after it (as the official writer reconnects).
+                    self._invalid_event_numbers += 1
+                    self._broken = SegmentStoreError(
+                        f"segment store {conn.endpoint} refused an append to {self.segment}: the writer's event "
+                        f"number had moved on (InvalidEventNumber)", endpoint=str(conn.endpoint), segment=self.segment)
                 elif isinstance(reply, wire.WrongHost):
                     self._broken = SegmentStoreError(
                         f"segment store {conn.endpoint} no longer owns {self.segment}"

@@ -78,7 +78,9 @@ class SegmentStoreServer:
         self.owns = owns
         #: Test hooks, called on the store's loop thread (they must not block or stop this store):
         #: ``on_request(store_id, command)`` before each request is handled (it may move containers;
-        #: returning "drop" closes the connection without handling the request), and
+        #: returning "drop" closes the connection without handling the request, and
+        #: "invalid_event_number" refuses an append as Pravega does when the writer's event number
+        #: does not match: an InvalidEventNumber reply, then the connection is closed), and
         #: ``on_appended(store_id, segment, writer_id, event_number)`` once an append is durable,
         #: before it is acknowledged ("drop": close the connection instead of acknowledging).
         self.on_request: Callable[[int, object], str | None] | None = None
@@ -249,6 +251,8 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         for cmd in commands:
+            if self.transport is None:  # closed by an earlier command of this batch: handle no more
+                return
             try:
                 self.dispatch(cmd)
             except Exception:
@@ -284,7 +288,18 @@ class _Connection(asyncio.Protocol):
         if not self.hello_done:
             raise wire.ProtocolError(f"{type(cmd).__name__} before Hello")
         hook = self.server.on_request
-        if hook is not None and hook(self.server.store_id, cmd) == "drop":
+        verdict = hook(self.server.store_id, cmd) if hook is not None else None
+        if verdict == "drop":
+            self.close()
+            return
+        if verdict == "invalid_event_number" and isinstance(cmd, _APPENDS):
+            # As Pravega's AppendProcessor answers an append whose conditional update of the writer's
+            # event number failed (e.g. a block the writer's previous connection still had in the
+            # server's pipeline landed after this connection's SetupAppend): not applied, and the
+            # connection is closed.
+            number = getattr(cmd, "last_event_number", None)
+            self.send(wire.InvalidEventNumber(cmd.writer_id, getattr(cmd, "request_id", -1), "",
+                                              cmd.event_number if number is None else number))
             self.close()
             return
         handler = _HANDLERS.get(type(cmd))

@@ -199,3 +199,44 @@ def test_pool_reuses_healthy_connections(client, unique_name):
     )  # retried on a fresh connection
     assert isinstance(reply, wire.StreamSegmentInfo) and reply.segment_name == name
     pool.close()
+
+
+def test_an_append_refused_with_invalid_event_number_is_set_up_again_and_resent_once(pravega_cluster_factory,
+                                                                                     unique_name):
+    """Pravega refuses a block whose writer event number moved since the connection's SetupAppend
+    (a block of the writer's previous connection landing late: CI met it against standalone after
+    a connection cut) with InvalidEventNumber and closes the connection. The session sets up again,
+    which answers the true last event number, and resends only the rest: every event once, in
+    order. Refusals in a row without progress (another writer with the same id) end in an error."""
+    server = pravega_cluster_factory(segment_stores=1, containers=2)
+    refusals = {"left": 3, "seen": 0}
+
+    def refuse(store: int, cmd: object) -> str | None:
+        if isinstance(cmd, wire.AppendBlockEnd):
+            refusals["seen"] += 1
+            if refusals["seen"] % 7 == 0 and refusals["left"] > 0:
+                refusals["left"] -= 1
+                return "invalid_event_number"
+        return None
+
+    with PravegaClient(server.controller_uri) as client:
+        scope, stream, name = _segment(client, unique_name)
+        expected = [f"{i}".encode() for i in range(20_000)]
+        server.set_hooks(on_request=refuse)
+        session = client.segments.open_append_session(name, block_bytes=2048, window_bytes=64 * 1024)
+        for payload in expected:
+            session.write_event(payload)
+        session.flush()
+        assert refusals["left"] == 0 and session.reconnects >= 1
+        session.close()
+        assert read_segments_direct(client, scope, stream) == {0: expected}
+
+        server.set_hooks(on_request=lambda store, cmd: "invalid_event_number"
+                         if isinstance(cmd, wire.AppendBlockEnd) else None)
+        stuck = client.segments.open_append_session(name, block_bytes=2048, window_bytes=64 * 1024)
+        with pytest.raises(SegmentStoreError, match="InvalidEventNumber|event number"):
+            stuck.write_event(b"never")
+            stuck.flush()
+        server.set_hooks()
+        stuck.close()
+        assert read_segments_direct(client, scope, stream) == {0: expected}
