@@ -1044,11 +1044,13 @@ class AppendSession(FlushOnExit):
                     self.write_offset = reply.current_segment_write_offset
                 elif isinstance(reply, wire.KeepAlive):
                     continue
-                elif isinstance(reply, wire.InvalidEventNumber) and self._invalid_event_numbers < MAX_INVALID_EVENT_NUMBERS:
+                elif (isinstance(reply, wire.InvalidEventNumber)
+                      and self._invalid_event_numbers < MAX_INVALID_EVENT_NUMBERS):
                     # Pravega refused a block because the writer's event number moved since this
                     # connection's SetupAppend (a block of the previous connection landed late), and
                     # closes the connection: set up again, which answers the true last event number,
-                    # and resend only what is after it (as the official writer reconnects).
+                    # and resend only what is after it (as the official writer reconnects). One
+                    # refusal too many falls through to the failure branch below: an error.
                     self._invalid_event_numbers += 1
                     self._broken = SegmentStoreError(
                         f"segment store {conn.endpoint} refused an append to {self.segment}: the writer's event "

@@ -1367,7 +1367,8 @@ def _line_pieces(get_spark: Callable[[], Any], store: Any, listed: Sequence[Sour
         return {}
     size = sum(r["size"] for r in requests.values())
     if local and size <= LOCAL_MEASURE_MAX_BYTES:
-        log.info("measuring %d line file(s) of %d bytes here (the whole lines not committed yet)", len(requests), size)
+        log.info("measuring %d line file(s) of %d bytes here (the whole lines not committed yet)",
+                 len(requests), size)
         return measure_local_pieces(requests)
     log.info("measuring %d line file(s) in Spark tasks (the whole lines not committed yet)", len(requests))
     return measure_pieces(get_spark(), requests)
