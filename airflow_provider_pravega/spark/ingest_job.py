@@ -578,49 +578,97 @@ def _pieces(requests: Mapping[str, Mapping[str, Any]], found: Mapping[str, Mappi
     return pieces
 
 
-def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]], labels: Mapping[str, int] | None = None) -> Any:
+#: Line files listed in the task's own process (local files) whose pieces end within this many bytes
+#: in all (what is read: each file up to its piece's end, for the fingerprint) are also read there,
+#: and their lines travel to Spark inside the query (a local relation): no Spark job reads the files
+#: (one Python worker stage less per small run), and a Spark Connect server elsewhere needs no
+#: access to the task's disk. Larger ones are read in Spark tasks (``binaryFile``), never on the driver.
+LOCAL_LINES_MAX_BYTES = 16 * 1024 * 1024
+
+
+def lines_read_here(pieces: Mapping[str, Mapping[str, Any]], listed_here: bool) -> bool:
+    """Whether :func:`line_frame` reads these pieces in this process: their files were listed here
+    (local files) and little is read (:data:`LOCAL_LINES_MAX_BYTES`)."""
+    return listed_here and sum(int(p["end"]) for p in pieces.values()) <= LOCAL_LINES_MAX_BYTES
+
+
+def _line_schema(labelled: bool) -> Any:
+    import pyarrow as pa
+
+    fields = [("f", pa.string()), ("b", pa.int64()), ("value", pa.binary())]
+    return pa.schema(fields + [("w", pa.int64())] if labelled else fields)
+
+
+def piece_lines(path: str, content: bytes, piece: tuple[int, int, int, str | None], label: int | None
+                ) -> Iterator[Any]:
+    """Arrow batches (f, b, value[, w]) of the lines of one file's piece ``(start, end, line, fp)``
+    in ``content``: the one rule both ways of :func:`line_frame` apply. The bytes before ``end``
+    must still have the planned fingerprint ``fp``, else :class:`SourceError`."""
+    import hashlib
+
+    import pyarrow as pa
+
+    start, end, line, fp = piece
+    if fp is not None and hashlib.blake2b(memoryview(content)[:end], digest_size=20).hexdigest() != fp:
+        raise SourceError(f"{key_of(path)} changed while the ingest read it (its first {end} bytes are "
+                          f"not those planned, or it is shorter): nothing of this run is committed; "
+                          f"run the ingest again")
+    lines = content[start:end].split(b"\n")
+    if content[end - 1:end] == b"\n" or end == start:
+        lines.pop()  # after the last line end: nothing
+    lines = [x[:-1] if x.endswith(b"\r") else x for x in lines]
+    schema = _line_schema(label is not None)
+    for i in range(0, len(lines), 10_000):
+        chunk = lines[i:i + 10_000]
+        columns = {"f": [path] * len(chunk), "b": list(range(line + i, line + i + len(chunk))), "value": chunk}
+        if label is not None:
+            columns["w"] = [label] * len(chunk)
+        yield pa.RecordBatch.from_pydict(columns, schema=schema)
+
+
+def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]], labels: Mapping[str, int] | None = None,
+               here: bool = False) -> Any:
     """(f, b, value) of the lines of each file's piece ``[start, end)`` and nothing else, whatever
     the file holds by the time it is read: ``b`` is the line's number in the whole file (piece
     ``line`` onwards), ``value`` its bytes without the line end (LF, or CR LF). The bytes before
     ``end`` must still have the planned fingerprint ``fp``: a file rewritten between the measuring and
     the reading fails the run, uncommitted. One Spark task holds a whole file (``binaryFile``: files
-    up to 2 GiB; a few hundred MB is the normal case). With ``labels`` (file key -> its write
-    task's label, see :func:`writer_labels`) each line also carries its file's label as ``w``."""
+    up to 2 GiB; a few hundred MB is the normal case); with ``here`` (small local files, see
+    :func:`lines_read_here`) this process reads them and the lines go to Spark in the query. With
+    ``labels`` (file key -> its write task's label, see :func:`writer_labels`) each line also
+    carries its file's label as ``w``."""
     from pyspark.sql import functions as F
 
     ranges = {k: (int(p["start"]), int(p["end"]), int(p["line"]), p.get("fp")) for k, p in pieces.items()}
     labels = dict(labels) if labels is not None else None
-    schema_text = "f string, b long, value binary" + (", w long" if labels is not None else "")
 
-    def split(batches: Iterator[Any]) -> Iterator[Any]:
-        import hashlib
+    def label_of(path: str) -> int | None:
+        return None if labels is None else labels[key_of(path)]
 
+    if here:
         import pyarrow as pa
 
-        for batch in batches:
-            for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
-                start, end, line, fp = ranges[key_of(path)]
-                if fp is not None and hashlib.blake2b(memoryview(content)[:end], digest_size=20).hexdigest() != fp:
-                    raise SourceError(f"{key_of(path)} changed while the ingest read it (its first {end} bytes are "
-                                      f"not those planned, or it is shorter): nothing of this run is committed; "
-                                      f"run the ingest again")
-                lines = content[start:end].split(b"\n")
-                if content[end - 1:end] == b"\n" or end == start:
-                    lines.pop()  # after the last line end: nothing
-                lines = [x[:-1] if x.endswith(b"\r") else x for x in lines]
-                fields = [("f", pa.string()), ("b", pa.int64()), ("value", pa.binary())]
-                if labels is not None:
-                    fields.append(("w", pa.int64()))
-                for i in range(0, len(lines), 10_000):
-                    chunk = lines[i:i + 10_000]
-                    columns = {"f": [path] * len(chunk), "b": list(range(line + i, line + i + len(chunk))),
-                               "value": chunk}
-                    if labels is not None:
-                        columns["w"] = [labels[key_of(path)]] * len(chunk)
-                    yield pa.RecordBatch.from_pydict(columns, schema=pa.schema(fields))
+        batches = []
+        for key in sorted(ranges):
+            try:
+                with open(_local_path(key) or key, "rb") as fh:
+                    content = fh.read()
+            except FileNotFoundError:
+                raise SourceError(f"{key} was listed but is gone: it was deleted or renamed while the ingest "
+                                  f"ran") from None
+            except OSError as exc:
+                raise SourceError(f"cannot read {key}: {exc.strerror or exc}") from None
+            path = "file:" + key  # as binaryFile names a local file
+            batches.extend(piece_lines(path, content, ranges[key], label_of(path)))
+        frame = spark.createDataFrame(pa.Table.from_batches(batches, schema=_line_schema(labels is not None)))
+    else:
+        def split(batches: Iterator[Any]) -> Iterator[Any]:
+            for batch in batches:
+                for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
+                    yield from piece_lines(path, content, ranges[key_of(path)], label_of(path))
 
-    frame = (file_contents(spark, pieces)
-             .mapInArrow(split, schema_text))
+        schema_text = "f string, b long, value binary" + (", w long" if labels is not None else "")
+        frame = file_contents(spark, pieces).mapInArrow(split, schema_text)
     return frame.select("f", "b", F.col("value").cast("string").alias("value"),
                         *(["w"] if labels is not None else []))
 
@@ -705,15 +753,16 @@ def _read(spark: Any, uris: Sequence[str], spec: IngestSpec, header: Sequence[st
 
 
 def record_frame(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: IngestSpec,
-                 labels: Mapping[str, int] | None = None) -> Any:
+                 labels: Mapping[str, int] | None = None, here: bool = False) -> Any:
     """A DataFrame of (f, b, m, payload, k, bad) in source order, not yet partitioned:
     ``bad`` marks a record no mode may write (malformed, no routing key, over the event limit).
     ``files``: the plan's files (key -> identity; a line file's identity is its piece). With
-    ``labels`` (see :func:`writer_labels`) a column ``w``: the record's write task."""
+    ``labels`` (see :func:`writer_labels`) a column ``w``: the record's write task. ``here``: line
+    files read in this process (:func:`lines_read_here`)."""
     from pyspark.sql import functions as F
 
     if spec.format in LINE_FORMATS:
-        lines = line_frame(spark, files, labels).filter(F.length(F.trim("value")) > 0)
+        lines = line_frame(spark, files, labels, here).filter(F.length(F.trim("value")) > 0)
         payload, key, reason = _record_columns(lines, spec)
         return lines.select("f", "b", F.lit(0).cast("long").alias("m"), payload.alias("payload"), key.alias("k"),
                             reason.isNotNull().alias("bad"), *(["w"] if labels is not None else []))
@@ -773,11 +822,12 @@ def build_frame(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: Ingest
     return partition_for_writing(spark, record_frame(spark, files, spec, labels), spec, labels)
 
 
-def needs_labels(spec: IngestSpec) -> bool:
-    """Whether files must be assigned to write tasks explicitly: a line file is one Spark task's
-    input whole (``binaryFile``), so merging input partitions keeps it whole; a CSV or Parquet file
-    may be split between input partitions, and a routing key would spread every file over all tasks."""
-    return bool(spec.routing_key_field) or spec.format not in LINE_FORMATS
+def needs_labels(spec: IngestSpec, here: bool = False) -> bool:
+    """Whether files must be assigned to write tasks explicitly: a line file read in Spark tasks is
+    one task's input whole (``binaryFile``), so merging input partitions keeps it whole; lines read
+    here (``here``: a local relation, cut into partitions by rows) and a CSV or Parquet file may be
+    split between input partitions, and a routing key would spread every file over all tasks."""
+    return bool(spec.routing_key_field) or spec.format not in LINE_FORMATS or here
 
 
 def file_groups(files: Mapping[str, Mapping[str, Any]], writers: int) -> dict[str, int]:
@@ -827,13 +877,14 @@ def spark_hash_long(value: int) -> int:
     return h1 - (1 << 32) if h1 & 0x80000000 else h1
 
 
-def writer_labels(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: IngestSpec) -> dict[str, int] | None:
+def writer_labels(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: IngestSpec,
+                  here: bool = False) -> dict[str, int] | None:
     """File key -> a label whose hash partition (``repartition(n, "w")``) is the file's write task
     (:func:`file_groups`), so that task *i* gets exactly group *i*; None where files stay whole
     without it (:func:`needs_labels`). The labels are the smallest ids that Spark's hash
     partitioner sends to each task (:func:`spark_hash_long`: computed here, not in a Spark job of
     its own; :func:`check_file_groups` checks what the tasks got)."""
-    if not needs_labels(spec):
+    if not needs_labels(spec, here):
         return None
     groups = file_groups(files, writers_of(spark, spec))
     n = max(groups.values()) + 1
@@ -861,29 +912,31 @@ def check_file_groups(labels: Mapping[str, int] | None, holds: Mapping[str, Sequ
                               f"committed; this is a bug of the provider's partitioning: please report it")
 
 
-def partition_for_writing(spark: Any, df: Any, spec: IngestSpec, labels: Mapping[str, int] | None = None) -> Any:
+def partition_for_writing(spark: Any, df: Any, spec: IngestSpec, labels: Mapping[str, int] | None = None,
+                          here: bool = False) -> Any:
     """One partition per write task, each holding whole files (see :func:`file_groups`); with a
-    routing key, every key's events in source order within each file."""
+    routing key, every key's events in source order within each file, as are all lines read here
+    (``here``: a file's lines may come from several input partitions)."""
     if labels is None:
         return df.coalesce(writers_of(spark, spec))  # line files stay whole (coalesce only merges partitions)
     tasks = len(set(labels.values()))
     df = df.repartition(tasks, "w")
-    return df.sortWithinPartitions("f", "b", "m") if spec.routing_key_field else df
+    return df.sortWithinPartitions("f", "b", "m") if spec.routing_key_field or here else df
 
 
 def validate_records(spark: Any, frame: Any, spec: IngestSpec,
-                     pieces: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                     pieces: Mapping[str, Mapping[str, Any]] | None = None, here: bool = False) -> None:
     """Fail with file and line on the first bad record before anything is written (the writes of
     ``at_least_once`` are visible at once); one Spark pass that stops at the first bad record."""
     bad = frame.where("bad").select("f").limit(1).collect()
     if bad:
-        raise bad_record_error(spark, bad[0]["f"], spec, pieces)
+        raise bad_record_error(spark, bad[0]["f"], spec, pieces, here)
 
 
 def bad_record_error(spark: Any, file_uri: str, spec: IngestSpec,
-                     pieces: Mapping[str, Mapping[str, Any]] | None = None) -> BadRecordError:
+                     pieces: Mapping[str, Mapping[str, Any]] | None = None, here: bool = False) -> BadRecordError:
     key = key_of(file_uri)
-    line, reason = first_bad_line(spark, key, spec, (pieces or {}).get(key))
+    line, reason = first_bad_line(spark, key, spec, (pieces or {}).get(key), here)
     where = f"{key}, {'record' if spec.format == 'parquet' else 'line'} {line}" if line else key
     return BadRecordError(f"{where}: {reason}. Nothing of this run was committed; fix the file and re-run.")
 
@@ -898,17 +951,18 @@ def _csv_header(spark: Any, uri: str) -> list[str]:
     return next(csv.reader([first[0]["value"]]))
 
 
-def first_bad_line(spark: Any, key: str, spec: IngestSpec, piece: Mapping[str, Any] | None = None
-                   ) -> tuple[int, str]:
+def first_bad_line(spark: Any, key: str, spec: IngestSpec, piece: Mapping[str, Any] | None = None,
+                   here: bool = False) -> tuple[int, str]:
     """(1-based line number — record number for Parquet —, reason) of the first bad record of one
     file; only on errors. Read through Spark, so it works on every filesystem. A line file's
     ``piece`` (the run's byte range) carries its lines' numbers in the whole file; otherwise each
     line carries its split's start offset and an id rising within the split, so its number is the
-    count of lines in earlier splits plus its position in its own split."""
+    count of lines in earlier splits plus its position in its own split. ``here``: the piece is read
+    in this process, as the run read it (:func:`line_frame`)."""
     from pyspark.sql import functions as F
 
     if spec.format in LINE_FORMATS and piece is not None:
-        lines = line_frame(spark, {key: piece})
+        lines = line_frame(spark, {key: piece}, here=here)
         _payload, _key, reason = _record_columns(lines, spec)
         found = (lines.withColumn("why", reason).where((F.length(F.trim("value")) > 0) & F.col("why").isNotNull())
                  .select("b", "why", F.when(F.length("value") <= 65536, F.col("value")).alias("text"))
@@ -1212,15 +1266,16 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
                                 state_scope=state_scope, state_stream=state_stream, run_id=run_id, owner=coord.owner))
         ctx = TaskContext(config_of(client), spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
         spark = get_spark()
-        labels = writer_labels(spark, plan.to_ingest, spec)
-        records = record_frame(spark, plan.to_ingest, spec, labels)
+        here = spec.format in LINE_FORMATS and lines_read_here(plan.to_ingest, precheck.files is not None)
+        labels = writer_labels(spark, plan.to_ingest, spec, here)
+        records = record_frame(spark, plan.to_ingest, spec, labels, here)
         if spec.mode == "at_least_once":
-            validate_records(spark, records, spec, plan.to_ingest)  # its writes are visible at once: check first
-        frame = partition_for_writing(spark, records, spec, labels)
+            validate_records(spark, records, spec, plan.to_ingest, here)  # its writes are visible at once: check first
+        frame = partition_for_writing(spark, records, spec, labels, here)
         rows = frame.mapInArrow(make_writer(ctx), RESULT_SCHEMA).collect()
         bad = [r for r in rows if r["error"]]
         if bad:
-            raise bad_record_error(spark, bad[0]["bad_file"], spec, plan.to_ingest)
+            raise bad_record_error(spark, bad[0]["bad_file"], spec, plan.to_ingest, here)
         holds = whole_file_holds({r["txn"]: r["files"] or () for r in rows if r["txn"]})
         check_file_groups(labels, holds)
         # Committed in path order of their files: with a routing key, a key's events keep source order.

@@ -282,3 +282,84 @@ def test_local_files_are_measured_in_the_task_exactly_as_in_spark_tasks(tmp_path
     os.remove(ingest_job._local_path(gone))
     with pytest.raises(ingest_job.SourceError, match="was listed but is gone"):
         ingest_job.measure_local_pieces(requests)
+
+
+def test_small_local_files_are_read_in_the_task_exactly_as_in_spark_tasks(tmp_path, spark):
+    """Small local line files are read in the task's process and their lines go to Spark inside the
+    query (no Spark job reads them, and a Spark Connect server elsewhere needs no access to the
+    task's disk); larger or remote ones are read in Spark tasks: both cut lines by one rule
+    (piece_lines), so every piece gives the same rows either way, and a file changed or gone since
+    it was measured is refused either way."""
+    import hashlib
+
+    head = "".join(line(n) + "\n" for n in range(3)).encode()
+    files = {
+        "crlf": ("".join(line(n) + "\r\n" for n in range(4)).encode(), {"base": 0, "fp": None}),
+        "open-last-line": (head + b'{"k": "k1", "n": 9}', {"base": 0, "fp": None, "tail": True}),
+        "grown": (head + b"\n" + head, {"base": len(head), "fp": hashlib.blake2b(head, digest_size=20).hexdigest()}),
+    }
+    requests = {}
+    for name, (content, req) in files.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(content)
+        requests[ingest_job.key_of(path.resolve().as_uri())] = {
+            "size": len(content), "mtime": 1, "open": False, "tail": False, **req}
+    pieces = ingest_job.measure_local_pieces(requests)
+    labels = {key: 7 + i for i, key in enumerate(sorted(pieces))}
+    for with_labels in (None, labels):
+        here = ingest_job.line_frame(spark, pieces, with_labels, here=True).collect()
+        there = ingest_job.line_frame(spark, pieces, with_labels).collect()
+        assert sorted(map(tuple, here)) == sorted(map(tuple, there))
+    rows = {(Path(ingest_job.key_of(r["f"])).stem, r["b"]): r["value"]
+            for r in ingest_job.line_frame(spark, pieces, here=True).collect()}
+    assert rows[("crlf", 4)] == line(3)  # CR LF cut, numbered from 1 in the whole file
+    assert rows[("open-last-line", 4)] == '{"k": "k1", "n": 9}'  # settled: the unterminated line too
+    assert {b for name, b in rows if name == "grown"} == {4, 5, 6, 7}  # only the piece after the committed head
+    assert rows[("grown", 4)] == ""  # an empty line is a line (record_frame drops it)
+
+    assert ingest_job.lines_read_here(pieces, listed_here=True)
+    assert not ingest_job.lines_read_here(pieces, listed_here=False)  # listed by Spark: not on this disk
+    total = sum(p["end"] for p in pieces.values())
+    assert not ingest_job.lines_read_here({**pieces, "big": {"start": 0, "end": ingest_job.LOCAL_LINES_MAX_BYTES
+                                                             - total + 1}}, listed_here=True)
+
+    grown = tmp_path / "grown.jsonl"
+    grown.write_bytes(b"X" + (head + b"\n" + head)[1:])  # rewritten since it was measured
+    with pytest.raises(ingest_job.SourceError, match="grown.jsonl changed while the ingest read it"):
+        ingest_job.line_frame(spark, pieces, here=True)
+    with pytest.raises(Exception, match="grown.jsonl changed while the ingest read it"):
+        ingest_job.line_frame(spark, pieces).collect()
+    grown.unlink()
+    with pytest.raises(ingest_job.SourceError, match="grown.jsonl was listed but is gone"):
+        ingest_job.line_frame(spark, pieces, here=True)
+
+
+def test_a_run_of_small_local_files_reads_them_in_the_task_and_larger_ones_in_spark_tasks(
+        tmp_path, client, spark, read_stream, unique_name, pravega_controller_uri, monkeypatch):
+    """The run's wiring: a day of small local files is read by the task, with no Spark job reading
+    files (one Python worker stage less); past LOCAL_LINES_MAX_BYTES the same run reads them in Spark
+    tasks. Both commit every line once."""
+    scope = unique_name("readhere")
+    day = tmp_path / "day"
+    day.mkdir()
+    for i in range(2):
+        (day / f"part-{i}.jsonl").write_text("".join(line(n) + "\n" for n in range(i * 50, i * 50 + 50)))
+    read_by_spark = []
+    real_file_contents = ingest_job.file_contents
+
+    def file_contents(spark_, keys):
+        read_by_spark.append(sorted(keys))
+        return real_file_contents(spark_, keys)
+
+    monkeypatch.setattr(ingest_job, "file_contents", file_contents)
+    spec = IngestSpec(scope=scope, stream="s", source=str(day / "*.jsonl"), routing_key_field="k",
+                      create_stream=True)
+    assert run_ingest(client, spark, spec).events == 100
+    assert read_by_spark == []
+    for i in range(2):
+        append(day / f"part-{i}.jsonl", "".join(line(n) + "\n" for n in range(100 + i * 50, 150 + i * 50)))
+    monkeypatch.setattr(ingest_job, "LOCAL_LINES_MAX_BYTES", 100)
+    assert run_ingest(client, spark, spec).events == 100
+    assert read_by_spark == [sorted(str(p) for p in day.glob("*.jsonl"))]
+    got = read_stream(pravega_controller_uri, scope, "s")
+    assert Counter(e.decode() for e in got) == Counter(line(n) for n in range(200))
