@@ -29,6 +29,10 @@ embedded server, on one day of sample data (``--events`` readings in 4 files, ro
   every run was before (forced here by spelling the source as a ``file:`` URI with ``..``, which
   only Spark may list), in a classic local session and on the Connect server.
 
+``--busy N``: also the warm day through the Connect server beside N CPU-bound processes (busy loops
+the benchmark starts before the sample and stops after it): a machine shared with other work, each
+busy process taking one core's worth of CPU from the servers and the task.
+
 ``--backfill-days N``: a backfill of N more days, a task process per day back to back (as Airflow
 runs a backfill's tasks), through the Connect server and with a classic local session (issue 28:
 a 30-day backfill >= 5x faster through the warm server).
@@ -51,6 +55,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +96,18 @@ def ingest(uri: str, scope: str, source: str, remote: str | None = None, new_ses
     if done.returncode != 0:
         sys.exit(f"ingest failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1]), wall
+
+
+@contextmanager
+def busy_processes(count: int) -> Iterator[None]:
+    """``count`` CPU-bound processes (busy loops) while the block runs: a machine shared with other work."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def _get(ui: str, path: str) -> list:
@@ -136,6 +154,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--backfill-days", type=int, default=0,
                         help="also a backfill of this many days, one task process per day, classic vs Connect")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="also the warm Connect day beside this many CPU-bound processes (a shared machine)")
     parser.add_argument("--no-connect", dest="connect", action="store_false",
                         help="classic local sessions only (no Spark Connect server)")
     parser.add_argument("--json", type=Path, default=None, help="write the result file here")
@@ -153,6 +173,7 @@ def main() -> int:
     c_new_session: list[tuple[float, float]] = []
     c_nothing_spark: list[tuple[float, float]] = []
     c_daily: list[tuple[float, float]] = []
+    c_busy: list[tuple[float, float]] = []
     work: dict[str, int] = {}
     backfill: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-per-run-") as tmp:
@@ -215,12 +236,19 @@ def main() -> int:
                 summary, wall = ingest(server.controller_uri, f"perrundaily{n}", local, remote)
                 assert summary["events"] == args.events, summary
                 c_daily.append((summary["seconds"], wall))
+                if args.busy:
+                    with busy_processes(args.busy):
+                        summary, wall = ingest(server.controller_uri, f"perrunbusy{n}", local, remote)
+                    assert summary["events"] == args.events, summary
+                    c_busy.append((summary["seconds"], wall))
                 print(f"  round {n + 1}, warm Spark Connect server: new day {c_new_day[-1][0]:.2f} s (process "
                       f"{c_new_day[-1][1]:.1f} s; {work['jobs']} jobs, {work['stages']} stages run + "
                       f"{work['skipped_stages']} skipped, {work['tasks']} tasks); nothing new listed by Spark "
                       f"{c_nothing_spark[-1][0]:.2f} s (process {c_nothing_spark[-1][1]:.1f} s); new day in a new "
                       f"session {c_new_session[-1][0]:.2f} s (process {c_new_session[-1][1]:.1f} s); a daily run "
-                      f"in the kept session {c_daily[-1][0]:.2f} s (process {c_daily[-1][1]:.1f} s)", flush=True)
+                      f"in the kept session {c_daily[-1][0]:.2f} s (process {c_daily[-1][1]:.1f} s)"
+                      + (f"; beside {args.busy} busy process(es) {c_busy[-1][0]:.2f} s (process {c_busy[-1][1]:.1f} s)"
+                         if c_busy else ""), flush=True)
             if args.backfill_days and remote is not None:
                 backfill = run_backfills(server.controller_uri, Path(tmp) / "backfill", args.events,
                                          args.backfill_days, remote)
@@ -242,7 +270,8 @@ def main() -> int:
               f"(target <= 2 s), process {med(c_new_day, 1):.1f} s; nothing new listed by Spark there: run "
               f"{med(c_nothing_spark, 0):.2f} s; a new day in a new Connect session (before, or after the server's "
               f"idle timeout): run {med(c_new_session, 0):.2f} s; a daily run in the session a long-running server "
-              f"keeps (its idle Python workers stopped): run {med(c_daily, 0):.2f} s (target <= 2 s)")
+              f"keeps (its idle Python workers stopped): run {med(c_daily, 0):.2f} s (target <= 2 s)"
+              + (f"; beside {args.busy} busy process(es): run {med(c_busy, 0):.2f} s (target <= 2 s)" if c_busy else ""))
         connect_figures = [
             rf.figure(f"a day of {args.events:,} readings, warm local Spark Connect server: run seconds", "s",
                       [r[0] for r in c_new_day], higher_is_better=False,
@@ -255,6 +284,10 @@ def main() -> int:
                       f"workers stopped): run seconds", "s", [r[0] for r in c_daily], higher_is_better=False,
                       baseline=("a new session (a server closing idle sessions after 60 min, Spark's default)",
                                 [r[0] for r in c_new_session]), target=2.0),
+            *([rf.figure(f"a day of {args.events:,} readings, warm Spark Connect server, beside {args.busy} CPU-bound "
+                         f"process(es) (a shared machine): run seconds", "s", [r[0] for r in c_busy],
+                         higher_is_better=False, baseline=("the same on the quiet machine", [r[0] for r in c_new_day]),
+                         target=2.0)] if c_busy else []),
             rf.figure(f"a day of {args.events:,} readings, warm local Spark Connect server: process seconds", "s",
                       [r[1] for r in c_new_day], higher_is_better=False,
                       baseline=("classic local session", [r[1] for r in new_day])),

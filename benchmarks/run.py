@@ -71,7 +71,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "event_writer": {"events": 100_000, "repeat": 3, "extra": []},
         "ingest_state": {"events": 100_000, "repeat": 5, "extra": []},  # samples are cheap, load is not
         "lake": {"events": 100_000, "repeat": 1, "extra": ["--small-mb", "20", "--large-mb", "200"]},
-        "per_run": {"events": 10_000, "repeat": 2, "extra": ["--backfill-days", "5"]},
+        "per_run": {"events": 10_000, "repeat": 2, "extra": ["--backfill-days", "5", "--busy", "1"]},
     },
     "full": {
         "server": {"events": 1_000_000, "repeat": 3, "extra": ["--hold-gb", "5"]},
@@ -82,7 +82,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "ingest_state": {"events": 1_000_000, "repeat": 7, "extra": []},  # ~2 s per sample; filling dominates
         "lake": {"events": 300_000, "repeat": 2, "extra": ["--small-mb", "100", "--large-mb", "2000"]},
         # the day: 10,000 readings; its backfill: 30 days
-        "per_run": {"events": 10_000, "repeat": 3, "extra": ["--backfill-days", "30"]},
+        "per_run": {"events": 10_000, "repeat": 3, "extra": ["--backfill-days", "30", "--busy", "1"]},
     },
 }
 

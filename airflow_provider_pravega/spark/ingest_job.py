@@ -547,16 +547,26 @@ def measure_local_pieces(requests: Mapping[str, Mapping[str, Any]]) -> dict[str,
     requests = {k: dict(v) for k, v in requests.items()}
     found = {}
     for key, req in requests.items():
-        path = _local_path(key)
-        try:
-            with open(path, "rb") as fh:
-                content = fh.read()
-        except FileNotFoundError:
-            continue  # reported with the others that are gone
-        except OSError as exc:
-            raise SourceError(f"cannot read {key}: {exc.strerror or exc}") from None
-        found[key] = measure_file(content, req)
+        content = _local_bytes(key)
+        if content is not None:  # a file that is gone is reported with the others
+            found[key] = measure_file(content, req)
     return _pieces(requests, found)
+
+
+def _gone(key: str) -> SourceError:
+    return SourceError(f"{key} was listed but is gone: it was deleted or renamed while the ingest ran")
+
+
+def _local_bytes(key: str, upto: int = -1) -> bytes | None:
+    """The bytes of a local file (its first ``upto``), None if it is gone; any other failure to
+    read it is a :class:`SourceError` naming it."""
+    try:
+        with open(_local_path(key) or key, "rb") as fh:
+            return fh.read(upto)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SourceError(f"cannot read {key}: {exc.strerror or exc}") from None
 
 
 def _pieces(requests: Mapping[str, Mapping[str, Any]], found: Mapping[str, Mapping[str, Any]]
@@ -564,7 +574,7 @@ def _pieces(requests: Mapping[str, Mapping[str, Any]], found: Mapping[str, Mappi
     """The pieces to record from what each file measured (``found``, by key)."""
     missing = sorted(set(requests) - set(found))
     if missing:
-        raise SourceError(f"{missing[0]} was listed but is gone: it was deleted or renamed while the ingest ran")
+        raise _gone(missing[0])
     pieces = {}
     for key, r in found.items():
         req = requests[key]
@@ -650,14 +660,9 @@ def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]], labels: Mapp
 
         batches = []
         for key in sorted(ranges):
-            try:
-                with open(_local_path(key) or key, "rb") as fh:
-                    content = fh.read()
-            except FileNotFoundError:
-                raise SourceError(f"{key} was listed but is gone: it was deleted or renamed while the ingest "
-                                  f"ran") from None
-            except OSError as exc:
-                raise SourceError(f"cannot read {key}: {exc.strerror or exc}") from None
+            content = _local_bytes(key, upto=ranges[key][1])  # no further than the piece's end
+            if content is None:
+                raise _gone(key)
             path = "file:" + key  # as binaryFile names a local file
             batches.extend(piece_lines(path, content, ranges[key], label_of(path)))
         frame = spark.createDataFrame(pa.Table.from_batches(batches, schema=_line_schema(labels is not None)))
@@ -814,12 +819,6 @@ def writers_of(spark: Any, spec: IngestSpec) -> int:
     if instances and cores:
         return max(1, int(instances) * int(cores))
     return CONNECT_DEFAULT_WRITERS  # not the SQL shuffle default (200 transactions per run)
-
-
-def build_frame(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: IngestSpec) -> Any:
-    """The record frame of ``files`` partitioned for writing."""
-    labels = writer_labels(spark, files, spec)
-    return partition_for_writing(spark, record_frame(spark, files, spec, labels), spec, labels)
 
 
 def needs_labels(spec: IngestSpec, here: bool = False) -> bool:
