@@ -911,16 +911,16 @@ def check_file_groups(labels: Mapping[str, int] | None, holds: Mapping[str, Sequ
                               f"committed; this is a bug of the provider's partitioning: please report it")
 
 
-def partition_for_writing(spark: Any, df: Any, spec: IngestSpec, labels: Mapping[str, int] | None = None,
-                          here: bool = False) -> Any:
+def partition_for_writing(spark: Any, df: Any, spec: IngestSpec, labels: Mapping[str, int] | None = None) -> Any:
     """One partition per write task, each holding whole files (see :func:`file_groups`); with a
-    routing key, every key's events in source order within each file, as are all lines read here
-    (``here``: a file's lines may come from several input partitions)."""
+    routing key, every key's events in source order within each file, as are labelled lines
+    without one (read here, :func:`needs_labels`: a file's lines may come from several input
+    partitions)."""
     if labels is None:
         return df.coalesce(writers_of(spark, spec))  # line files stay whole (coalesce only merges partitions)
     tasks = len(set(labels.values()))
     df = df.repartition(tasks, "w")
-    return df.sortWithinPartitions("f", "b", "m") if spec.routing_key_field or here else df
+    return df.sortWithinPartitions("f", "b", "m") if spec.routing_key_field or spec.format in LINE_FORMATS else df
 
 
 def validate_records(spark: Any, frame: Any, spec: IngestSpec,
@@ -1270,7 +1270,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
         records = record_frame(spark, plan.to_ingest, spec, labels, here)
         if spec.mode == "at_least_once":
             validate_records(spark, records, spec, plan.to_ingest, here)  # its writes are visible at once: check first
-        frame = partition_for_writing(spark, records, spec, labels, here)
+        frame = partition_for_writing(spark, records, spec, labels)
         rows = frame.mapInArrow(make_writer(ctx), RESULT_SCHEMA).collect()
         bad = [r for r in rows if r["error"]]
         if bad:
