@@ -43,7 +43,8 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
     :param allow_changed_files: Re-ingest a file whose content changed since it was ingested.
     :param wait_for_commit: Wait until every transaction is COMMITTED (default). With False the
         operator returns once the commits are requested; pair it with PravegaTransactionSensor.
-    :param num_writers: Transactions (Spark tasks) per run; default Spark's parallelism.
+    :param num_writers: Transactions (Spark tasks) per run; default Spark's parallelism, but at most one per
+        16 MiB of planned input.
     :param stale_after_s: A run of this ingest whose driver has not heartbeated for this long is
         presumed dead and recovered by the next run (default 60 s; the driver heartbeats every
         ``min(10 s, lease/3, stale_after_s/4)``, at most every 0.5 s, so at least 2 s). A run of an

@@ -647,6 +647,8 @@ def _read_partition(config: Any, ranges: Sequence[SegmentRange], decoding: Decod
     streaming reads); only the schema's columns are made."""
     import pyarrow as pa
 
+    from airflow_provider_pravega.spark.arrow_columns import int64_array, repeated
+
     schema = decoding.arrow_schema
     int64, string = pa.int64(), pa.string()
     wanted = set(schema.names)
@@ -656,12 +658,12 @@ def _read_partition(config: Any, ranges: Sequence[SegmentRange], decoding: Decod
                                                      text=decoding.text):
         if rng is not current:
             current = rng
-            constants = {name: pa.scalar(value, kind) for name, value, kind in (
+            constants = [(name, value, kind) for name, value, kind in (
                 ("scope", rng.scope, string), ("stream", rng.stream, string), ("segment_id", rng.segment_id, int64))
-                if name in wanted}
+                if name in wanted]
         n = len(events)
-        columns = {"offset": pa.array(offsets)} if "offset" in wanted else {}
-        columns.update((name, pa.repeat(value, n)) for name, value in constants.items())
+        columns = {"offset": int64_array(offsets)} if "offset" in wanted else {}
+        columns.update((name, repeated(value, kind, n)) for name, value, kind in constants)
         if json_schema is None:
             columns["event"] = events
         else:
@@ -678,7 +680,9 @@ def _parse_json(events: Any, offsets: Any, schema: Any, rng: SegmentRange) -> An
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
-    lines = pc.binary_join_element_wise(events, pa.scalar(b"\n"), pa.scalar(b""))
+    from airflow_provider_pravega.spark.arrow_columns import scalar
+
+    lines = pc.binary_join_element_wise(events, scalar(b"\n", pa.binary()), scalar(b"", pa.binary()))
     ends = np.frombuffer(lines.buffers()[1], dtype=np.int32 if lines.type == pa.binary() else np.int64)
     start, end = int(ends[lines.offset]), int(ends[lines.offset + len(lines)])
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore", newlines_in_values=True)

@@ -138,7 +138,7 @@ class IngestSpec:
     on_empty: str = "fail"  # or "succeed"
     allow_changed_files: bool = False
     wait_for_commit: bool = True
-    num_writers: int | None = None  # transactions (tasks) per run; default: Spark's parallelism
+    num_writers: int | None = None  # transactions (tasks) per run; default: see writers_of
     stale_after_s: float = 60.0
     task_instance: str | None = None  # the Airflow task instance running this ingest ...
     try_number: int | None = None  # ... and its try: a later try takes an earlier try's run over at once
@@ -439,6 +439,9 @@ def file_contents(spark: Any, keys: Iterable[str]) -> Any:
     return spark.read.format("binaryFile").load([uri_of(k) for k in keys]).select("path", "content")
 
 
+_DIGEST_SCHEMA = "path string, fp string"
+
+
 def fingerprint_files(spark: Any, keys: Sequence[str]) -> dict[str, str]:
     """BLAKE2b-160 content fingerprints (the form states recorded before listing went through
     Spark), computed inside Spark tasks — one file per row, never on the driver."""
@@ -448,15 +451,16 @@ def fingerprint_files(spark: Any, keys: Sequence[str]) -> dict[str, str]:
     def digest(batches: Iterator[Any]) -> Iterator[Any]:
         import hashlib
 
-        import pyarrow as pa
+        from airflow_provider_pravega.spark.arrow_columns import record_batch, schema_of
 
+        schema = schema_of(_DIGEST_SCHEMA)
         for batch in batches:
             paths = batch.column("path").to_pylist()
             fps = [hashlib.blake2b(c, digest_size=20).hexdigest() for c in batch.column("content").to_pylist()]
-            yield pa.RecordBatch.from_pydict({"path": paths, "fp": fps})
+            yield record_batch({"path": paths, "fp": fps}, schema)
 
     rows = (file_contents(spark, keys)
-            .mapInArrow(digest, "path string, fp string").collect())
+            .mapInArrow(digest, _DIGEST_SCHEMA).collect())
     return {key_of(r["path"]): r["fp"] for r in rows}
 
 
@@ -524,15 +528,16 @@ def measure_pieces(spark: Any, requests: Mapping[str, Mapping[str, Any]]) -> dic
     requests = {k: dict(v) for k, v in requests.items()}
 
     def measure(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
+        from airflow_provider_pravega.spark.arrow_columns import record_batch, schema_of
 
+        arrow_schema = schema_of(schema)
         for batch in batches:
             out: dict[str, list[Any]] = {c: [] for c in _MEASURED}
             for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
                 row = {"path": path, **measure_file(content, requests[key_of(path)])}
                 for c in _MEASURED:
                     out[c].append(row[c])
-            yield pa.RecordBatch.from_pydict(out)
+            yield record_batch(out, arrow_schema)
 
     schema = ("path string, start long, end long, fp string, line long, lines long, open boolean, "
               "changed string")
@@ -616,7 +621,10 @@ def piece_lines(path: str, content: bytes, piece: tuple[int, int, int, str | Non
     must still have the planned fingerprint ``fp``, else :class:`SourceError`."""
     import hashlib
 
+    import numpy as np
     import pyarrow as pa
+
+    from airflow_provider_pravega.spark.arrow_columns import array, int64_array, repeated
 
     start, end, line, fp = piece
     if fp is not None and hashlib.blake2b(memoryview(content)[:end], digest_size=20).hexdigest() != fp:
@@ -630,10 +638,11 @@ def piece_lines(path: str, content: bytes, piece: tuple[int, int, int, str | Non
     schema = _line_schema(label is not None)
     for i in range(0, len(lines), 10_000):
         chunk = lines[i:i + 10_000]
-        columns = {"f": [path] * len(chunk), "b": list(range(line + i, line + i + len(chunk))), "value": chunk}
+        columns = [repeated(path, pa.string(), len(chunk)), int64_array(np.arange(line + i, line + i + len(chunk))),
+                   array(chunk, pa.binary())]
         if label is not None:
-            columns["w"] = [label] * len(chunk)
-        yield pa.RecordBatch.from_pydict(columns, schema=schema)
+            columns.append(repeated(label, pa.int64(), len(chunk)))
+        yield pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]], labels: Mapping[str, int] | None = None,
@@ -704,6 +713,10 @@ def _listing_error(text: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 CONNECT_DEFAULT_WRITERS = 8  # writers on Spark Connect when its configuration does not say
+#: A run gets a write task (a transaction) per this many planned bytes, up to Spark's parallelism:
+#: each task of a scheduled run starts a new Python worker (Spark stops idle ones after 60 s; about
+#: 0.5 s of the task), so a small day's files are written faster, and with fewer transactions, by one.
+BYTES_PER_WRITER = 16 * 1024 * 1024
 EVENT_LIMIT = 8 * 1024 * 1024  # Pravega's event size limit (protocol.wire.MAX_EVENT_SIZE)
 
 
@@ -800,10 +813,16 @@ def record_frame(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: Inges
     )
 
 
-def writers_of(spark: Any, spec: IngestSpec) -> int:
-    """Write tasks (transactions) per run: ``num_writers``, else the cluster's parallelism."""
+def writers_of(spark: Any, spec: IngestSpec, files: Mapping[str, Mapping[str, Any]]) -> int:
+    """Write tasks (transactions) for a run of ``files``: ``num_writers``, else the cluster's
+    parallelism, but no more than one per :data:`BYTES_PER_WRITER` planned."""
     if spec.num_writers:
         return spec.num_writers
+    planned = sum(_planned_bytes(ident) for ident in files.values())
+    return max(1, min(_parallelism(spark), -(-planned // BYTES_PER_WRITER)))
+
+
+def _parallelism(spark: Any) -> int:
     try:
         return int(spark.sparkContext.defaultParallelism)
     except Exception:  # Spark Connect has no SparkContext: what the server's configuration says
@@ -876,7 +895,7 @@ def spark_hash_long(value: int) -> int:
     return h1 - (1 << 32) if h1 & 0x80000000 else h1
 
 
-def writer_labels(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: IngestSpec,
+def writer_labels(files: Mapping[str, Mapping[str, Any]], spec: IngestSpec, writers: int,
                   here: bool = False) -> dict[str, int] | None:
     """File key -> a label whose hash partition (``repartition(n, "w")``) is the file's write task
     (:func:`file_groups`), so that task *i* gets exactly group *i*; None where files stay whole
@@ -885,7 +904,7 @@ def writer_labels(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: Inge
     its own; :func:`check_file_groups` checks what the tasks got)."""
     if not needs_labels(spec, here):
         return None
-    groups = file_groups(files, writers_of(spark, spec))
+    groups = file_groups(files, writers)
     n = max(groups.values()) + 1
     label: dict[int, int] = {}
     for i in range(64 * n):
@@ -911,13 +930,13 @@ def check_file_groups(labels: Mapping[str, int] | None, holds: Mapping[str, Sequ
                               f"committed; this is a bug of the provider's partitioning: please report it")
 
 
-def partition_for_writing(spark: Any, df: Any, spec: IngestSpec, labels: Mapping[str, int] | None = None) -> Any:
-    """One partition per write task, each holding whole files (see :func:`file_groups`); with a
-    routing key, every key's events in source order within each file, as are labelled lines
-    without one (read here, :func:`needs_labels`: a file's lines may come from several input
-    partitions)."""
+def partition_for_writing(df: Any, spec: IngestSpec, writers: int, labels: Mapping[str, int] | None = None) -> Any:
+    """One partition per write task (at most ``writers``), each holding whole files (see
+    :func:`file_groups`); with a routing key, every key's events in source order within each file,
+    as are labelled lines without one (read here, :func:`needs_labels`: a file's lines may come
+    from several input partitions)."""
     if labels is None:
-        return df.coalesce(writers_of(spark, spec))  # line files stay whole (coalesce only merges partitions)
+        return df.coalesce(writers)  # line files stay whole (coalesce only merges partitions)
     tasks = len(set(labels.values()))
     df = df.repartition(tasks, "w")
     return df.sortWithinPartitions("f", "b", "m") if spec.routing_key_field or spec.format in LINE_FORMATS else df
@@ -1057,22 +1076,21 @@ class TaskContext:
     owner: str | None = None  # the driver owning the run: a task of a taken-over run cannot register
 
 
+def task_result(txn: str | None, events: int, size: int, error: str | None = None, bad_file: str | None = None,
+                files: Iterable[str] = ()) -> Any:
+    """A write task's one-row answer (:data:`RESULT_SCHEMA`): its transaction, what it wrote, or
+    the file of the bad record that stopped it."""
+    from airflow_provider_pravega.spark.arrow_columns import record_batch, schema_of
+
+    return record_batch({"txn": [txn], "events": [events], "bytes": [size], "error": [error], "bad_file": [bad_file],
+                         "files": [sorted(files)]}, schema_of(RESULT_SCHEMA))
+
+
 def make_writer(ctx: TaskContext):
     """The function ``mapInArrow`` runs on each partition: one transaction per task attempt."""
 
     def write_partition(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
         import pyarrow.compute as pc
-
-        def result(txn: str | None, events: int, size: int, error: str | None = None, bad_file: str | None = None,
-                   files: Iterable[str] = ()):
-            return pa.RecordBatch.from_pydict(
-                {"txn": [txn], "events": [events], "bytes": [size], "error": [error], "bad_file": [bad_file],
-                 "files": [sorted(files)]},
-                schema=pa.schema([("txn", pa.string()), ("events", pa.int64()), ("bytes", pa.int64()),
-                                  ("error", pa.string()), ("bad_file", pa.string()),
-                                  ("files", pa.list_(pa.string()))]),
-            )
 
         batches = iter(batches)
         first = next(batches, None)
@@ -1081,7 +1099,7 @@ def make_writer(ctx: TaskContext):
         client = _worker_client(ctx.config)
         spec = ctx.spec
         if spec.mode == "at_least_once":
-            yield _write_plain(ctx, first, batches, result)
+            yield _write_plain(ctx, first, batches)
             return
         txns = client.transactions
         info = txns.begin(spec.scope, spec.stream, ctx.lease_ms)
@@ -1104,7 +1122,7 @@ def make_writer(ctx: TaskContext):
                     bad_file = _first_bad_file(batch)
                     if bad_file is not None:  # nothing of this transaction will be committed
                         txns.abort(spec.scope, spec.stream, info.txn_id)
-                        yield result(hex_id, events, size, "bad record", bad_file)
+                        yield task_result(hex_id, events, size, "bad record", bad_file)
                         return
                     payloads = batch.column("payload").to_pylist()
                     if spec.routing_key_field:
@@ -1127,7 +1145,7 @@ def make_writer(ctx: TaskContext):
         except FencedError:
             txns.abort(spec.scope, spec.stream, info.txn_id)
             raise
-        yield result(hex_id, events, size, files=held)
+        yield task_result(hex_id, events, size, files=held)
 
     return write_partition
 
@@ -1150,7 +1168,7 @@ def _first_bad_file(batch: Any) -> str | None:
     return batch.column("f")[pc.index(bad, True).as_py()].as_py()
 
 
-def _write_plain(ctx: TaskContext, first: Any, batches: Iterator[Any], result: Any) -> Any:
+def _write_plain(ctx: TaskContext, first: Any, batches: Iterator[Any]) -> Any:
     """at_least_once: the provider's pipelined event writer (plain appends routed by key, 1,000
     events in flight per segment, survives scaling), no transaction (may duplicate on retry). Its
     writes are visible at once, so the driver validated every record before this job
@@ -1162,7 +1180,7 @@ def _write_plain(ctx: TaskContext, first: Any, batches: Iterator[Any], result: A
             bad_file = _first_bad_file(batch)
             if bad_file is not None:
                 writer.flush()
-                return result(None, events, size, "bad record", bad_file)
+                return task_result(None, events, size, "bad record", bad_file)
             payloads = batch.column("payload").to_pylist()
             if ctx.spec.routing_key_field:
                 write = writer.write_event
@@ -1175,7 +1193,7 @@ def _write_plain(ctx: TaskContext, first: Any, batches: Iterator[Any], result: A
         writer.flush()
     finally:
         writer.close()
-    return result(None, events, size)
+    return task_result(None, events, size)
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
@@ -1266,11 +1284,12 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
         ctx = TaskContext(config_of(client), spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
         spark = get_spark()
         here = spec.format in LINE_FORMATS and lines_read_here(plan.to_ingest, precheck.files is not None)
-        labels = writer_labels(spark, plan.to_ingest, spec, here)
+        writers = writers_of(spark, spec, plan.to_ingest)
+        labels = writer_labels(plan.to_ingest, spec, writers, here)
         records = record_frame(spark, plan.to_ingest, spec, labels, here)
         if spec.mode == "at_least_once":
             validate_records(spark, records, spec, plan.to_ingest, here)  # its writes are visible at once: check first
-        frame = partition_for_writing(spark, records, spec, labels)
+        frame = partition_for_writing(records, spec, writers, labels)
         rows = frame.mapInArrow(make_writer(ctx), RESULT_SCHEMA).collect()
         bad = [r for r in rows if r["error"]]
         if bad:
@@ -1503,7 +1522,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="exactly_once", choices=MODES)
     ap.add_argument("--create-stream", action="store_true")
     ap.add_argument("--segments", type=int, default=1)
-    ap.add_argument("--num-writers", type=int)
+    ap.add_argument("--num-writers", type=int,
+                    help="transactions (Spark tasks) per run; default: Spark's parallelism, at most one per "
+                         "16 MiB planned")
     ap.add_argument("--stale-after", type=float, default=60.0)
     ap.add_argument("--unknown-commits", choices=("committed", "not_committed"), default=None,
                     help="how to resolve a crashed run whose transactions the controller forgot (see docs/ingest.md)")

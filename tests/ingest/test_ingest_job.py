@@ -202,3 +202,27 @@ def test_write_labels_follow_sparks_hash_partitioner(spark):
     check_file_groups({"a": 7, "b": 7, "c": 9}, {"t1": ["a", "b"], "t2": ["c"]})
     with pytest.raises(IngestError, match="2 write groups"):
         check_file_groups({"a": 7, "b": 7, "c": 9}, {"t1": ["a", "c"], "t2": ["b"]})
+
+
+def test_a_small_run_is_one_write_task_and_a_large_one_spreads_over_the_cores(tmp_path, client, spark, unique_name):
+    """A write task per 16 MiB planned, up to Spark's parallelism (each task of a scheduled run
+    starts a new Python worker); num_writers overrides it."""
+    from airflow_provider_pravega.spark.ingest_job import BYTES_PER_WRITER, writers_of
+
+    cores = spark.sparkContext.defaultParallelism
+    assert cores >= 2
+    spec = IngestSpec(scope="s", stream="t", source="/in/*.jsonl")
+    mib = 1024 * 1024
+    assert writers_of(spark, spec, {"a": {"size": 10}, "b": {"start": 0, "end": 3 * mib}}) == 1
+    assert writers_of(spark, spec, {}) == 1
+    assert writers_of(spark, spec, {"a": {"size": BYTES_PER_WRITER + 1}}) == 2
+    assert writers_of(spark, spec, {f"f{i}": {"size": BYTES_PER_WRITER} for i in range(64)}) == cores
+    assert writers_of(spark, IngestSpec(scope="s", stream="t", source="/in/*.jsonl", num_writers=5),
+                      {"a": {"size": 10}}) == 5
+
+    scope = unique_name("ing-small")
+    lines = write_jsonl(tmp_path / "in", files=4, per_file=200)
+    spec = IngestSpec(scope=scope, stream="readings", source=str(tmp_path / "in" / "*.jsonl"),
+                      routing_key_field="sensor_id", create_stream=True)
+    result = run_ingest(client, spark, spec)
+    assert result.events == len(lines) and len(result.transactions) == 1
