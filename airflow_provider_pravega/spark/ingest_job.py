@@ -469,7 +469,9 @@ def fingerprint_files(spark: Any, keys: Sequence[str]) -> dict[str, str]:
 #: 2 s through a warm Spark Connect server); larger ones are read in Spark tasks, never on the driver.
 LOCAL_MEASURE_MAX_BYTES = 64 * 1024 * 1024
 
-_MEASURED = ("path", "start", "end", "fp", "line", "lines", "open", "changed")
+#: What a measure task returns per file (see measure_file).
+_MEASURED_SCHEMA = ("path string, start long, end long, fp string, line long, lines long, open boolean, "
+                    "changed string")
 
 
 def measure_file(content: bytes, req: dict[str, Any]) -> dict[str, Any]:
@@ -530,19 +532,17 @@ def measure_pieces(spark: Any, requests: Mapping[str, Mapping[str, Any]]) -> dic
     def measure(batches: Iterator[Any]) -> Iterator[Any]:
         from airflow_provider_pravega.spark.arrow_columns import record_batch, schema_of
 
-        arrow_schema = schema_of(schema)
+        schema = schema_of(_MEASURED_SCHEMA)
         for batch in batches:
-            out: dict[str, list[Any]] = {c: [] for c in _MEASURED}
+            out: dict[str, list[Any]] = {c: [] for c in schema.names}
             for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
                 row = {"path": path, **measure_file(content, requests[key_of(path)])}
-                for c in _MEASURED:
+                for c in schema.names:
                     out[c].append(row[c])
-            yield record_batch(out, arrow_schema)
+            yield record_batch(out, schema)
 
-    schema = ("path string, start long, end long, fp string, line long, lines long, open boolean, "
-              "changed string")
     rows = (file_contents(spark, requests)
-            .mapInArrow(measure, schema).collect())
+            .mapInArrow(measure, _MEASURED_SCHEMA).collect())
     return _pieces(requests, {key_of(r["path"]): r for r in rows})
 
 
@@ -607,11 +607,15 @@ def lines_read_here(pieces: Mapping[str, Mapping[str, Any]], listed_here: bool) 
     return listed_here and sum(int(p["end"]) for p in pieces.values()) <= LOCAL_LINES_MAX_BYTES
 
 
-def _line_schema(labelled: bool) -> Any:
-    import pyarrow as pa
+def _line_columns(labelled: bool) -> str:
+    """The columns of a piece's lines (see piece_lines): file, line number, line[, write task]."""
+    return "f string, b long, value binary" + (", w long" if labelled else "")
 
-    fields = [("f", pa.string()), ("b", pa.int64()), ("value", pa.binary())]
-    return pa.schema(fields + [("w", pa.int64())] if labelled else fields)
+
+def _line_schema(labelled: bool) -> Any:
+    from airflow_provider_pravega.spark.arrow_columns import schema_of
+
+    return schema_of(_line_columns(labelled))
 
 
 def piece_lines(path: str, content: bytes, piece: tuple[int, int, int, str | None], label: int | None
@@ -681,8 +685,7 @@ def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]], labels: Mapp
                 for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
                     yield from piece_lines(path, content, ranges[key_of(path)], label_of(path))
 
-        schema_text = "f string, b long, value binary" + (", w long" if labels is not None else "")
-        frame = file_contents(spark, pieces).mapInArrow(split, schema_text)
+        frame = file_contents(spark, pieces).mapInArrow(split, _line_columns(labels is not None))
     return frame.select("f", "b", F.col("value").cast("string").alias("value"),
                         *(["w"] if labels is not None else []))
 
