@@ -41,6 +41,7 @@ import logging
 import os
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -1312,6 +1313,10 @@ def _check_columns(schema: Any) -> tuple[bool, bool]:
 # ---------------------------------------------------------------------------------------------
 
 
+#: Session -> the class it has as ``format("pravega")`` (weakly held: a new session is a new object).
+_REGISTERED: weakref.WeakKeyDictionary[Any, type] = weakref.WeakKeyDictionary()
+
+
 def register(spark: Any, *, renew_writes: Mapping[str, str] | None = None) -> Any:
     """Make ``format("pravega")`` available in ``spark`` (a classic or a Spark Connect session).
 
@@ -1319,9 +1324,14 @@ def register(spark: Any, *, renew_writes: Mapping[str, str] | None = None) -> An
     ``tls``... as a write takes them). This process then runs a renewer thread that keeps every
     exactly-once batch write of the session alive between its last task and its commit (see
     :mod:`~airflow_provider_pravega.spark.write_renewal`), through a registry in that scope.
-    Returns the renewer (``.stop()`` ends it; it is a daemon thread) or None."""
+    Returns the renewer (``.stop()`` ends it; it is a daemon thread) or None.
+
+    Without ``renew_writes``, a session that has this plain source already is left as it is (each
+    export reads through it; registering it again costs 10-25 ms)."""
     if renew_writes is None:
-        spark.dataSource.register(PravegaDataSource)
+        if _REGISTERED.get(spark) is not PravegaDataSource:
+            spark.dataSource.register(PravegaDataSource)
+            _REGISTERED[spark] = PravegaDataSource
         return None
     from airflow_provider_pravega.spark import write_renewal
 
@@ -1337,5 +1347,6 @@ def register(spark: Any, *, renew_writes: Mapping[str, str] | None = None) -> An
                    {"renewal": renewer.renewal, "__module__": __name__,
                     "__qualname__": f"{PravegaDataSource.__qualname__}.renewed", "__doc__": PravegaDataSource.__doc__})
     spark.dataSource.register(renewed)
+    _REGISTERED[spark] = renewed
     renewer.start()
     return renewer

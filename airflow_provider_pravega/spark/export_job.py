@@ -101,6 +101,7 @@ from airflow_provider_pravega.spark.export_output import (
     local_visible_files,
     output_key,
     path_problem,
+    session_local_path,
     visible_files,
     write_empty_locally,
 )
@@ -946,10 +947,12 @@ def _writes_without_spark(spec: ExportSpec, local_files: bool) -> bool:
 
 
 def _listed(spec: ExportSpec, spark: Any) -> list[str] | None:
-    """What a reader finds at the output path: through the session, or this machine's files."""
+    """What a reader finds at the output path: this machine's files when there is no session or
+    the session's files are this machine's (:func:`session_local_path`), else through the session."""
     try:
-        if spark is None:
-            return local_visible_files(local_path(spec.output_path) or spec.output_path)
+        here = local_path(spec.output_path) if spark is None else session_local_path(spark, spec.output_path)
+        if spark is None or here is not None:
+            return local_visible_files(here or spec.output_path)
         return visible_files(spark, output_key(spec.output_path))
     except (UnusablePathError, OSError) as exc:  # an invalid URI, an unknown scheme, a missing connector
         raise OutputPathError(f"output path {spec.output_path!r} is not usable: {exc}") from None

@@ -26,8 +26,8 @@ import shutil
 import uuid
 from typing import Any
 
-__all__ = ["UnusablePathError", "local_path", "local_visible_files", "output_key", "path_problem", "visible_files",
-           "write_empty_locally"]
+__all__ = ["UnusablePathError", "local_path", "local_visible_files", "output_key", "path_problem",
+           "session_local_path", "visible_files", "write_empty_locally"]
 
 
 class UnusablePathError(Exception):
@@ -55,8 +55,12 @@ def local_path(path: str) -> str | None:
 
 
 def _hidden(name: str) -> bool:
-    """Names Spark's file index leaves out (and so does every reader of Spark's output)."""
-    return name.startswith(("_", "."))
+    """Names Spark's file index leaves out (and so does every reader of Spark's output): ``.`` and
+    ``_`` names (but partition directories such as ``_day=1`` and Parquet's ``_metadata`` files)
+    and files still being copied (as Hadoop's ``shouldFilterOutPathName``)."""
+    if name.startswith(("_metadata", "_common_metadata")):
+        return False
+    return name.startswith(".") or name.startswith("_") and "=" not in name or name.endswith("._COPYING_")
 
 
 def java_message(exc: BaseException) -> str:
@@ -80,6 +84,30 @@ def visible_files(spark: Any, path: str) -> list[str] | None:
         if "PATH_NOT_FOUND" in text or "Path does not exist" in text:
             return None
         raise UnusablePathError(java_message(exc)) from None
+
+
+def session_local_path(spark: Any, path: str) -> str | None:
+    """The local path of ``path`` when ``spark`` reads and writes it on this machine's filesystem:
+    a classic session in local mode, and a ``file:`` URI or a plain path under a local default
+    filesystem. None otherwise (Spark Connect, a cluster, another filesystem). Listing such a
+    path with Python's own functions finds what Spark finds, without a round trip through the JVM
+    (about 45 ms per listing)."""
+    if spark is None or type(spark).__module__.startswith("pyspark.sql.connect"):
+        return None
+    mine = local_path(path)
+    if mine is None:
+        return None
+    try:
+        context = spark.sparkContext
+        if not context.master.startswith("local"):
+            return None
+        if not path.startswith("file:"):
+            default_fs = context._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
+            if not default_fs.startswith("file:"):
+                return None
+    except Exception:  # noqa: BLE001 - a session that cannot say: list through it
+        return None
+    return mine
 
 
 def local_visible_files(path: str) -> list[str] | None:

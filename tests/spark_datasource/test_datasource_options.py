@@ -150,3 +150,27 @@ def test_a_lease_the_controller_refuses_in_a_task_names_the_option(registered, p
              .mode("append").option("controller", controller).option("scope", scope).option("stream", "s")
              .option("transaction_lease_ms", "200000").save())
         assert _stream_events(client, scope, "s") == []
+
+
+def test_a_session_gets_the_plain_source_once_and_a_renewed_one_is_replaced(spark, monkeypatch, pravega_controller_uri,
+                                                                            unique_name):
+    """Each export registers the source: a session that has it is left alone; one that has the
+    renewed source of ``register(renew_writes=...)`` gets the plain one again."""
+    from airflow_provider_pravega.spark.datasource import PravegaDataSource
+
+    registration = type(spark.dataSource)
+    calls: list[type] = []
+    real = registration.register
+    monkeypatch.setattr(registration, "register", lambda self, cls: (calls.append(cls), real(self, cls))[1])
+    register(spark)
+    register(spark)
+    assert calls in ([], [PravegaDataSource])  # at most the first: earlier tests may have registered it
+    renewer = register(spark, renew_writes={"controller": pravega_controller_uri, "scope": unique_name("reg")})
+    try:
+        assert calls[-1] is not PravegaDataSource and issubclass(calls[-1], PravegaDataSource)
+        count = len(calls)
+        register(spark)
+        register(spark)
+        assert calls[count:] == [PravegaDataSource]
+    finally:
+        renewer.stop()
