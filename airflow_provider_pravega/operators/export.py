@@ -66,10 +66,11 @@ class PravegaStreamCutExportOperator(BaseOperator):
         ``state_scope``; templated). Default: ``state_scope``.
     :param on_truncated: ``fail`` (default) when the start cut lies before the stream's head, or
         ``head`` to start from the head there.
-    :param num_partitions: Output files / Spark partitions (default one per segment range). About
-        the number of Spark cores is faster when there are more ranges than cores (figures:
-        docs/benchmarks.md); keep it fixed for an export id, since the files of a re-run are
-        byte-identical only with the same number.
+    :param num_partitions: Output files / Spark partitions (default: one per 128 MiB of payload, as
+        Spark splits files, at most one per segment range; derived from the interval's cuts, so a
+        re-run writes the same files). More partitions than that spread a large interval over more
+        Spark cores; keep a given number fixed for an export id, since the files of a re-run are
+        byte-identical only with the same number (figures: docs/benchmarks.md).
     :param json_schema: Spark DDL schema of JSON events (default: inferred from a sample).
     :param compression: Codec of the files (default: Spark's, snappy for Parquet). ``"none"`` spends
         less CPU in Spark's Parquet writer for larger files, ``"zstd"`` more for smaller ones

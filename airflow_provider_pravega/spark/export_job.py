@@ -5,8 +5,9 @@ The driver decides the two cuts, plans the segment ranges between them
 across scaling) and records the cuts in a state synchronizer; Spark then reads every range in
 parallel straight from the segment store and writes the rows through its own writers:
 
-* one Spark partition per segment range (or per group of neighbouring ranges when
-  ``num_partitions`` is smaller), read in plan order and offset order by the provider's ``pravega``
+* one Spark partition per 128 MiB of planned payload (:data:`BYTES_PER_PARTITION`, or
+  ``num_partitions``), each a run of neighbouring segment ranges of about equal bytes and at most one
+  partition per range, read in plan order and offset order by the provider's ``pravega``
   data source (:mod:`~airflow_provider_pravega.spark.datasource`), given the export's plan as its
   ``segment_ranges``, so the rows and files of a re-run come out the same, with no shuffle and no sort;
 * rows are ``event`` (UTF-8 text, the top-level fields of a JSON object, or bytes) plus
@@ -766,6 +767,23 @@ def _now() -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+#: Payload bytes per Spark partition (read task, output file) when ``num_partitions`` is not given:
+#: Spark's own split size for files (``spark.sql.files.maxPartitionBytes``). Fewer, larger tasks cost
+#: less CPU than one per segment range (measured: 4-9% less for 200 MB in 4 ranges on 2 cores, see
+#: docs/benchmarks.md), and a small interval is one task, so one Python worker to start.
+BYTES_PER_PARTITION = 128 * 1024 * 1024
+
+
+def partitions_of(spec: ExportSpec, ranges: Sequence[SegmentRange]) -> int:
+    """Spark partitions of an export: ``num_partitions``, else one per :data:`BYTES_PER_PARTITION`
+    of the planned ranges (at most one per range: :func:`group_ranges`). Derived from the plan
+    only, so a re-run of a recorded interval gets the same partitions, hence the same files."""
+    if spec.num_partitions:
+        return spec.num_partitions
+    planned = sum(r.length or 0 for r in ranges)
+    return max(1, -(-planned // BYTES_PER_PARTITION))
+
+
 def group_ranges(ranges: Sequence[SegmentRange], partitions: int | None) -> list[list[int]]:
     """Indexes of ``ranges`` per Spark partition: one range each, or ``partitions`` runs of
     neighbouring ranges of about equal bytes (plan order is kept, so is the row order)."""
@@ -834,14 +852,14 @@ def launch_order(ranges: Sequence[SegmentRange], groups: Sequence[Sequence[int]]
 def build_frame(spark: Any, config: Any, spec: ExportSpec, ranges: Sequence[SegmentRange],
                 groups: Sequence[Sequence[int]] | None = None, observation: Any = None) -> Any:
     """The rows to write: ``event`` (or the JSON fields), ``segment_id``, ``offset``; partition
-    ``i`` holds the ranges ``groups[i]`` (default: :func:`group_ranges` in plan order), each in
+    ``i`` holds the ranges ``groups[i]`` (default: :func:`group_ranges` of :func:`partitions_of`), each in
     offset order. Read by the ``pravega`` data source with the export's plan (``segment_ranges``)
     and only the columns it writes. ``observation`` (an ``Observation``) gets the ``events`` and
     payload ``bytes`` of the rows read."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, MapType, StructType, _parse_datatype_string
 
-    groups = [list(g) for g in groups] if groups is not None else group_ranges(ranges, spec.num_partitions)
+    groups = [list(g) for g in groups] if groups is not None else group_ranges(ranges, partitions_of(spec, ranges))
     datasource.register(spark)
     frame = (spark.read.format(datasource.FORMAT).options(**datasource.connection_options(config))
              .option("scope", spec.scope).option("stream", spec.stream)
@@ -974,7 +992,7 @@ def _write_files(spark: Any, client: Any, spec: ExportSpec, ranges: Sequence[Seg
     observation = Observation("pravega_export_counts")
     # Partitions in plan order: Spark names part file i after partition i, so reading the files in
     # name order gives the rows in plan order (not launched largest first, as Delta's writes are).
-    groups = group_ranges(ranges, spec.num_partitions)
+    groups = group_ranges(ranges, partitions_of(spec, ranges))
     frame = build_frame(spark, config_of(client), spec, ranges, groups, observation)
     writer = frame.write.mode("overwrite").format(_SPARK_FORMAT[spec.format])
     if spec.format == "csv":  # RFC 4180 quoting ("" inside quotes), readable by any CSV reader
@@ -1093,7 +1111,7 @@ def _export_to_delta(client: Any, spark: Any, spec: ExportSpec, decision: Any,
     (spark/delta_export.py)."""
     from airflow_provider_pravega.spark import delta_export
 
-    groups = group_ranges(decision.ranges, spec.num_partitions)
+    groups = group_ranges(decision.ranges, partitions_of(spec, decision.ranges))
     order = launch_order(decision.ranges, groups)
     frame = build_frame(spark, config_of(client), spec, decision.ranges, [groups[g] for g in order])
     written_at = time.monotonic()

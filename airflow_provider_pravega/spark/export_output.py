@@ -9,8 +9,9 @@ stock or managed, with no server plugin.
 
 Whose directory it is lives in the export's state in Pravega (the output's claim, recorded before
 the write), not in a file beside the data. What is at the path is listed through the session's
-own reader (:func:`visible_files`: the ``binaryFile`` source's file index, no Spark job), so the
-export never replaces files it did not write.
+own reader (:func:`visible_files`: the ``binaryFile`` source's file index, no Spark job), or here
+(:func:`local_visible_files`) when the session's files are this machine's
+(:func:`session_local_path`), so the export never replaces files it did not write.
 
 An export with nothing to read into a local path, when the session would run on this machine,
 needs no Spark at all: :func:`write_empty_locally` writes what Spark writes for no rows with

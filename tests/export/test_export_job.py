@@ -111,7 +111,8 @@ def test_head_to_tail_across_two_scalings_holds_every_event_once(tmp_path, clien
     assert result.bytes == sum(len(e) for e in written)
     # Segments of three epochs, each read in offset order; per routing key, the write order holds.
     assert len({r["segment_id"] >> 32 for r in rows}) == 3
-    assert result.ranges >= 5 and len(result.files) == result.ranges
+    # A small export is one Spark partition: one file holding every range in plan order.
+    assert result.ranges >= 5 and len(result.files) == 1
     by_key: dict[str, list[str]] = {}
     for r in rows:
         by_key.setdefault(r["event"].split("|")[1], []).append(r["event"][0])
@@ -428,6 +429,23 @@ def test_group_ranges_keeps_plan_order_and_balances_bytes():
         assert len(groups) == n and [i for g in groups for i in g] == list(range(8)), groups
     assert group_ranges(ranges, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert group_ranges([], 3) == []
+
+
+def test_partitions_follow_the_planned_bytes_unless_given():
+    from airflow_provider_pravega.client.batch import SegmentRange
+    from airflow_provider_pravega.spark.export_job import BYTES_PER_PARTITION, partitions_of
+
+    def ranges(*sizes):
+        return [SegmentRange("sc", "s", i, 0, size) for i, size in enumerate(sizes)]
+
+    spec = ExportSpec("sc", "s", "/tmp/x")
+    assert partitions_of(spec, []) == 1
+    assert partitions_of(spec, ranges(10, 20, 30)) == 1  # a small interval: one task, one file
+    assert partitions_of(spec, ranges(*[BYTES_PER_PARTITION // 2] * 4)) == 2
+    assert partitions_of(spec, ranges(BYTES_PER_PARTITION, 1)) == 2
+    big = ranges(*[BYTES_PER_PARTITION * 3] * 4)
+    assert partitions_of(spec, big) == 12 and len(group_ranges(big, partitions_of(spec, big))) == 4
+    assert partitions_of(ExportSpec("sc", "s", "/tmp/x", num_partitions=3), ranges(10, 20)) == 3
 
 
 def test_command_line(tmp_path, client, spark, pravega_controller_uri, unique_name, capsys):
