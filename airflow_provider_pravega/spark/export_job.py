@@ -859,7 +859,9 @@ def build_frame(spark: Any, config: Any, spec: ExportSpec, ranges: Sequence[Segm
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, MapType, StructType, _parse_datatype_string
 
-    groups = [list(g) for g in groups] if groups is not None else group_ranges(ranges, partitions_of(spec, ranges))
+    if groups is None:
+        groups = group_ranges(ranges, partitions_of(spec, ranges))
+    groups = [list(g) for g in groups]
     datasource.register(spark)
     frame = (spark.read.format(datasource.FORMAT).options(**datasource.connection_options(config))
              .option("scope", spec.scope).option("stream", spec.stream)
