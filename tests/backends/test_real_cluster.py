@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from backends.cluster import RealCluster, real_cluster
+from backends.cluster import RealCluster, _lists_scopes, real_cluster
 from backends.standalone import standalone_available
 from hang_guard import HANG_GUARD_S
 
@@ -62,6 +62,13 @@ def _owners_once_answered(client: PravegaClient, scope: str, stream: str) -> dic
         return _owners(client, scope, stream)
     except (ControllerUnreachableError, ControllerError):
         return {}
+
+
+#: How long a restarted segment store may take to own containers again: Pravega's controller must
+#: notice it, rebalance, and the other stores hand containers over (with one store of three left, all
+#: of them). Under the whole suite's load in CI this took more than 45 s (twice, 2026-11-28); a store
+#: that never comes back still fails the wait.
+BACK_IN_SERVICE_S = 180.0
 
 
 def _serves_again(client: PravegaClient, store) -> bool:
@@ -134,22 +141,26 @@ def test_with_the_first_controller_killed_admin_transactions_and_the_hook_go_thr
 ) -> None:
     first, second = cluster.controllers[0], cluster.controllers[1]
     first.kill()
-    scope = f"cl-{uuid.uuid4().hex[:8]}"
-    with PravegaClient(cluster.controller_uri) as client:
-        client.admin.create_scope(scope)
-        client.admin.create_stream(scope, "after", 2)
-        assert str(client.controller.current_controller) == second.endpoint
-        txn = client.transactions.begin(scope, "after")
-        with client.transactions.writer(scope, "after", txn) as writer:
-            writer.write_events([b"one", b"two"], routing_key="k")
-            writer.flush()
-        client.transactions.commit(scope, "after", txn.txn_id)
-        assert _events(client, scope, "after") == [b"one", b"two"]
-    host = ",".join(c.endpoint for c in cluster.controllers)
-    monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_CLUSTER", json.dumps({"conn_type": "pravega", "host": host}))
-    ok, message = PravegaHook(pravega_conn_id="pravega_cluster").test_connection()
-    assert ok is True, message
-    assert f"{first.endpoint} failed" in message and second.endpoint in message
+    try:
+        scope = f"cl-{uuid.uuid4().hex[:8]}"
+        with PravegaClient(cluster.controller_uri) as client:
+            client.admin.create_scope(scope)
+            client.admin.create_stream(scope, "after", 2)
+            assert str(client.controller.current_controller) == second.endpoint
+            txn = client.transactions.begin(scope, "after")
+            with client.transactions.writer(scope, "after", txn) as writer:
+                writer.write_events([b"one", b"two"], routing_key="k")
+                writer.flush()
+            client.transactions.commit(scope, "after", txn.txn_id)
+            assert _events(client, scope, "after") == [b"one", b"two"]
+        host = ",".join(c.endpoint for c in cluster.controllers)
+        monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_CLUSTER", json.dumps({"conn_type": "pravega", "host": host}))
+        ok, message = PravegaHook(pravega_conn_id="pravega_cluster").test_connection()
+        assert ok is True, message
+        assert f"{first.endpoint} failed" in message and second.endpoint in message
+    finally:  # the tests after this one move containers between stores: both controllers serve again
+        first.restart()
+        wait_until(f"{first.name} to answer", lambda: _lists_scopes(first.port), BACK_IN_SERVICE_S)
 
 
 def test_a_segment_store_killed_loses_nothing_it_acknowledged_and_its_segments_move(cluster: RealCluster) -> None:
@@ -193,7 +204,7 @@ def test_a_writer_follows_its_segments_when_their_store_is_killed_and_restarted(
                     writer.flush()
                     victim.restart()
                     wait_until(f"{victim.name} to own containers again", lambda: _serves_again(client, victim),
-                               HANG_GUARD_S)
+                               BACK_IN_SERVICE_S)
             writer.flush()
         finally:
             writer.close()
@@ -231,7 +242,7 @@ def test_ingest_export_and_streaming_read_each_survive_a_segment_store_killed_mi
             if not store.alive():
                 store.restart()
                 wait_until(f"{store.name} to own containers again", lambda s=store: _serves_again(client, s),
-                           HANG_GUARD_S)
+                           BACK_IN_SERVICE_S)
         client.admin.create_scope(scope)
         client.admin.create_stream(scope, stream, WRITERS)
 
@@ -245,7 +256,7 @@ def test_ingest_export_and_streaming_read_each_survive_a_segment_store_killed_mi
                 if not store.alive():
                     store.restart()
                     wait_until(f"{store.name} to own containers again", lambda s=store: _serves_again(client, s),
-                               HANG_GUARD_S)
+                               BACK_IN_SERVICE_S)
 
         # 1. the ingest, its store killed between the writes and the commit
         def crash_point(step: str) -> None:
