@@ -216,7 +216,11 @@ def test_a_speculative_attempt_wins_every_row_once_and_no_registered_transaction
         """Once both attempts of partition 0 registered their transactions, freeze attempt 0's
         writer (SIGSTOP): it cannot abort its own transaction when Spark kills it, so only the
         job's commit can end it. Then let the speculative copy go on."""
-        wait_until(lambda: (hold / "p0.a1").exists(), "a speculative attempt")
+        # Both attempts' files, not only the speculative one's: attempt 0's task starts (and its writer
+        # registers) before its mapInArrow worker writes p0.a0, so on a loaded machine the copy can
+        # be launched, and both be registered, before that file is there (a CI run failed so).
+        started = [hold / "p0.a0", hold / "p0.a1"]
+        wait_until(lambda: all(p.exists() and p.read_text() for p in started), "both attempts of partition 0")
         with PravegaClient(uri) as client, _write_state(client, scope, apply_update, initial_state()) as state:
             wait_until(lambda: sum(len(r["txns"]) for r in state.fetch()["runs"].values()) > PARTITIONS,
                        "the registration of both attempts of partition 0")
