@@ -69,7 +69,7 @@ try:
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
     from airflow_provider_pravega.client.errors import PravegaError, SegmentStoreError
     from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
-    from airflow_provider_pravega.spark.worker_heap import freeze_worker_heap
+    from airflow_provider_pravega.spark.worker_heap import prepare_worker_heap
 except ImportError as _missing:
     # Spark imports this module in its Python workers too (on a cluster or a Connect server): a
     # worker interpreter without the provider's dependencies would only say "No module named 'grpc'".
@@ -467,7 +467,7 @@ class PravegaDataSource(DataSource):
     """``format("pravega")``: batch reads between stream cuts and exactly-once batch writes."""
 
     def __init__(self, options: dict[str, str]) -> None:  # in a planning worker
-        freeze_worker_heap()
+        prepare_worker_heap()
         super().__init__(options)
         with _first_line():  # at load() and save(), before Spark knows which use this is
             check_options(self.options)
@@ -652,7 +652,7 @@ def _read_partition(config: Any, ranges: Sequence[SegmentRange], decoding: Decod
 
     from airflow_provider_pravega.spark.arrow_columns import int64_array, repeated
 
-    freeze_worker_heap()
+    prepare_worker_heap()
     schema = decoding.arrow_schema
     int64, string = pa.int64(), pa.string()
     wanted = set(schema.names)
@@ -897,7 +897,7 @@ class _TaskWrites:
                 _abort_quietly(client.transactions, self.scope, self.stream, txn.txn_id)
 
     def write(self, iterator: Iterator[Any]) -> PravegaCommitMessage:
-        freeze_worker_heap()
+        prepare_worker_heap()
         if self.mode == "at_least_once":
             return self._write_at_least_once(iterator)
         from pyspark import TaskContext

@@ -71,7 +71,7 @@ from airflow_provider_pravega.spark.connection_args import (
     spark_settings,
 )
 from airflow_provider_pravega.spark.session import started_on_first_use
-from airflow_provider_pravega.spark.worker_heap import freeze_worker_heap
+from airflow_provider_pravega.spark.worker_heap import prepare_worker_heap
 
 log = logging.getLogger(__name__)
 
@@ -452,7 +452,7 @@ def fingerprint_files(spark: Any, keys: Sequence[str]) -> dict[str, str]:
     def digest(batches: Iterator[Any]) -> Iterator[Any]:
         import hashlib
 
-        freeze_worker_heap()
+        prepare_worker_heap()
 
         from airflow_provider_pravega.spark.arrow_columns import record_batch, schema_of
 
@@ -535,7 +535,7 @@ def measure_pieces(spark: Any, requests: Mapping[str, Mapping[str, Any]]) -> dic
     def measure(batches: Iterator[Any]) -> Iterator[Any]:
         from airflow_provider_pravega.spark.arrow_columns import record_batch, schema_of
 
-        freeze_worker_heap()
+        prepare_worker_heap()
 
         schema = schema_of(_MEASURED_SCHEMA)
         for batch in batches:
@@ -686,7 +686,7 @@ def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]], labels: Mapp
         frame = spark.createDataFrame(pa.Table.from_batches(batches, schema=_line_schema(labels is not None)))
     else:
         def split(batches: Iterator[Any]) -> Iterator[Any]:
-            freeze_worker_heap()
+            prepare_worker_heap()
             for batch in batches:
                 for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
                     yield from piece_lines(path, content, ranges[key_of(path)], label_of(path))
@@ -1101,7 +1101,7 @@ def make_writer(ctx: TaskContext):
     def write_partition(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow.compute as pc
 
-        freeze_worker_heap()
+        prepare_worker_heap()
 
         batches = iter(batches)
         first = next(batches, None)
