@@ -338,15 +338,22 @@ class SegmentStoreConnection:
     def recv_some(self) -> bytes:
         """The next bytes from the server (b"" at its end), waiting up to the timeout; raises
         TimeoutError or OSError like ``socket.recv``."""
+        return self._receive(lambda sock: sock.recv(self.RECV_SIZE))
+
+    def recv_some_into(self, space: memoryview) -> int:
+        """Like :meth:`recv_some`, into ``space``: the number of bytes received (0 at the end)."""
+        return self._receive(lambda sock: sock.recv_into(space))
+
+    def _receive(self, read: Callable[[socket.socket], Any]) -> Any:
         if self._io_lock is None:
-            return self.sock.recv(self.RECV_SIZE)
+            return read(self.sock)
         sock = self.sock
         deadline = time.monotonic() + self._timeout
         while True:
             with self._io_lock:
                 sock.settimeout(0.0)
                 try:
-                    return sock.recv(self.RECV_SIZE)
+                    return read(sock)
                 except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
                     pass
                 finally:
@@ -362,9 +369,11 @@ class SegmentStoreConnection:
 
     def recv(self) -> wire.Reply:
         """The next reply frame (blocking up to the socket timeout)."""
+        decoder = self._decoder
         while not self._ready:
+            space = decoder.frame_space()  # a large frame under way: received straight into its buffer
             try:
-                data = self.recv_some()
+                data = self.recv_some() if space is None else self.recv_some_into(space)
             except TimeoutError:
                 self.failed = True
                 raise SegmentStoreUnreachableError(
@@ -384,7 +393,7 @@ class SegmentStoreConnection:
                     endpoint=str(self.endpoint),
                 )
             try:
-                self._ready.extend(self._decoder.feed(data))
+                self._ready.extend(decoder.feed(data) if space is None else decoder.filled(data))
             except wire.ProtocolError as exc:
                 self.failed = True
                 raise SegmentStoreError(

@@ -47,6 +47,9 @@ OLDEST_COMPATIBLE_VERSION = 5
 #: Largest payload length either side accepts (16 MiB - 1); the Rust client drops the connection
 #: on a longer frame.
 MAX_FRAME = 0x00FF_FFFF
+#: Frames of at least this many bytes (header included) are assembled in a buffer of their own
+#: size (:class:`FrameDecoder`): segment reads' replies, not the small commands around them.
+LARGE_FRAME = 64 * 1024
 FRAME_HEADER_LEN = 8
 
 #: TableKey.key_version meaning "unconditional" (i64::MIN).
@@ -1424,9 +1427,14 @@ class FrameDecoder:
     The frame header is validated as soon as it is complete, before its payload is buffered, so a
     peer cannot make the buffer grow past one frame of ``max_frame`` bytes plus what one ``feed``
     call supplies. Any ProtocolError leaves the decoder dead: the connection must be closed.
+
+    A frame of at least :data:`LARGE_FRAME` bytes (a segment read's reply) is assembled in a buffer
+    of its own size, allocated once its header is in, instead of being grown by appends; a
+    connection can receive straight into that buffer (:meth:`frame_space`, then :meth:`filled`),
+    so the bytes are not copied again on their way in.
     """
 
-    __slots__ = ("_buf", "_direction", "_error", "_max_frame", "_strict", "_table")
+    __slots__ = ("_buf", "_direction", "_error", "_filled", "_frame", "_max_frame", "_strict", "_table")
 
     def __init__(self, direction: Direction, max_frame: int = MAX_FRAME, *, strict: bool = False) -> None:
         if direction not in ("request", "reply"):
@@ -1438,41 +1446,98 @@ class FrameDecoder:
         self._max_frame = max_frame
         self._strict = strict
         self._buf = bytearray()
+        self._frame: bytearray | None = None  # a large frame being assembled
+        self._filled = 0  # its bytes received so far
         self._error: str | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes held for a frame that is not complete yet."""
-        return len(self._buf)
+        return self._filled if self._frame is not None else len(self._buf)
 
     @property
     def failed(self) -> bool:
         return self._error is not None
+
+    def frame_space(self) -> memoryview | None:
+        """The part of the large frame being assembled that is still to come (None when no large
+        frame is under way): receive into it, then report the bytes with :meth:`filled`."""
+        if self._frame is None or self._error is not None:
+            return None
+        return memoryview(self._frame)[self._filled:]
+
+    def filled(self, n: int) -> list[Command]:
+        """``n`` bytes were received into :meth:`frame_space`: the commands this completes."""
+        if self._frame is None or not 0 <= n <= len(self._frame) - self._filled:
+            raise ValueError(f"filled({n}) does not match the space of the frame under way")
+        self._filled += n
+        if self._filled < len(self._frame):
+            return []
+        return self.feed(b"")
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Command]:
         if self._error is not None:
             raise ProtocolError(f"frame decoder is unusable after an earlier error: {self._error}")
         out: list[Command] = []
         try:
-            if not self._buf:
-                # Fast path: decode straight from the caller's bytes, keep only the incomplete tail.
-                with memoryview(data) as mv:
-                    if mv.ndim != 1 or mv.itemsize != 1:
-                        mv = mv.cast("B")
+            with memoryview(data) as mv:
+                if mv.ndim != 1 or mv.itemsize != 1:
+                    mv = mv.cast("B")
+                if self._frame is not None:
+                    mv = self._fill_frame(mv, out)
+                    if mv is None:
+                        return out
+                if not self._buf:
+                    # Fast path: decode straight from the caller's bytes, keep only the incomplete tail.
                     used = self._drain(mv, 0, mv.nbytes, out)
-                    if used < mv.nbytes:
-                        self._buf += mv[used:]
-            else:
-                self._buf += data
-                with memoryview(self._buf) as mv:
-                    used = self._drain(mv, 0, mv.nbytes, out)
-                if used:
-                    del self._buf[:used]
+                    self._keep(mv[used:])
+                else:
+                    self._buf += mv
+                    with memoryview(self._buf) as held:
+                        used = self._drain(held, 0, held.nbytes, out)
+                        rest = bytes(held[used:]) if self._is_large(held[used:]) else None
+                    if rest is not None:
+                        self._buf = bytearray()
+                        self._keep(memoryview(rest))
+                    elif used:
+                        del self._buf[:used]
         except ProtocolError as exc:
             self._error = str(exc)
             self._buf = bytearray()
+            self._frame = None
             raise ProtocolError(str(exc), out) from None
         return out
+
+    def _is_large(self, tail: memoryview) -> bool:
+        """Whether ``tail`` (what a drain left) starts a frame of at least LARGE_FRAME bytes whose
+        header is in (the drain has checked that header)."""
+        return tail.nbytes >= 8 and 8 + _HEADER.unpack_from(tail, 0)[1] >= LARGE_FRAME
+
+    def _keep(self, tail: memoryview) -> None:
+        """Hold the incomplete frame ``tail``: in a buffer of the frame's size when it is large."""
+        if not tail.nbytes:
+            return
+        if self._is_large(tail):
+            self._frame = bytearray(8 + _HEADER.unpack_from(tail, 0)[1])
+            self._frame[: tail.nbytes] = tail
+            self._filled = tail.nbytes
+        else:
+            self._buf += tail
+
+    def _fill_frame(self, mv: memoryview, out: list) -> memoryview | None:
+        """Copy the head of ``mv`` into the large frame under way; once it is complete, decode it
+        into ``out`` and return the rest of ``mv`` (None while the frame still waits for bytes)."""
+        frame = self._frame
+        assert frame is not None
+        take = min(len(frame) - self._filled, mv.nbytes)
+        frame[self._filled: self._filled + take] = mv[:take]
+        self._filled += take
+        if self._filled < len(frame):
+            return None
+        self._frame, self._filled = None, 0
+        with memoryview(frame) as whole:
+            self._drain(whole, 0, whole.nbytes, out)
+        return mv[take:]
 
     def _drain(self, mv: memoryview, pos: int, end: int, out: list) -> int:
         table = self._table

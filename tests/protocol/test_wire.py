@@ -445,6 +445,61 @@ def test_large_append_block_end_decodes() -> None:
     assert dec.buffered == 0
 
 
+def _reads_around_small_replies() -> list[w.Command]:
+    """Segment reads of 1 MiB, 64 KiB - 1 (one byte under a large frame) and exactly a large
+    frame, between small replies."""
+    big = b"".join(frame_event(bytes([65 + i % 26]) * 200) for i in range(1 << 20 >> 7))[: 1 << 20]
+    under = w.LARGE_FRAME - 1 - len(encode(w.SegmentRead(SEG, 0, False, False, b"", 9)))
+    return [REPLIES[3], w.SegmentRead(SEG, 0, False, False, big, 7), REPLIES[0],
+            w.SegmentRead(SEG, 7, True, False, b"u" * under, 8),
+            w.SegmentRead(SEG, 9, True, False, b"x" * (under + 1), 9), REPLIES[3]]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_large_frames_in_any_chunking_decode_as_sent(seed: int) -> None:
+    """Large frames (segment reads' replies) are assembled in a buffer of their own size: chunks
+    of any size, starting anywhere, give the same commands, and nothing stays buffered."""
+    cmds = _reads_around_small_replies()
+    assert [len(encode(c)) >= w.LARGE_FRAME for c in cmds] == [False, True, False, False, True, False]
+    stream = encode_many(cmds)
+    rng = random.Random(seed)
+    dec = FrameDecoder("reply")
+    got: list[w.Command] = []
+    pos = 0
+    while pos < len(stream):
+        n = rng.choice([1, 3, 8, 9, 4000, 65536, 300_000])
+        got.extend(dec.feed(rng.choice([bytes, bytearray, memoryview])(stream[pos:pos + n])))
+        pos += n
+        assert dec.buffered <= len(stream)
+    assert got == cmds and all(type(c.data) is bytes for c in got if isinstance(c, w.SegmentRead))
+    assert dec.buffered == 0 and dec.frame_space() is None
+
+
+def test_a_large_frame_is_received_into_its_own_buffer() -> None:
+    """The connection's path: once a large frame's header is in, frame_space is the rest of that
+    frame, exactly, and filled() completes it; bytes after it go through feed as before."""
+    cmds = _reads_around_small_replies()
+    stream = encode_many(cmds)
+    dec = FrameDecoder("reply")
+    got: list[w.Command] = []
+    pos, spaces = 0, 0
+    while pos < len(stream):
+        space = dec.frame_space()
+        if space is None:
+            got.extend(dec.feed(stream[pos:pos + 100_000]))
+            pos += 100_000
+            continue
+        spaces += 1
+        n = min(len(space), 70_000)  # a receive fills part of it
+        space[:n] = stream[pos:pos + n]
+        got.extend(dec.filled(n))
+        pos += n
+    assert got == cmds and spaces > 2
+    assert dec.buffered == 0 and dec.frame_space() is None
+    with pytest.raises(ValueError, match="does not match"):
+        dec.filled(1)
+
+
 # ------------------------------------------------------------------------------------------
 # Errors
 # ------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ def test_a_daemon_worker_prepares_its_heap_and_this_process_does_not(spark) -> N
         yield pa.RecordBatch.from_pylist([{"daemon": heap.in_daemon_worker(), "frozen": worker_gc.get_freeze_count(),
                                            "malloc_tuned": heap._malloc_tuned}])
 
-    rows = spark.range(1, numPartitions=1).mapInArrow(task, "daemon boolean, frozen long, malloc_tuned boolean").collect()
+    schema = "daemon boolean, frozen long, malloc_tuned boolean"
+    rows = spark.range(1, numPartitions=1).mapInArrow(task, schema).collect()
     assert rows[0]["daemon"] is True
     assert rows[0]["frozen"] > 10_000  # pyspark, pyarrow and the provider's modules
     assert rows[0]["malloc_tuned"] is True
