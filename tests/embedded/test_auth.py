@@ -547,16 +547,26 @@ def test_read_token_cannot_append_or_change_segments(secure):
         assert info.write_offset == 0 and not info.is_sealed
 
 
+def _wait_until_expired(token: str) -> None:
+    """Until the token's ``exp`` (whole seconds, like Pravega's: a token lives between ttl - 1 and
+    ttl seconds) has passed."""
+    exp = jwt.decode(token, options={"verify_signature": False})["exp"]
+    while time.time() < exp + 0.05:
+        time.sleep(0.05)
+
+
 def test_expired_token_answers_code_1(pravega_secure_embedded_factory):
+    # A TTL of 3 s, not 1: a token issued late in a second lives barely more than ttl - 1 s, and
+    # its first use must come within that on a loaded machine (a CI run failed with a TTL of 1).
     for tls in (False, True):
-        server = pravega_secure_embedded_factory(token_ttl_s=1, tls=tls)
+        server = pravega_secure_embedded_factory(token_ttl_s=3, tls=tls)
         ensure_scope_and_stream(server, "iot", "exp")
         token = _token(server, "admin", "iot", "exp")
         seg = "iot/exp/0.#epoch.0"
         with _peer(server) as p:
             p.send(wire.GetStreamSegmentInfo(1, seg, token))
             assert isinstance(p.recv(), wire.StreamSegmentInfo)
-            time.sleep(2.2)
+            _wait_until_expired(token)
             p.send(wire.GetStreamSegmentInfo(2, seg, token))
             reply = p.recv()
             assert isinstance(reply, wire.AuthTokenCheckFailed) and reply.error_code == 1, reply
@@ -565,7 +575,7 @@ def test_expired_token_answers_code_1(pravega_secure_embedded_factory):
             fresh = _token(server, "admin", "iot", "exp")
             p.send(wire.SetupAppend(3, 11, seg, fresh))
             assert isinstance(p.recv(), wire.AppendSetup)
-            time.sleep(2.2)
+            _wait_until_expired(fresh)
             block = wire.frame_event(b"late")
             p.send(wire.AppendBlockEnd(11, len(block), block, 1, 1, 4))
             assert isinstance(p.recv(), wire.DataAppended)
