@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create or reuse the project's virtual environment (.venv in the repo root) and install the
 # provider with its test dependencies. Safe to run again: the install is skipped while
-# pyproject.toml is unchanged since the last successful one.
+# pyproject.toml, setup.py and the C source of protocol/ are unchanged since the last successful one.
 #
 # It changes nothing outside the venv unless asked:
 #   --with-browser   also install Debian's chromium system-wide (apt-get, as root) for tests/ui;
@@ -146,14 +146,16 @@ extras="spark,embedded,test,bench"
 constraints="${PRAVEGA_CONSTRAINTS:-constraints/default.txt}"
 [[ "$constraints" == /* ]] || constraints="$root/$constraints"
 [[ -f "$constraints" ]] || fail "PRAVEGA_CONSTRAINTS names $constraints, which does not exist (see constraints/)"
-want="$(cat "$root/pyproject.toml" "$constraints" | sha256sum | cut -d' ' -f1)"
+# setup.py and the C source too: an editable install builds the optional extension once, not on
+# each change of its source.
+want="$(cat "$root/pyproject.toml" "$root/setup.py" "$constraints" "$root"/airflow_provider_pravega/protocol/*.c | sha256sum | cut -d' ' -f1)"
 if [[ "$with_postgres" == "1" ]]; then
     extras="$extras,postgres"
     want="$want+postgres"
 fi
 # A venv that also has the postgres extra is up to date for a bootstrap without it.
 if [[ -f "$stamp" && ("$(cat "$stamp")" == "$want" || "$(cat "$stamp")" == "$want+postgres") ]]; then
-    echo "bootstrap: $venv is up to date (pyproject.toml unchanged)"
+    echo "bootstrap: $venv is up to date (pyproject.toml, setup.py and the C source unchanged)"
     exit 0
 fi
 rm -f "$stamp"

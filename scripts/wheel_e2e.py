@@ -4,8 +4,9 @@ end to end against the embedded server.
 
     scripts/wheel_e2e.py --python /root/.pyenv/versions/3.13.0/bin/python3.13 [--work-dir DIR] [--keep]
 
-1. builds the wheel of this checkout (``pip wheel --no-deps``) and installs it (with its
-   dependencies, nothing else of the repository) into a new venv made with ``--python``;
+1. makes a new venv with ``--python``, builds the wheel of this checkout there (``pip wheel
+   --no-deps``: the optional C extension is compiled for that Python where a compiler is) and
+   installs it (with its dependencies, nothing else of the repository) into that venv;
 2. from that venv, outside the repository (so the installed package is what runs): starts the
    embedded server on free loopback ports, makes an Airflow home on SQLite, generates a day of
    sample files, points ``pravega_default`` at the server and runs ``airflow dags test
@@ -49,15 +50,16 @@ def outer(args: argparse.Namespace) -> int:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="pravega-wheel-e2e-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     try:
-        t0 = time.monotonic()
-        log(f"building the wheel of {REPO}")
-        run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(work / "dist"), str(REPO)],
-            timeout=600)
-        (wheel,) = (work / "dist").glob("airflow_provider_pravega-*.whl")
-        log(f"built {wheel.name} in {time.monotonic() - t0:.0f} s; creating a venv with {args.python}")
+        log(f"creating a venv with {args.python}")
         venv = work / "venv"
         run([args.python, "-m", "venv", str(venv)])
         py = venv / "bin" / "python"
+        t0 = time.monotonic()
+        log(f"building the wheel of {REPO} with that Python (the optional C extension is built for it)")
+        run([str(py), "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(work / "dist"), str(REPO)],
+            timeout=600)
+        (wheel,) = (work / "dist").glob("airflow_provider_pravega-*.whl")
+        log(f"built {wheel.name} in {time.monotonic() - t0:.0f} s")
         t1 = time.monotonic()
         run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", f"{wheel}[spark,embedded]"],
             timeout=1800)

@@ -24,9 +24,12 @@ def fake_system(tmp_path: Path) -> dict[str, str]:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
-    # The stamp: pyproject.toml and the default constraints (constraints/default.txt), as installed.
+    # The stamp: pyproject.toml, setup.py, the default constraints (constraints/default.txt) and the
+    # C source of protocol/ (in the shell's glob order), as installed.
     digest = hashlib.sha256(
-        (REPO / "pyproject.toml").read_bytes() + (REPO / "constraints" / "default.txt").read_bytes()
+        (REPO / "pyproject.toml").read_bytes() + (REPO / "setup.py").read_bytes()
+        + (REPO / "constraints" / "default.txt").read_bytes()
+        + b"".join(p.read_bytes() for p in sorted((REPO / "airflow_provider_pravega" / "protocol").glob("*.c")))
     ).hexdigest()
     (venv / ".airflow-provider-pravega-install.sha256").write_text(digest + "\n")
     bin_dir = tmp_path / "bin"
