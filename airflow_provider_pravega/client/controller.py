@@ -613,8 +613,11 @@ class ControllerClient:
     def _call(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
         """One RPC, failing over along the controller list; a read-only call that gets no answer
         or INTERNAL is asked again (backing off) for up to ``recovery_wait_s``."""
-        if method not in _READ_ONLY:
-            return self._call_once(method, request, timeout=timeout)
+        if method not in _READ_ONLY:  # a change is not asked again: the caller's error, as is
+            try:
+                return self._call_once(method, request, timeout=timeout)
+            except _Recovering as exc:
+                raise exc.error from None
         give_up = time.monotonic() + self.recovery_wait_s
         delay = 0.5
         while True:

@@ -93,6 +93,9 @@ def test_controller_that_accepts_but_never_answers_hits_the_deadline():
             controller.list_scopes()
         assert time.monotonic() - started < HANG_GUARD_S
         assert uri in str(info.value)
+        # A change (not asked again) fails with the same public error, not an internal one.
+        with pytest.raises(ControllerUnreachableError, match="no answer to createScope"):
+            controller.create_scope("hung")
         controller.close()
     finally:
         stop.set()
