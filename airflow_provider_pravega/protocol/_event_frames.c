@@ -43,15 +43,14 @@ event_starts(PyObject *module, PyObject *args)
         uint64_t word = ((uint64_t)h[0] << 56) | ((uint64_t)h[1] << 48) | ((uint64_t)h[2] << 40) |
                         ((uint64_t)h[3] << 32) | ((uint64_t)h[4] << 24) | ((uint64_t)h[5] << 16) |
                         ((uint64_t)h[6] << 8) | (uint64_t)h[7];
-        if (word > (uint64_t)max_event_size) {
+        if (max_event_size < 0 || word > (uint64_t)max_event_size) {
             bad = pos;
             break;
         }
-        Py_ssize_t end = pos + 8 + (Py_ssize_t)word;
-        if (end > len)
+        if (word > (uint64_t)(len - pos - 8)) /* cut off by the buffer's end (no overflow) */
             break;
         starts[count++] = (int32_t)pos;
-        pos = end;
+        pos += 8 + (Py_ssize_t)word;
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);

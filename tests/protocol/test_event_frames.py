@@ -68,6 +68,13 @@ def test_the_largest_event_allowed_is_max_event_size():
     buf = frame_event(b"x" * 100)
     assert walk(buf, max_event_size=100) == ([0], len(buf), -1)
     assert walk(buf, max_event_size=99) == ([], 0, 0)
+    assert walk(buf, max_event_size=-1) == python_walk(buf, max_event_size=-1) == ([], 0, 0)
+
+
+def test_a_huge_length_under_a_huge_limit_is_an_event_not_yet_whole():
+    header = struct.pack(">iI", 0, 0xFFFFFFFF)
+    for limit in (0xFFFFFFFF, 1 << 62):
+        assert walk(header + b"x" * 10, limit) == python_walk(header + b"x" * 10, limit) == ([], 0, -1)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -78,7 +85,7 @@ def test_the_c_walk_and_the_python_loop_agree_on_random_bytes(seed):
     for _ in range(5):
         if buf:
             buf[rnd.randrange(len(buf))] = rnd.randrange(256)
-        limit = rnd.choice((MAX, 200, 4096, 0))
+        limit = rnd.choice((MAX, 200, 4096, 0, -1))
         assert walk(bytes(buf), limit) == python_walk(bytes(buf), limit)
         cut = bytes(buf[: rnd.randrange(len(buf) + 1)])
         assert walk(cut, limit) == python_walk(cut, limit)
