@@ -59,6 +59,8 @@ from typing import Any
 import grpc
 from pyspark.errors import PySparkException
 
+from airflow_provider_pravega.spark.worker_python import worker_python
+
 try:  # classic sessions only: the full pyspark (the `spark` extra) brings py4j, pyspark-client does not
     from py4j.protocol import Py4JError
 except ImportError:  # a Spark Connect client: nothing can raise py4j's errors here
@@ -779,9 +781,10 @@ def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str
     builder = SparkSession.builder.master(master).appName(app_name)
     defaults = {**session_defaults(master, wanted), **wanted}
     if master.startswith("local"):
-        # Python workers must be this interpreter (with pravega and this provider installed),
-        # not whatever `python3` is first on PATH.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # Python workers must be this interpreter (with pravega and this provider installed), not
+        # whatever `python3` is first on PATH; started through the launcher that spares them
+        # compiling pyspark's zip (spark/worker_python.py).
+        os.environ.setdefault("PYSPARK_PYTHON", worker_python())
         defaults.setdefault("spark.driver.host", "127.0.0.1")
         defaults.setdefault("spark.driver.bindAddress", "127.0.0.1")
     for key, value in defaults.items():
