@@ -249,7 +249,7 @@ attempt("driver-memory", **{"spark.driver.memory": "lots"})
 attempt("garbage-master", "spark_garbage")
 attempt("shuffle-partitions", spark_home=sys.argv[1],
         **{"spark.sql.shuffle.partitions": "-1", "spark.nonsense.key": "x"})
-attempt("unknown-key", **{"spark.nonsense.key": "x"})
+attempt("unknown-key", **{"spark.nonsense.key": "x", "spark.master": "local[1]", "spark.app.name": "named"})
 """
 
 

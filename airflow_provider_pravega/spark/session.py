@@ -98,6 +98,8 @@ CONNECT_TIMEOUT_S = 15.0
 _FREE_FORM_PREFIXES = ("spark.hadoop.", "spark.executorEnv.", "spark.sql.catalog.", "spark.kubernetes.", "spark.yarn.",
                        "spark.driverEnv.", "spark.appMasterEnv.", "spark.jars.", "spark.plugins", "spark.history.",
                        "spark.worker.", "spark.deploy.", "spark.connect.", "spark.metrics.conf.")
+# Core settings Spark reads by name, without an entry in its list of settings (findEntry finds none).
+_KEYS_WITHOUT_ENTRY = frozenset({"spark.master", "spark.app.name", "spark.app.id"})
 
 
 class SparkSessionError(ValueError):
@@ -444,7 +446,7 @@ def _check_session(session: Any, settings: _Settings) -> None:
     try:
         find = session.sparkContext._jvm.org.apache.spark.internal.config.ConfigEntry.findEntry
         unknown = [key for key in settings.given if key.startswith("spark.") and not key.startswith(_FREE_FORM_PREFIXES)
-                   and find(key) is None]
+                   and key not in _KEYS_WITHOUT_ENTRY and find(key) is None]
     except Exception as exc:  # a changed internal API: no warning, nothing else depends on it
         log.debug("could not look up Spark's settings: %s", exc)
         return
