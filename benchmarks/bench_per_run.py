@@ -192,7 +192,7 @@ def main() -> int:
                 t0 = time.perf_counter()
                 connect = servers.enter_context(spark_connect.running_server(
                     Path(tmp) / "spark-connect.log", ui_port=free_port(),
-                    session_timeout=spark_connect.LONG_SESSION_TIMEOUT))
+                    session_timeout=spark_connect.LONG_SESSION_TIMEOUT, worker_launcher=True))
                 remote, ui = connect.url, connect.ui_url
                 print(f"  Spark Connect server {remote} up in {time.perf_counter() - t0:.1f} s; warming it with one "
                       f"ingest (not counted)", flush=True)

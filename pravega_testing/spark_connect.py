@@ -47,12 +47,20 @@ def spark_home(python: str | None = None) -> Path:
     return Path(out).parent
 
 
-def server_env(base: dict[str, str] | None = None, python: str | None = None) -> dict[str, str]:
+def server_env(base: dict[str, str] | None = None, python: str | None = None, *,
+               worker_launcher: bool = False) -> dict[str, str]:
     """The server's environment: pyspark's SPARK_HOME, Python workers on ``python`` (default: this
     interpreter; it must import pyarrow and this provider: the jobs' functions run there),
-    loopback only."""
+    loopback only. ``worker_launcher``: the workers start through this interpreter's
+    ``pravega-spark-python`` (without compiling pyspark's zip in each new worker; docs/deployment.md),
+    as the servers of ``scripts/stack`` and ``scripts/demo`` do; the tests' servers stay stock."""
     python = python or sys.executable
-    return dict(base if base is not None else os.environ, SPARK_HOME=str(spark_home(python)), PYSPARK_PYTHON=python,
+    workers = python
+    if worker_launcher and python == sys.executable:
+        from airflow_provider_pravega.spark.worker_python import worker_python
+
+        workers = worker_python()
+    return dict(base if base is not None else os.environ, SPARK_HOME=str(spark_home(python)), PYSPARK_PYTHON=workers,
                 SPARK_LOCAL_IP="127.0.0.1")
 
 
@@ -180,7 +188,7 @@ class RunningServer:
 def running_server(log: str | os.PathLike[str], *, port: int | None = None, master: str = DEFAULT_MASTER,
                    ui_port: int | None = None, python: str | None = None, extra_args: Sequence[str] = (),
                    env: dict[str, str] | None = None, timeout_s: float = 180.0,
-                   session_timeout: str | None = None) -> Iterator[RunningServer]:
+                   session_timeout: str | None = None, worker_launcher: bool = False) -> Iterator[RunningServer]:
     """Start the server in its own process group (output to ``log``), wait until it takes
     connections, yield it; stop the whole group at the end, also on an error or an interrupt."""
     from pravega_testing.net import free_port
@@ -191,7 +199,7 @@ def running_server(log: str | os.PathLike[str], *, port: int | None = None, mast
     with log.open("ab") as out:
         proc = subprocess.Popen(server_command(port, master=master, ui_port=ui_port, python=python,
                                                extra_args=extra_args, session_timeout=session_timeout),
-                                env=server_env(env, python), stdout=out, stderr=subprocess.STDOUT,
+                                env=server_env(env, python, worker_launcher=worker_launcher), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_ready(port, still_running=lambda: proc.poll() is None, log=log, timeout_s=timeout_s)

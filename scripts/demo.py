@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             connect = servers.enter_context(spark_connect.running_server(
                 work / "spark-connect.log", env={**os.environ, "PYTHONPATH": os.pathsep.join(
                     filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))},
-                session_timeout=spark_connect.LONG_SESSION_TIMEOUT))
+                session_timeout=spark_connect.LONG_SESSION_TIMEOUT, worker_launcher=True))
             log(f"Spark Connect server: {connect.url} (pid {connect.pid}; connection {spark_connect.CONN_ID})")
     except BaseException:
         servers.close()

@@ -393,7 +393,7 @@ def up(args: argparse.Namespace) -> int:
         if args.spark_connect:
             port, ui = free_port(), free_port()
             # Its Python workers run the jobs' functions: the provider must import there.
-            senv = dict(spark_connect.server_env(base), PYTHONPATH=os.pathsep.join(
+            senv = dict(spark_connect.server_env(base, worker_launcher=True), PYTHONPATH=os.pathsep.join(
                 filter(None, [str(REPO), base.get("PYTHONPATH")])))
             comps["spark-connect"] = spawn("spark-connect", spark_connect.server_command(
                 port, master=args.spark_connect_master, ui_port=ui,

@@ -86,6 +86,14 @@ def inner(work: Path) -> int:
         raise SystemExit(f"the package was imported from the checkout ({installed_at}), not from the wheel")
     log(f"airflow_provider_pravega {airflow_provider_pravega.__version__} from {installed_at.parent}")
     failures: list[str] = []
+    from airflow_provider_pravega.spark.worker_python import SCRIPT, worker_python
+
+    launcher = worker_python()  # what the DAG's local Spark sessions start their Python workers with
+    if Path(launcher).name == SCRIPT:
+        log(f"Python workers of local sessions: {launcher}")
+    else:
+        failures.append(f"the wheel installed no {SCRIPT} for {sys.executable}: local sessions' workers would "
+                        f"compile pyspark's zip ({launcher})")
     try:
         import pravega_client  # noqa: F401
 
