@@ -7,7 +7,7 @@ installed package itself, whose modules pip compiled at install. A local session
 daemons before its first export has read an event (Spark's lookup of data sources, the data
 source's creation, its planning, the reads), each compiling pyspark on its own. Measured on a cold
 export of 400 events (local session, 2 cores): the Python workers took 3.9-4.1 CPU-s and the export
-7.3-7.7 s with the zip, 1.8-2.0 CPU-s and 5.4-5.5 s without it (docs/benchmarks.md).
+7.3-7.7 s with the zip, 1.8-2.1 CPU-s and 5.4-6.1 s without it (docs/benchmarks.md).
 
 ``pravega-spark-python`` (a console script of this package, :func:`main`) drops that zip from
 ``PYTHONPATH`` when it is the one inside the installed pyspark package (the same files, compiled),
@@ -16,8 +16,8 @@ left where Spark put it. :func:`worker_python` is what
 :func:`~airflow_provider_pravega.spark.session.get_spark_session` gives a local session as
 ``PYSPARK_PYTHON`` unless one is set.
 
-This module is imported by every worker process before it becomes Python: it imports only the
-standard library.
+Every worker process imports this module before it becomes the interpreter: it imports only the
+standard library (and the package's ``__init__`` modules, which import nothing heavy).
 """
 
 from __future__ import annotations
