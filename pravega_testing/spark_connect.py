@@ -199,8 +199,8 @@ def running_server(log: str | os.PathLike[str], *, port: int | None = None, mast
     with log.open("ab") as out:
         proc = subprocess.Popen(server_command(port, master=master, ui_port=ui_port, python=python,
                                                extra_args=extra_args, session_timeout=session_timeout),
-                                env=server_env(env, python, worker_launcher=worker_launcher), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                env=server_env(env, python, worker_launcher=worker_launcher), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_ready(port, still_running=lambda: proc.poll() is None, log=log, timeout_s=timeout_s)
         yield RunningServer(port, proc.pid, log, ui_port)
