@@ -25,6 +25,7 @@ from airflow_provider_pravega.client.errors import (
     InvalidNameError,
     InvalidStreamCutError,
     NoSuchSegmentError,
+    PravegaPermissionError,
     ScaleError,
     ScopeExistsError,
     StreamExistsError,
@@ -199,7 +200,37 @@ class StreamAdmin:
             raise StreamExistsError(scope, stream)
         return created
 
+    def ensure_stream(
+        self,
+        scope: str,
+        stream: str,
+        segments: int | None = None,
+        *,
+        scaling: ScalingPolicy | None = None,
+        create_scope: bool = False,
+    ) -> bool:
+        """Make sure the stream exists and is usable; True when this call created it.
+
+        Asks the controller to create it even when it exists: Pravega 0.13 leaves a stream whose
+        creation was interrupted (a controller or segment store lost mid-way) in state CREATING,
+        listed by ``stream_exists`` but refusing every read and write, until a create finishes it
+        with the configuration first given. A user who may use the stream but not create streams in
+        its scope (PravegaPermissionError) gets the stream as it is. ``create_scope`` also creates a
+        missing scope.
+        """
+        exists = self.stream_exists(scope, stream)
+        if not exists and create_scope and not self.scope_exists(scope):
+            self.create_scope(scope)
+        try:
+            return self.create_stream(scope, stream, segments, scaling=scaling)
+        except PravegaPermissionError:
+            if exists:
+                return False
+            raise
+
     def stream_exists(self, scope: str, stream: str) -> bool:
+        """Whether the controller lists it: also true for a stream still, or stuck, in creation
+        (see :meth:`ensure_stream`)."""
         return self.controller.stream_exists(scope, stream)
 
     def list_streams(self, scope: str, *, include_internal: bool = False) -> list[str]:

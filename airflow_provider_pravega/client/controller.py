@@ -735,7 +735,9 @@ class ControllerClient:
                 if time.monotonic() >= deadline:
                     raise ControllerError(
                         f"{method} on {scope}/{stream}: the stream was still being created after "
-                        f"{STREAM_CREATING_WAIT_S:g} s"
+                        f"{STREAM_CREATING_WAIT_S:g} s; if a controller or segment store was lost while it was "
+                        f"created, creating it again finishes it (StreamAdmin.ensure_stream or "
+                        f"PravegaCreateStreamOperator: Pravega keeps the configuration first given)"
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)

@@ -226,19 +226,17 @@ class _ConditionalAppender:
 
 
 def _create_missing(admin: Any, scope: str, stream: str) -> None:
-    """Create the scope and the one-segment stream only when missing: a user allowed to write in
-    its scope (READ_UPDATE on ``prn::/scope:S`` and ``prn::/scope:S/*``) needs no more."""
-    if admin.stream_exists(scope, stream):
-        return
-    what = f"the missing state stream {scope}/{stream}: no write permission on scope {scope}"
+    """Create the scope and the one-segment stream when missing, and finish a creation that a lost
+    controller or segment store interrupted (see ``StreamAdmin.ensure_stream``). A user allowed to
+    write in its scope (READ_UPDATE on ``prn::/scope:S`` and ``prn::/scope:S/*``) needs no more."""
     try:
-        if not admin.scope_exists(scope):
+        admin.ensure_stream(scope, stream, scaling=ScalingPolicy.fixed(1), create_scope=True)
+    except PravegaPermissionError as exc:
+        if exc.action == "createScope":
             what = (f"the missing scope {scope} (for the state stream {scope}/{stream}): no permission to create "
                     f"scopes; create scope {scope} first, or give the user create rights on it")
-            admin.create_scope(scope)
+        else:
             what = f"the missing state stream {scope}/{stream}: no write permission on scope {scope}"
-        admin.create_stream(scope, stream, scaling=ScalingPolicy.fixed(1))
-    except PravegaPermissionError as exc:
         raise PravegaPermissionError(
             exc.where, exc.user, exc.action, exc.resource,
             f"creating {what}" + (f"; {exc.detail}" if exc.detail else ""),

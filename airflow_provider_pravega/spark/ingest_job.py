@@ -1247,12 +1247,10 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
         _record_empty_interval(client, spec)
         return result
     admin = client.admin
-    if not admin.stream_exists(spec.scope, spec.stream):
-        if not spec.create_stream:
-            raise StreamNotFoundError(spec.scope, spec.stream)
-        if not admin.scope_exists(spec.scope):
-            admin.create_scope(spec.scope)
-        admin.create_stream(spec.scope, spec.stream, segments=spec.stream_segments)
+    if spec.create_stream:  # also finishes a creation a lost controller or segment store interrupted
+        admin.ensure_stream(spec.scope, spec.stream, spec.stream_segments, create_scope=True)
+    elif not admin.stream_exists(spec.scope, spec.stream):
+        raise StreamNotFoundError(spec.scope, spec.stream)
     check_write_access(client, spec.scope, spec.stream)
     state_scope, state_stream = state_location(spec)
     store = open_ingest_state(client, spec.scope, spec.stream, spec.effective_ingest_id,

@@ -74,12 +74,17 @@ BACK_IN_SERVICE_S = 180.0
 def _serves_again(client: PravegaClient, store) -> bool:
     """Whether the controller names ``store`` as the owner of any container yet: asked through a
     probe stream of 32 segments (Pravega hashes segments onto the 8 containers; 32 cover every
-    container but for a chance in millions), created on first use."""
+    container but for a chance in millions).
+
+    The probe is created through ``ensure_stream`` on every call, not once: its first creation runs
+    while containers move, and a creation cut off there stays CREATING in Pravega 0.13 (listed, but
+    every call on it refused) until a create finishes it. Creating it only when missing left it so
+    for good, and this wait then timed out although the store had its containers (CI, 2026-11-28;
+    seen again in the controller's log 2026-11-29: "Create stream failed due to ... Connection
+    dropped", then "Stream: probe State: CREATING")."""
     scope = "cluster-probe"
     try:  # while containers recover, the controller may fail a create (status FAILURE): ask again later
-        if not client.admin.stream_exists(scope, "probe"):
-            client.admin.create_scope(scope)
-            client.admin.create_stream(scope, "probe", 32)
+        client.admin.ensure_stream(scope, "probe", 32, create_scope=True)
     except (ControllerUnreachableError, ControllerError):
         return False
     return store.port in _owners_once_answered(client, scope, "probe").values()

@@ -331,6 +331,10 @@ def test_a_read_only_user_is_told_it_cannot_write_the_stream(
     message = str(caught.value)
     assert f"no write permission on {scope}/readings" in message and "'reader'" in message, message
     assert "createScope" not in message
+    with PravegaClient(config) as client:  # may not create streams in the scope: gets it as it is
+        assert client.admin.ensure_stream(scope, "readings") is False
+        with pytest.raises(PravegaPermissionError):
+            client.admin.ensure_stream(scope, "other")
     with _admin(server) as admin:
         assert admin.admin.list_streams(scope) == ["readings"]
 
