@@ -22,6 +22,8 @@ from airflow_provider_pravega.client.controller import (
     StreamConfiguration,
 )
 from airflow_provider_pravega.client.errors import (
+    ControllerError,
+    ControllerUnreachableError,
     InvalidNameError,
     InvalidStreamCutError,
     NoSuchSegmentError,
@@ -214,16 +216,18 @@ class StreamAdmin:
         Asks the controller to create it even when it exists: Pravega 0.13 leaves a stream whose
         creation was interrupted (a controller or segment store lost mid-way) in state CREATING,
         listed by ``stream_exists`` but refusing every read and write, until a create finishes it
-        with the configuration first given. A user who may use the stream but not create streams in
-        its scope (PravegaPermissionError) gets the stream as it is. ``create_scope`` also creates a
-        missing scope.
+        with the configuration first given. For a listed stream that create is a best effort: a user
+        who may use the stream but not create streams in its scope (PravegaPermissionError), or a
+        controller that cannot answer a change right now (as while a lost store's containers
+        recover; reads wait for it, changes do not), gets the stream as it is. ``create_scope``
+        also creates a missing scope.
         """
         exists = self.stream_exists(scope, stream)
         if not exists and create_scope and not self.scope_exists(scope):
             self.create_scope(scope)
         try:
             return self.create_stream(scope, stream, segments, scaling=scaling)
-        except PravegaPermissionError:
+        except (PravegaPermissionError, ControllerError, ControllerUnreachableError):
             if exists:
                 return False
             raise

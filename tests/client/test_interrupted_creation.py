@@ -21,7 +21,7 @@ import pytest
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client import controller as controller_module
-from airflow_provider_pravega.client.errors import ControllerError
+from airflow_provider_pravega.client.errors import ControllerError, ControllerUnreachableError
 from airflow_provider_pravega.embedded import server as server_module
 from airflow_provider_pravega.embedded.controller import EmbeddedController
 from airflow_provider_pravega.protocol import controller_pb2 as pb
@@ -35,9 +35,12 @@ class _CutsOffCreation(EmbeddedController):
         super().__init__(*args, **kwargs)
         self.cut_off: set[tuple[str, str]] = set()
         self.half_made: set[tuple[str, str]] = set()
+        self.creates_fail = False  # as while its own tables' containers recover: INTERNAL
 
     def createStream(self, request: pb.StreamConfig, context: grpc.ServicerContext) -> pb.CreateStreamStatus:
         key = (request.streamInfo.scope, request.streamInfo.stream)
+        if self.creates_fail:
+            context.abort(grpc.StatusCode.INTERNAL, "StoreConnectionException: addNewEntry")
         if key in self.half_made:  # Pravega's EXISTS_CREATING: segments made, state ACTIVE
             self.half_made.discard(key)
             return pb.CreateStreamStatus(status=pb.CreateStreamStatus.STREAM_EXISTS)
@@ -80,6 +83,21 @@ def test_ensure_stream_finishes_a_stream_whose_creation_was_cut_off(cut_off: tup
     assert [r.segment_id for r in client.controller.get_current_segments("sc", "st")] == [0, 1, 2]
     assert client.admin.ensure_stream("sc", "st", 3) is False  # and again: nothing changes
     assert client.admin.ensure_stream("sc", "new", 2) is True
+
+
+def test_ensure_stream_takes_a_listed_stream_as_it_is_when_the_controller_cannot_create_now(
+    cut_off: tuple[Any, PravegaClient],
+) -> None:
+    """Reads wait for a recovering controller, changes do not: opening a state must not fail where
+    checking that its stream exists used to be enough. A missing stream still fails."""
+    controller, client = cut_off
+    client.admin.create_scope("sc")
+    client.admin.create_stream("sc", "st", 2)
+    controller.creates_fail = True
+    assert client.admin.ensure_stream("sc", "st", 2) is False
+    assert len(client.controller.get_current_segments("sc", "st")) == 2
+    with pytest.raises((ControllerError, ControllerUnreachableError)):
+        client.admin.ensure_stream("sc", "missing", 2)
 
 
 def test_ensure_stream_creates_a_missing_scope_only_when_asked(cut_off: tuple[Any, PravegaClient]) -> None:
