@@ -2,7 +2,7 @@
 
 Run: ``python benchmarks/bench_export.py [--events 1000000] [--size 200] [--segments 4]
 [--rounds 3] [--warmup 2] [--master local[*]] [--format parquet] [--compression CODEC] [--no-delta]
-[--profile] [--json PATH]``
+[--conf KEY=VALUE ...] [--profile] [--json PATH]``
 
 Writes ``--events`` events of ``--size`` bytes (official writer, routing keys spread over the
 segments) to a fresh stream on the embedded server (its own process), takes the tail cut and plans
@@ -274,11 +274,19 @@ def main() -> None:
     parser.add_argument("--driver-memory", default=None, help="spark.driver.memory (local mode: the whole heap)")
     parser.add_argument("--delta", action=argparse.BooleanOptionalAction, default=True,
                         help="also export each round into a fresh Delta table (default: yes)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting of the session (repeatable): A/B runs of a setting")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="write the result file here")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    extra_conf = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--conf takes KEY=VALUE, not {item!r}")
+        extra_conf[key.strip()] = value
 
     import logging
 
@@ -307,13 +315,15 @@ def main() -> None:
             conf = {"spark.master": args.master, "spark.ui.showConsoleProgress": "false"}
             if args.driver_memory:
                 conf["spark.driver.memory"] = args.driver_memory
+            conf.update(extra_conf)
             if args.delta:  # Delta's package and SQL extension (the Parquet export does not use them)
                 from airflow_provider_pravega.spark.delta_export import session_conf
 
                 conf = session_conf(conf)
             spark = get_spark_session(None, "bench-export", **conf)
             sc = spark.sparkContext
-            print(f"spark {spark.version}, master {sc.master}, {sc.defaultParallelism} cores")
+            print(f"spark {spark.version}, master {sc.master}, {sc.defaultParallelism} cores"
+                  + "".join(f", {k}={v}" for k, v in extra_conf.items()))
             jvm = JvmThreads(int(spark._jvm.java.lang.ProcessHandle.current().pid()))
             with PravegaClient(uri) as client:
                 head = StreamCut.head(client, scope, stream)

@@ -158,3 +158,13 @@ def test_the_export_bench_prints_parquet_and_delta_cpu_side_by_side_with_the_bre
     lines = bench_export.breakdown_table({"parquet": parquet, "delta": delta})
     assert lines[0] == "CPU-s per export (median): part | parquet | delta"
     assert "  JIT: 0.30 | 1.00" in lines and lines[-1] == "  Total: 1.40 | 2.60"
+
+
+def test_the_export_bench_refuses_a_setting_that_is_not_key_equals_value() -> None:
+    """``--conf`` (A/B runs of a Spark setting) is checked before any server or JVM starts."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(BENCH / "bench_export.py"), "--conf", "spark.buffer.size"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--conf takes KEY=VALUE, not 'spark.buffer.size'" in done.stderr
