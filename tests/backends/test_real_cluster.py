@@ -20,7 +20,7 @@ from backends.standalone import standalone_available
 from hang_guard import HANG_GUARD_S
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.errors import ControllerError, ControllerUnreachableError
+from airflow_provider_pravega.client.errors import ControllerError, ControllerUnreachableError, PravegaError
 from airflow_provider_pravega.hooks.pravega import PravegaHook
 from pravega_testing.wait import wait_until
 
@@ -72,9 +72,12 @@ BACK_IN_SERVICE_S = 180.0
 
 
 def _serves_again(client: PravegaClient, store) -> bool:
-    """Whether the controller names ``store`` as the owner of any container yet: asked through a
-    probe stream of 32 segments (Pravega hashes segments onto the 8 containers; 32 cover every
-    container but for a chance in millions).
+    """Whether the controller names ``store`` as the owner of any container yet, and every
+    container answers: asked through a probe stream of 64 segments, whose length is asked of each
+    (Pravega hashes segments onto the 8 containers: 64 leave one of them without a segment once in
+    about 600 probes, and the store without one of its containers' segments far more rarely). Being named is not enough: a container handed back to the store recovers there first,
+    and the controller's own tables in it (a createScope, say) wait for it (CI, 2026-11-29: no answer
+    to createScope within 10 s right after the store was named).
 
     The probe is created through ``ensure_stream`` on every call, not once: its first creation runs
     while containers move, and a creation cut off there stays CREATING in Pravega 0.13 (listed, but
@@ -84,10 +87,16 @@ def _serves_again(client: PravegaClient, store) -> bool:
     dropped", then "Stream: probe State: CREATING")."""
     scope = "cluster-probe"
     try:  # while containers recover, the controller may fail a create (status FAILURE): ask again later
-        client.admin.ensure_stream(scope, "probe", 32, create_scope=True)
+        client.admin.ensure_stream(scope, "probe", 64, create_scope=True)
     except (ControllerUnreachableError, ControllerError):
         return False
-    return store.port in _owners_once_answered(client, scope, "probe").values()
+    if store.port not in _owners_once_answered(client, scope, "probe").values():
+        return False
+    try:
+        client.admin.tail(scope, "probe")
+    except PravegaError:  # a container still recovering, or moving again
+        return False
+    return True
 
 
 def _write(client: PravegaClient, scope: str, stream: str, prefix: str, count: int) -> list[bytes]:
