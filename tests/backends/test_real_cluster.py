@@ -75,9 +75,10 @@ def _serves_again(client: PravegaClient, store) -> bool:
     """Whether the controller names ``store`` as the owner of any container yet, and every
     container answers: asked through a probe stream of 64 segments, whose length is asked of each
     (Pravega hashes segments onto the 8 containers: 64 leave one of them without a segment once in
-    about 600 probes, and the store without one of its containers' segments far more rarely). Being named is not enough: a container handed back to the store recovers there first,
-    and the controller's own tables in it (a createScope, say) wait for it (CI, 2026-11-29: no answer
-    to createScope within 10 s right after the store was named).
+    about 600 probes, and the store without one of its containers' segments far more rarely).
+    Being named is not enough: a container handed back to the store recovers there first, and the
+    controller's own tables in it (a createScope, say) wait for it (CI, 2026-11-29: no answer to
+    createScope within 10 s right after the store was named).
 
     The probe is created through ``ensure_stream`` on every call, not once: its first creation runs
     while containers move, and a creation cut off there stays CREATING in Pravega 0.13 (listed, but
