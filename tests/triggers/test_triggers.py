@@ -205,7 +205,8 @@ def test_transaction_trigger_error_and_timeout_events(
 
 
 def test_stream_trigger_fires_exactly_when_new_events_arrive(
-    pravega_conn: None, pravega_controller_uri: str, stream_of: Callable[[int], tuple[str, str]]
+    pravega_conn: None, pravega_controller_uri: str, client: PravegaClient,
+    stream_of: Callable[[int], tuple[str, str]],
 ) -> None:
     from airflow_provider_pravega.triggers import PravegaStreamTrigger
 
@@ -213,7 +214,10 @@ def test_stream_trigger_fires_exactly_when_new_events_arrive(
     old = write_events(pravega_controller_uri, scope, stream, 4)  # before the trigger: not new
     trigger = PravegaStreamTrigger(stream=stream, scope=scope, poll_interval=0.1)
 
-    async def scenario() -> list[tuple[Any, float, float, int]]:
+    def tail_of(event: Any) -> dict[int, int]:
+        return {int(k): v for k, v in event.payload["tail_positions"].items()}
+
+    async def scenario() -> list[tuple[list[Any], float, float, int]]:
         events = trigger.run()
         seen = []
         try:
@@ -223,24 +227,31 @@ def test_stream_trigger_fires_exactly_when_new_events_arrive(
                 assert not pending.done(), f"fired with no new data: {pending.result() if pending.done() else ''}"
                 written_at = time.monotonic()
                 size = await asyncio.to_thread(write_events, pravega_controller_uri, scope, stream, batch)
-                event = await asyncio.wait_for(pending, 10)
-                seen.append((event, written_at, time.monotonic(), size))
+                tail = await asyncio.to_thread(client.admin.tail, scope, stream)
+                fired = [await asyncio.wait_for(pending, 10)]
+                # A batch lands segment by segment: a poll between two segments' appends sees a part
+                # of it, the next poll the rest. Each of those is new data; none may repeat a byte.
+                while tail_of(fired[-1]) != tail:
+                    fired.append(await asyncio.wait_for(anext(events), 10))
+                seen.append((fired, written_at, time.monotonic(), size))
         finally:
             await events.aclose()
         return seen
 
     (first, w1, f1, size1), (second, w2, f2, size2) = asyncio.run(scenario())
     assert f1 >= w1 and f2 >= w2
-    one, two = first.payload, second.payload
-    assert one["status"] == "success" and (one["scope"], one["stream"]) == (scope, stream)
-    assert one["new_bytes"] == size1 and two["new_bytes"] == size2
-    assert sum(streamcut_from_text(one["previous_cut"]).positions.values()) == old
-    assert two["previous_cut"] == one["cut"]  # each event starts where the previous one ended
-    end = streamcut_from_text(two["cut"]).positions
+    payloads = [event.payload for event in first + second]
+    assert all(p["status"] == "success" and (p["scope"], p["stream"]) == (scope, stream) for p in payloads)
+    assert sum(e.payload["new_bytes"] for e in first) == size1
+    assert sum(e.payload["new_bytes"] for e in second) == size2
+    assert sum(streamcut_from_text(payloads[0]["previous_cut"]).positions.values()) == old
+    for before, after in zip(payloads, payloads[1:]):
+        assert after["previous_cut"] == before["cut"]  # each event starts where the previous one ended
+    end = streamcut_from_text(payloads[-1]["cut"]).positions
     assert sum(end.values()) == old + size1 + size2
-    assert {int(k): v for k, v in two["tail_positions"].items()} == end
-    grown = {int(s): (a, b) for s, (a, b) in two["grown_segments"].items()}
-    assert sum(b - a for a, b in grown.values()) == size2
+    assert tail_of(second[-1]) == end
+    grown = [(a, b) for e in second for a, b in e.payload["grown_segments"].values()]
+    assert sum(b - a for a, b in grown) == size2
 
 
 def test_new_data_is_found_across_scaling(
