@@ -50,6 +50,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_MS = 90_000
+#: A commit still COMMITTING after this long is requested again. Pravega 0.13 answers a commit
+#: request for a COMMITTING transaction by posting the commit event of its epoch once more (the
+#: commit itself happens once: merging a transaction is idempotent). On a cluster whose segment
+#: store was lost just before the request, a transaction was seen to stay COMMITTING for over 300 s
+#: until then; one more request lets the controller's commit processing pick it up again.
+RECOMMIT_AFTER_S = 30.0
 TxnKey = tuple[str, str, int]
 
 
@@ -71,6 +77,7 @@ class TransactionManager:
                 config.transaction_lease_ms if config is not None else DEFAULT_LEASE_MS
             )
         self.default_lease_ms = int(default_lease_ms)
+        self.recommit_after_s = RECOMMIT_AFTER_S
 
     def begin(
         self, scope: str, stream: str, lease_ms: int | None = None
@@ -184,20 +191,32 @@ class TransactionManager:
         *,
         timeout_s: float = 60.0,
         poll_interval_s: float = 0.02,
+        recommit: bool = True,
     ) -> TxnStatus:
         """Poll until the transaction is in one of ``states``; returns that state.
 
         A final state (COMMITTED/ABORTED) that is not awaited ends the wait with an error, since it
-        can never change again; so does UNKNOWN unless awaited.
+        can never change again; so does UNKNOWN unless awaited. While COMMITTED is awaited, a
+        transaction COMMITTING for ``self.recommit_after_s`` is requested again, unless ``recommit``
+        is False (see RECOMMIT_AFTER_S).
         """
         txn_id = _txn_id(txn_id)
         wanted = {TxnStatus(s) for s in states}
         deadline = time.monotonic() + timeout_s
         delay = poll_interval_s
+        nudge = recommit and TxnStatus.COMMITTED in wanted
+        committing_since: float | None = None
         while True:
             state = self.status(scope, stream, txn_id)
             if state in wanted:
                 return state
+            if nudge and state == TxnStatus.COMMITTING:
+                now = time.monotonic()
+                if committing_since is None:
+                    committing_since = now
+                elif now - committing_since >= self.recommit_after_s:
+                    self._request_commit_again(scope, stream, txn_id, now - committing_since)
+                    committing_since = now
             if state == TxnStatus.UNKNOWN:
                 raise TransactionNotFoundError(scope, stream, txn_id)
             if state.is_final:
@@ -222,6 +241,15 @@ class TransactionManager:
                 )
             time.sleep(min(delay, remaining))
             delay = min(delay * 1.5, 0.5)
+
+    def _request_commit_again(self, scope: str, stream: str, txn_id: int, waited_s: float) -> None:
+        log.warning("transaction %032x on %s/%s is still COMMITTING after %.0f s: requesting its commit again "
+                    "(the controller posts its commit event once more; it commits once)", txn_id, scope, stream,
+                    waited_s)
+        try:
+            self.controller.commit_transaction(scope, stream, txn_id)
+        except PravegaError as exc:  # the wait goes on; its own timeout decides
+            log.warning("requesting the commit of %032x again failed (%s); still waiting", txn_id, exc)
 
     def writer(
         self, scope: str, stream: str, txn: int | TransactionInfo, **options: Any
