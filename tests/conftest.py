@@ -156,7 +156,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 #: Heavy scenarios with their own servers that run in part 2 of ``scripts/test`` (beside part 1).
-SECOND_PART = ("tests/topology/", "tests/lake/",
+SECOND_PART = ("tests/topology/", "tests/lake/", "tests/test_demo.py",
                "tests/dags/test_example_dags.py::test_delta_export_dag")
 
 
