@@ -244,7 +244,10 @@ def test_killed_between_the_acknowledgments_and_their_record_needs_a_decision(tm
                                                                                 unique_name):
     scope = unique_name("unres")
     lines = write_day(tmp_path / "in", 1)
-    killed = run(ingest_cmd(forgetful.controller_uri, scope, tmp_path / "in"), {CRASH_ENV: "after_commit_acks"})
+    # A run's own staleness window bounds how soon another may take it over (the larger of the two
+    # counts), so the killed run declares 2 s too: the runs below wait 2 s for it, not 60.
+    killed = run(ingest_cmd(forgetful.controller_uri, scope, tmp_path / "in", "--stale-after", "2"),
+                 {CRASH_ENV: "after_commit_acks"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     spec = IngestSpec(scope=scope, stream="s", source="x", ingest_id="cli")
     (run_id, run_record), = state_of(client, spec)["runs"].items()
