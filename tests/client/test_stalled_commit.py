@@ -113,3 +113,31 @@ def test_an_ingest_run_whose_commits_were_lost_finishes_them(losing: tuple[Any, 
         coord.wait_committed("run-1", [f"{t:032x}" for t in txns], timeout_s=60)
     assert [controller.requests[t] for t in txns] == [2, 2]
     assert _read_all(client) == sorted(batches[0] + batches[1])
+
+
+def test_a_commit_requested_again_is_accepted_and_commits_once(client: PravegaClient,
+                                                               unique_name: Any) -> None:
+    """What the wait relies on, on each backend (real Pravega 0.13 in part 2): a commit request for a
+    COMMITTING or COMMITTED transaction is accepted, and the events are in the stream once."""
+    from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_ranges
+    from airflow_provider_pravega.client.streamcut import StreamCut
+
+    scope = unique_name("recommit")
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, "st", 2)
+    written = []
+    for round_ in range(3):
+        txn = client.transactions.begin(scope, "st")
+        events = [f"{round_}-{i}".encode() for i in range(20)]
+        with client.transactions.writer(scope, "st", txn) as writer:
+            for i, event in enumerate(events):
+                writer.write_event(event, routing_key=str(i))
+            writer.flush()
+        written += events
+        for _ in range(3):  # the first moves it to COMMITTING; the others find it COMMITTING or COMMITTED
+            client.controller.commit_transaction(scope, "st", txn.txn_id)
+        assert client.transactions.wait_for(scope, "st", txn.txn_id, (TxnStatus.COMMITTED,), timeout_s=60) == \
+            TxnStatus.COMMITTED
+        client.controller.commit_transaction(scope, "st", txn.txn_id)  # and once it is COMMITTED
+    ranges = plan_segment_ranges(client, StreamCut.head(client, scope, "st"), StreamCut.tail(client, scope, "st"))
+    assert sorted(e.payload for e in read_segment_ranges(client, ranges)) == sorted(written)
