@@ -23,9 +23,10 @@ from pravega_testing import spark_standalone
 from pravega_testing.net import free_port
 
 
-#: Short-lived JVMs on a busy machine start much quicker with C1 only and the serial GC (drivers
-#: and executors take it as spark.driver/executor.extraJavaOptions).
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: Short-lived JVMs on a busy machine start much quicker with C1 only, the serial GC and the
+#: suite's class archive (drivers and executors take it as spark.driver/executor.extraJavaOptions):
+#: the options tests/conftest.py gave every spark-submit.
+QUICK_JVM = os.environ.get("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 @dataclass
