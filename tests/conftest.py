@@ -34,14 +34,21 @@ os.environ.pop("AIRFLOW_CONFIG", None)
 # all launched through spark-submit, which adds SPARK_SUBMIT_OPTS to the JVM's options) lives
 # seconds to minutes and handles little data: C1 only and the serial GC start it sooner and spend
 # much less CPU on compiling, which two suite parts on 2 cores feel. Not a product default: long
-# exports lose by it (docs/benchmarks.md). They also map Spark's classes from a class-data-sharing
-# archive made once per Spark install (pravega_testing/jvm_class_archive.py: about 4.5 CPU-s less
-# per JVM; PRAVEGA_TEST_CLASS_ARCHIVE=0 turns it off). Set SPARK_SUBMIT_OPTS yourself to run with
-# other options.
+# exports lose by it (docs/benchmarks.md). They also map Spark's classes from the class archive
+# of this Spark installation (airflow_provider_pravega/spark/class_archive.py, made here once per
+# installation: about 4.5 CPU-s less per JVM; PRAVEGA_TEST_CLASS_ARCHIVE=0 turns it off). Set
+# SPARK_SUBMIT_OPTS yourself to run with other options.
 if "SPARK_SUBMIT_OPTS" not in os.environ:
-    from pravega_testing.jvm_class_archive import with_archive
+    _QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    if os.environ.get("PRAVEGA_TEST_CLASS_ARCHIVE", "1") != "0":
+        from airflow_provider_pravega.spark import class_archive
 
-    os.environ["SPARK_SUBMIT_OPTS"] = with_archive("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        try:
+            class_archive.build(_QUICK_JVM)
+        except class_archive.ClassArchiveError as _exc:
+            print(f"tests/conftest.py: Spark JVMs start without a class archive: {_exc}", file=sys.stderr)
+        _QUICK_JVM = f"{_QUICK_JVM} {class_archive.java_options()}".strip()
+    os.environ["SPARK_SUBMIT_OPTS"] = _QUICK_JVM
 
 if "airflow" in sys.modules:  # pragma: no cover - guards the ordering this module relies on
     raise RuntimeError("tests/conftest.py must run before anything imports airflow")

@@ -357,6 +357,7 @@ def test_a_local_session_gets_the_parallel_collector_unless_its_java_options_are
     for name in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "SPARK_SUBMIT_OPTS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    monkeypatch.setenv("PRAVEGA_SPARK_CLASS_ARCHIVE_DIR", str(tmp_path / "no-archives"))  # the collector alone
     key = "spark.driver.extraJavaOptions"
     assert LOCAL_JVM_OPTIONS == "-XX:+UseParallelGC"
     assert session_defaults("local[*]")[key] == LOCAL_JVM_OPTIONS

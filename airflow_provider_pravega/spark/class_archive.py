@@ -1,0 +1,273 @@
+"""A class-data-sharing archive of a local Spark driver's classes: a fresh JVM maps Spark's classes
+instead of loading them, so each scheduled run's local session starts seconds sooner.
+
+An Airflow task that runs Spark locally starts a new driver JVM every run, and that JVM spends
+most of its start parsing and verifying the same few thousand classes from Spark's jars. A dynamic
+CDS archive (JDK 13+: ``-XX:ArchiveClassesAtExit`` once, then ``-XX:SharedArchiveFile``) holds them
+ready to map. Measured on 2 cores (a local session, two counts, stop; busy CPU-s of the machine):
+11 CPU-s and 9 s without the archive, 6.5 CPU-s and 5 s with it (docs/deployment.md).
+
+:func:`build` makes the archive with a short training job (a session, DataFrames from Python,
+Parquet and JSON, Arrow to and from Python workers, a Python data source, a streaming query: what
+the provider's jobs do), once per Spark installation and JDK: ``pravega-spark-class-archive build``
+in an image's build, or after installing. :func:`java_options` is what
+:func:`~airflow_provider_pravega.spark.session.session_defaults` adds to a local session's driver
+options when that archive exists. A run never makes one itself (the archive is written as a JVM
+exits, which a task cannot wait for).
+
+The archive is a cache, not state: it lives in this host's cache directory (``~/.cache/
+airflow-provider-pravega/jvm-class-archives``, or ``$PRAVEGA_SPARK_CLASS_ARCHIVE_DIR``), is keyed
+by the JDK, every jar of the Spark installation and the configuration directories on its class
+path (``SPARK_CONF_DIR``, ``HADOOP_CONF_DIR``, ...: make it in the tasks' environment), and a JVM that cannot use it (another class
+path, another JDK) ignores it silently (``-Xshare:auto``, the JVM's default, with the warning off)
+and starts as without it. Archives of installations since changed or removed are deleted when a
+new one is made (each is 150-200 MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from airflow_provider_pravega import _cache
+
+__all__ = ["SCRIPT", "archive_path", "build", "java_options", "main"]
+
+#: The console script (``[project.scripts]`` in pyproject.toml) that runs :func:`main`.
+SCRIPT = "pravega-spark-class-archive"
+#: Where the archives are kept instead of the cache directory (an image's shared location).
+DIR_VARIABLE = "PRAVEGA_SPARK_CLASS_ARCHIVE_DIR"
+#: How long :func:`build` waits for another process's making of the same archive.
+WAIT_FOR_OTHER_S = 300.0
+#: The warnings a JVM prints when it cannot use the archive (unified logging, to stdout): off.
+QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+class ClassArchiveError(RuntimeError):
+    """The archive could not be made (no Java, no Spark installation, the training job failed)."""
+
+
+def _java() -> Path | None:
+    """The ``java`` spark-class runs: ``$JAVA_HOME/bin/java``, else the first on ``PATH``."""
+    home = os.environ.get("JAVA_HOME")
+    found = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    return Path(found).resolve() if found and os.path.exists(found) else None
+
+
+def _spark_home() -> Path | None:
+    try:
+        from pyspark.find_spark_home import _find_spark_home
+
+        home = Path(_find_spark_home()).resolve()
+    except Exception:  # no pyspark here, or a Spark Connect client only
+        return None
+    return home if (home / "jars").is_dir() else None
+
+
+#: What spark-class puts on the driver's class path besides Spark's jars (a JVM maps an archive
+#: only when its class path starts with the one the archive was made with).
+CLASS_PATH_VARIABLES = ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH",
+                        "SPARK_CLASSPATH")
+
+
+def archive_key(java: Path, spark_home: Path) -> str:
+    """What an archive is valid for: the JDK binary, every jar of the Spark installation (name,
+    size, time) and the environment that adds to the driver's class path, so a reinstall, another
+    Spark or another configuration directory gets its own archive."""
+    digest = hashlib.sha256()
+    stat = java.stat()
+    for part in (java, stat.st_mtime_ns, stat.st_size, spark_home,
+                 *(os.environ.get(name, "") for name in CLASS_PATH_VARIABLES)):
+        digest.update(str(part).encode() + b"\0")
+    for jar in sorted((spark_home / "jars").glob("*.jar")):
+        jar_stat = jar.stat()
+        digest.update(f"{jar.name}:{jar_stat.st_size}:{jar_stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:20]
+
+
+def cache_dir() -> Path:
+    return _cache.cache_dir("jvm-class-archives", DIR_VARIABLE)
+
+
+def archive_path(java: Path | None = None, spark_home: Path | None = None) -> Path | None:
+    """Where this JDK's and Spark installation's archive is (or would be); ``None`` without either."""
+    java = java or _java()
+    spark_home = spark_home or _spark_home()
+    if java is None or spark_home is None:
+        return None
+    return cache_dir() / f"spark-{archive_key(java, spark_home)}.jsa"
+
+
+def java_options() -> str:
+    """The driver options that map this installation's archive, or ``""`` when it has none."""
+    try:
+        archive = archive_path()
+    except OSError:
+        return ""
+    if archive is None or not archive.is_file():
+        return ""
+    return f"-XX:SharedArchiveFile={archive} {QUIET}"
+
+
+# The work whose classes the archive holds: a session, DataFrames from Python, Parquet and JSON
+# written and read, Arrow to and from Python workers, a Python data source, and a streaming query
+# with a checkpoint: what the provider's jobs do, without a Pravega server.
+_TRAINING = r'''
+import sys
+from pathlib import Path
+from pyspark import SparkContext
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader
+
+work = Path(sys.argv[1])
+
+class Training(DataSource):
+    @classmethod
+    def name(cls):
+        return "pravega_class_archive_training"
+    def schema(self):
+        return "id long, event binary"
+    def reader(self, schema):
+        return _Reader()
+
+class _Reader(DataSourceReader):
+    def read(self, partition):
+        for i in range(10):
+            yield (i, b"e%d" % i)
+
+spark = (SparkSession.builder.master("local[2]").appName("pravega-class-archive")
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.execution.arrow.pyspark.enabled", "true").getOrCreate())
+gateway = SparkContext._gateway
+df = spark.createDataFrame([(i, b"e%d" % i) for i in range(100)], "id long, event binary")
+df.write.mode("overwrite").parquet(str(work / "parquet"))
+assert spark.read.parquet(str(work / "parquet")).count() == 100
+df.selectExpr("id", "cast(event as string) as text").write.mode("overwrite").json(str(work / "json"))
+assert len(spark.read.json(str(work / "json")).collect()) == 100
+assert df.mapInArrow(lambda batches: batches, df.schema).count() == 100
+spark.dataSource.register(Training)
+assert spark.read.format("pravega_class_archive_training").load().count() == 10
+query = (spark.readStream.schema(df.schema).parquet(str(work / "parquet")).writeStream
+         .format("parquet").option("path", str(work / "stream"))
+         .option("checkpointLocation", str(work / "checkpoint")).trigger(availableNow=True).start())
+query.awaitTermination()
+spark.stop()
+# The archive is written as the JVM exits: end it (spark-submit's JVM exits when its stdin closes)
+# and wait, so the file is whole when this process ends.
+proc = getattr(gateway, "proc", None)
+if proc is not None:
+    proc.stdin.close()
+    proc.wait(timeout=300)
+'''
+
+
+def _train(java_options: str, timeout_s: float) -> subprocess.CompletedProcess:
+    """Run the training job in a fresh Python whose Spark driver JVM gets ``java_options``, and
+    wait for that JVM to exit."""
+    with tempfile.TemporaryDirectory(prefix="pravega-class-archive-") as work:
+        script = Path(work) / "train.py"
+        script.write_text(_TRAINING)
+        env = {**os.environ, "SPARK_SUBMIT_OPTS": java_options, "PYSPARK_PYTHON": sys.executable}
+        env.pop("PYSPARK_SUBMIT_ARGS", None)
+        return subprocess.run([sys.executable, str(script), work], env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+
+
+def build(base_options: str = "", *, timeout_s: float = 300.0) -> Path:
+    """This JDK's and Spark installation's archive, made now unless it exists (or is being made by
+    another process, which this one then waits for). ``base_options``: the driver options the
+    training JVM runs with besides the archive's. :class:`ClassArchiveError` says why none could
+    be made."""
+    java, spark_home = _java(), _spark_home()
+    if java is None:
+        raise ClassArchiveError("no java: set JAVA_HOME or put java on PATH (Spark needs it too)")
+    if spark_home is None:
+        raise ClassArchiveError("no Spark installation with jars here (is pyspark installed, not only pyspark-client?)")
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    archive = directory / f"spark-{archive_key(java, spark_home)}.jsa"
+    if archive.exists():
+        return archive
+    with open(directory / (archive.name + ".lock"), "w") as lock:
+        deadline = time.monotonic() + WAIT_FOR_OTHER_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ClassArchiveError(f"another process has been making {archive} for "
+                                            f"{WAIT_FOR_OTHER_S:.0f} s (lock {lock.name})") from None
+                time.sleep(1.0)
+        if archive.exists():  # made by the process that held the lock
+            return archive
+        _remove_stale(directory, java)
+        partial = archive.with_suffix(f".{os.getpid()}.partial")
+        partial.unlink(missing_ok=True)
+        options = f"{base_options} -XX:ArchiveClassesAtExit={partial} {QUIET}".strip()
+        try:
+            result = _train(options, timeout_s)
+        except subprocess.TimeoutExpired:
+            partial.unlink(missing_ok=True)
+            raise ClassArchiveError(f"the training job did not end within {timeout_s:.0f} s") from None
+        if result.returncode != 0 or not partial.exists() or partial.stat().st_size == 0:
+            partial.unlink(missing_ok=True)
+            raise ClassArchiveError(f"the training job failed (exit {result.returncode}); its last output:\n"
+                                    f"{result.stderr[-3000:]}")
+        archive.with_suffix(".home").write_text(str(spark_home))
+        os.replace(partial, archive)
+        return archive
+
+
+def _remove_stale(directory: Path, java: Path) -> None:
+    """Delete the archives of Spark installations that are gone or changed since. A JVM still
+    mapping one keeps it until it exits."""
+    for archive in directory.glob("spark-*.jsa"):
+        home_file = archive.with_suffix(".home")
+        try:
+            home = Path(home_file.read_text().strip())
+            current = (home / "jars").is_dir() and archive.name == f"spark-{archive_key(java, home)}.jsa"
+        except OSError:
+            current = False
+        if not current:
+            for path in (archive, home_file, directory / (archive.name + ".lock")):
+                path.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=SCRIPT, description="Make or show the class-data-sharing archive that local Spark sessions "
+                                 "of this installation start from (docs/deployment.md).")
+    parser.add_argument("command", choices=("build", "show"), nargs="?", default="show")
+    args = parser.parse_args(argv)
+    if args.command == "show":
+        archive = archive_path()
+        if archive is None:
+            print("no archive possible here: no java or no Spark installation with jars")
+            return 1
+        state = f"{archive.stat().st_size / 2**20:.0f} MiB" if archive.is_file() else "not made yet"
+        print(f"{archive} ({state}); a local session adds: {java_options() or '(nothing until it is made)'}")
+        return 0 if archive.is_file() else 1
+    print(f"{SCRIPT}: running a short Spark job to record the classes a local session loads "
+          "(about a minute on 2 cores) ...", flush=True)
+    started = time.monotonic()
+    try:
+        archive = build()
+    except ClassArchiveError as exc:
+        print(f"{SCRIPT}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{SCRIPT}: {archive} ({archive.stat().st_size / 2**20:.0f} MiB) in "
+          f"{time.monotonic() - started:.0f} s; local sessions of this installation now start from it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The class archive local Spark sessions start from (airflow_provider_pravega/spark/class_archive.py):
+the sessions the provider starts and the JVMs the tests start really map it, a session without
+one starts as before, and archives of Spark installations changed or removed are deleted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_pravega.spark import class_archive
+
+
+def test_a_spark_session_started_as_the_tests_start_them_maps_the_archive(tmp_path):
+    options = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    if "-XX:SharedArchiveFile=" not in options:
+        pytest.skip(f"the class archive is off for this run (SPARK_SUBMIT_OPTS={options!r})")
+    # -Xshare:on makes a JVM that cannot map the archive (another class path, another JDK) refuse
+    # to start, where the suite's -Xshare:auto would go on silently without it.
+    script = ("from pyspark.sql import SparkSession\n"
+              "s = SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false').getOrCreate()\n"
+              "print('info', s._jvm.java.lang.System.getProperty('java.vm.info'))\n"
+              "print('rows', s.range(5).count())\n"
+              "s.stop()\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "SPARK_SUBMIT_OPTS": options + " -Xshare:on"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rows 5" in result.stdout
+    assert "sharing" in result.stdout
+
+
+def test_a_session_the_provider_starts_maps_the_installations_archive(tmp_path):
+    """The provider's own local session (no Java options chosen by the task or the environment)
+    gets the archive's options with its collector, and its JVM maps the archive: -Xshare:on makes
+    a JVM that cannot map it refuse to start."""
+    if not class_archive.java_options():
+        pytest.skip("this installation has no class archive (PRAVEGA_TEST_CLASS_ARCHIVE=0?)")
+    code = (
+        "from airflow_provider_pravega.spark.session import get_spark_session\n"
+        "spark = get_spark_session(None, 'archive-check', **{'spark.master': 'local[1]'})\n"
+        "jvm = spark.sparkContext._jvm\n"
+        "print('args', list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()))\n"
+        "print('rows', spark.range(3).count())\n"
+        "spark.stop()\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "SPARK_SUBMIT_OPTS")}
+    env["JAVA_TOOL_OPTIONS"] = "-Xshare:on"  # chooses no collector: the provider's defaults still apply
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rows 3" in done.stdout
+    args = next(line for line in done.stdout.splitlines() if line.startswith("args "))
+    assert f"-XX:SharedArchiveFile={class_archive.archive_path()}" in args and "-XX:+UseParallelGC" in args
+
+
+def test_without_an_archive_a_session_gets_only_its_collector_and_show_says_how_to_make_one(
+        tmp_path, monkeypatch, capsys):
+    from airflow_provider_pravega.spark.session import LOCAL_JVM_OPTIONS, local_jvm_options
+
+    monkeypatch.setenv(class_archive.DIR_VARIABLE, str(tmp_path))
+    assert class_archive.java_options() == "" and local_jvm_options() == LOCAL_JVM_OPTIONS
+    assert class_archive.main(["show"]) == 1
+    assert "not made yet" in capsys.readouterr().out
+    archive = class_archive.archive_path()
+    assert archive is not None and archive.parent == tmp_path
+    archive.write_bytes(b"stands in for an archive")
+    assert local_jvm_options() == f"{LOCAL_JVM_OPTIONS} -XX:SharedArchiveFile={archive} {class_archive.QUIET}"
+    assert class_archive.main(["show"]) == 0
+    # Spark's configuration directory leads the driver's class path: another one, another archive.
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "conf"))
+    assert class_archive.archive_path() != archive and local_jvm_options() == LOCAL_JVM_OPTIONS
+
+
+def _spark_home(root: Path, jars: dict[str, bytes]) -> Path:
+    (root / "jars").mkdir(parents=True)
+    for name, data in jars.items():
+        (root / "jars" / name).write_bytes(data)
+    return root
+
+
+def test_archives_of_spark_installs_changed_or_removed_are_deleted(tmp_path, monkeypatch):
+    monkeypatch.setenv(class_archive.DIR_VARIABLE, str(tmp_path / "cache"))
+    java = class_archive._java()
+    if java is None:
+        pytest.skip("no java here")
+    directory = class_archive.cache_dir()
+    directory.mkdir(parents=True)
+    kept = _spark_home(tmp_path / "kept", {"a.jar": b"a"})
+    changed = _spark_home(tmp_path / "changed", {"a.jar": b"a"})
+    removed = _spark_home(tmp_path / "removed", {"a.jar": b"a"})
+    archives = {}
+    for home in (kept, changed, removed):
+        archive = directory / f"spark-{class_archive.archive_key(java, home)}.jsa"
+        archive.write_bytes(b"archive")
+        archive.with_suffix(".home").write_text(str(home))
+        archives[home.name] = archive
+    (changed / "jars" / "b.jar").write_bytes(b"b")  # a reinstall with another jar
+    (removed / "jars" / "a.jar").unlink()
+    (removed / "jars").rmdir()
+    removed.rmdir()
+    orphan = directory / "spark-0123456789abcdef0123.jsa"  # no .home beside it
+    orphan.write_bytes(b"archive")
+
+    class_archive._remove_stale(directory, java)
+
+    assert archives["kept"].exists() and archives["kept"].with_suffix(".home").exists()
+    for name in ("changed", "removed"):
+        assert not archives[name].exists() and not archives[name].with_suffix(".home").exists()
+    assert not orphan.exists()
+    assert archives["kept"].name != f"spark-{class_archive.archive_key(java, changed)}.jsa"
