@@ -24,6 +24,10 @@ embedded server, on one day of sample data (``--events`` readings in 4 files, ro
   idleness, hard-coded in Spark), which is all that a day of idleness changes on such a server;
   its baseline is the new-session run above, what a daily run pays on a server with Spark's default
   60-minute session timeout;
+* the same day with a classic local session whose driver does not map the class archive
+  (``pravega-spark-class-archive``, made by the benchmark before its first sample; this sample
+  points ``PRAVEGA_SPARK_CLASS_ARCHIVE_DIR`` at an empty directory): the baseline of the classic
+  new day above, which maps it, as a host where the archive was made does;
 * the same day again, nothing new (a backfill of a done day): local files are listed without Spark
   and no JVM starts, nor any Connect session. Its baseline is the same run listed through Spark, as
   every run was before (forced here by spelling the source as a ``file:`` URI with ``..``, which
@@ -41,14 +45,17 @@ For the Connect runs the server's own REST API (its UI on a loopback port) count
 stages and tasks of one new day's run; they are printed and kept in the result's notes.
 
 Figures: the run's own seconds (``run_ingest``, from its summary; target for nothing new: <= 1 s)
-and the whole process's wall seconds (Python's start and imports included). No CPU seconds: the
-Spark driver's JVM is not a waited-for child of the process, so its CPU time escapes ``rusage``.
+and the whole process's wall seconds (Python's start and imports included). The Spark driver's JVM
+is not a waited-for child of the process, so its CPU time escapes ``rusage``: the classic new-day
+samples, with and without the class archive, also report the machine's busy CPU-s while they ran
+(``/proc/stat``; the embedded server's share included, so run it on a quiet machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -79,23 +86,34 @@ def day_interval(day: str) -> str:
     return f"{start.isoformat()}/{(start + dt.timedelta(days=1)).isoformat()}"
 
 
+def machine_busy_cpu_s() -> float:
+    """CPU-seconds the whole machine has spent busy since boot (``/proc/stat``: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def ingest(uri: str, scope: str, source: str, remote: str | None = None, new_session: bool = False,
-           interval: str = INTERVAL) -> tuple[dict, float]:
+           interval: str = INTERVAL, env_extra: dict[str, str] | None = None) -> tuple[dict, float]:
     """One ingest task's process: (its summary, wall seconds). ``remote``: through that Spark Connect
-    server, else a classic local session; ``new_session``: a new Connect session, not the shared one."""
-    import os
+    server, else a classic local session; ``new_session``: a new Connect session, not the shared one;
+    ``env_extra``: more environment for the process. The summary gets the machine's busy CPU-s
+    while it ran (``machine_cpu_s``)."""
 
     spark = ["--conf", f"spark.remote={remote}"] if remote else ["--master", "local[2]"]
     cmd = [sys.executable, "-m", "airflow_provider_pravega.spark.ingest_job", "--controller-uri", uri,
            "--scope", scope, "--stream", "readings", "--source", source, "--routing-key-field", "sensor_id",
            "--create-stream", "--ingest-id", "daily", "--interval", interval, *spark]
     t0 = time.perf_counter()
-    env = dict(os.environ, PRAVEGA_SPARK_CONNECT_SHARED_SESSION="false" if new_session else "true")
+    env = dict(os.environ, PRAVEGA_SPARK_CONNECT_SHARED_SESSION="false" if new_session else "true",
+               **(env_extra or {}))
+    busy0 = machine_busy_cpu_s()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         sys.exit(f"ingest failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1]), wall
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    summary["machine_cpu_s"] = machine_busy_cpu_s() - busy0
+    return summary, wall
 
 
 @contextmanager
@@ -167,6 +185,9 @@ def main() -> int:
     from pravega_testing.net import free_port
 
     new_day: list[tuple[float, float]] = []
+    new_day_cpu: list[float] = []
+    no_archive: list[tuple[float, float]] = []
+    no_archive_cpu: list[float] = []
     nothing: list[tuple[float, float]] = []
     nothing_spark: list[tuple[float, float]] = []
     c_new_day: list[tuple[float, float]] = []
@@ -184,6 +205,12 @@ def main() -> int:
         day = data / DAY
         local = str(day / "*.jsonl")
         via_spark = f"file://{day}/../{DAY}/*.jsonl"  # the same files; only Spark may list this spelling
+        from airflow_provider_pravega.spark import class_archive
+
+        t0 = time.perf_counter()
+        archive = class_archive.build()
+        print(f"  class archive {archive} ready in {time.perf_counter() - t0:.1f} s", flush=True)
+        no_archive_env = {class_archive.DIR_VARIABLE: str(Path(tmp) / "no-class-archive")}
         server = EmbeddedPravegaProcess(Path(tmp) / "pravega", extra_args=["--no-fsync"]).start()
         try:
             servers = ExitStack()
@@ -208,12 +235,19 @@ def main() -> int:
                 summary, wall = ingest(server.controller_uri, scope, local)
                 assert summary["events"] == args.events, summary
                 new_day.append((summary["seconds"], wall))
+                new_day_cpu.append(summary["machine_cpu_s"])
+                summary, wall = ingest(server.controller_uri, f"perrunnoarchive{n}", local, env_extra=no_archive_env)
+                assert summary["events"] == args.events, summary
+                no_archive.append((summary["seconds"], wall))
+                no_archive_cpu.append(summary["machine_cpu_s"])
                 # Nothing new, alternating the two ways, so a change in the machine's load hits both.
                 for way, source, out in (("no JVM", local, nothing), ("listed by Spark", via_spark, nothing_spark)):
                     summary, wall = ingest(server.controller_uri, scope, source)
                     assert summary["run_id"] is None and summary.get("files_skipped"), summary
                     out.append((summary["seconds"], wall))
-                print(f"  round {n + 1}: new day {new_day[-1][0]:.2f} s (process {new_day[-1][1]:.1f} s); nothing "
+                print(f"  round {n + 1}: new day {new_day[-1][0]:.2f} s (process {new_day[-1][1]:.1f} s, machine "
+                      f"{new_day_cpu[-1]:.1f} CPU-s; without the class archive {no_archive[-1][0]:.2f} s, process "
+                      f"{no_archive[-1][1]:.1f} s, {no_archive_cpu[-1]:.1f} CPU-s); nothing "
                       f"new: no JVM {nothing[-1][0]:.2f} s (process {nothing[-1][1]:.1f} s), listed by Spark "
                       f"{nothing_spark[-1][0]:.2f} s (process {nothing_spark[-1][1]:.1f} s)", flush=True)
                 if remote is None:
@@ -260,7 +294,9 @@ def main() -> int:
         return statistics.median(r[i] for r in rows)
 
     print(f"a day of {args.events:,} readings, classic local session: run {med(new_day, 0):.2f} s, process "
-          f"{med(new_day, 1):.1f} s")
+          f"{med(new_day, 1):.1f} s, {statistics.median(new_day_cpu):.1f} CPU-s of the machine; without the class "
+          f"archive: run {med(no_archive, 0):.2f} s, process {med(no_archive, 1):.1f} s, "
+          f"{statistics.median(no_archive_cpu):.1f} CPU-s")
     print(f"nothing new: run {med(nothing, 0):.2f} s without a JVM vs {med(nothing_spark, 0):.2f} s listed by Spark "
           f"(target <= 1 s); process {med(nothing, 1):.1f} s vs {med(nothing_spark, 1):.1f} s")
     connect_figures = []
@@ -330,10 +366,15 @@ def main() -> int:
                       target=1.0),
             rf.figure("nothing new: process seconds (Python start included), no JVM", "s", [r[1] for r in nothing],
                       higher_is_better=False, baseline=("listed by Spark (before)", [r[1] for r in nothing_spark])),
-            rf.figure(f"a day of {args.events:,} readings, classic local session: run seconds", "s",
-                      [r[0] for r in new_day], higher_is_better=False),
-            rf.figure(f"a day of {args.events:,} readings, classic local session: process seconds", "s",
-                      [r[1] for r in new_day], higher_is_better=False),
+            rf.figure(f"a day of {args.events:,} readings, classic local session (the class archive mapped): run "
+                      f"seconds", "s", [r[0] for r in new_day], higher_is_better=False,
+                      baseline=("without the class archive", [r[0] for r in no_archive])),
+            rf.figure(f"a day of {args.events:,} readings, classic local session (the class archive mapped): "
+                      f"process seconds", "s", [r[1] for r in new_day], higher_is_better=False,
+                      baseline=("without the class archive", [r[1] for r in no_archive])),
+            rf.figure(f"a day of {args.events:,} readings, classic local session (the class archive mapped): the "
+                      f"machine's busy CPU-s (embedded server included)", "CPU-s", new_day_cpu,
+                      higher_is_better=False, baseline=("without the class archive", no_archive_cpu)),
             *connect_figures,
         ],
         notes=notes,
