@@ -84,13 +84,19 @@ def archive_key(java: Path, spark_home: Path) -> str:
     Spark or another configuration directory gets its own archive."""
     digest = hashlib.sha256()
     stat = java.stat()
-    for part in (java, stat.st_mtime_ns, stat.st_size, spark_home,
+    for part in (java, stat.st_mtime_ns, stat.st_size, spark_home, _jars_digest(spark_home),
                  *(os.environ.get(name, "") for name in CLASS_PATH_VARIABLES)):
         digest.update(str(part).encode() + b"\0")
+    return digest.hexdigest()[:20]
+
+
+def _jars_digest(spark_home: Path) -> str:
+    """The Spark installation's jars as they are now (name, size, time of each)."""
+    digest = hashlib.sha256()
     for jar in sorted((spark_home / "jars").glob("*.jar")):
         jar_stat = jar.stat()
         digest.update(f"{jar.name}:{jar_stat.st_size}:{jar_stat.st_mtime_ns}\0".encode())
-    return digest.hexdigest()[:20]
+    return digest.hexdigest()
 
 
 def cache_dir() -> Path:
@@ -209,7 +215,7 @@ def build(base_options: str = "", *, timeout_s: float = 300.0) -> Path:
                 time.sleep(1.0)
         if archive.exists():  # made by the process that held the lock
             return archive
-        _remove_stale(directory, java)
+        _remove_stale(directory)
         partial = archive.with_suffix(f".{os.getpid()}.partial")
         partial.unlink(missing_ok=True)
         options = f"{base_options} -XX:ArchiveClassesAtExit={partial} {QUIET}".strip()
@@ -222,19 +228,22 @@ def build(base_options: str = "", *, timeout_s: float = 300.0) -> Path:
             partial.unlink(missing_ok=True)
             raise ClassArchiveError(f"the training job failed (exit {result.returncode}); its last output:\n"
                                     f"{result.stderr[-3000:]}")
-        archive.with_suffix(".home").write_text(str(spark_home))
+        archive.with_suffix(".home").write_text(f"{spark_home}\n{_jars_digest(spark_home)}\n")
         os.replace(partial, archive)
         return archive
 
 
-def _remove_stale(directory: Path, java: Path) -> None:
-    """Delete the archives of Spark installations that are gone or changed since. A JVM still
-    mapping one keeps it until it exits."""
+def _remove_stale(directory: Path) -> None:
+    """Delete the archives of Spark installations that are gone, or whose jars changed since (the
+    ``.home`` file beside each names its installation and its jars then). An archive of the same
+    installation for another environment or JDK stays: another process may be using it. A JVM
+    still mapping a deleted one keeps it until it exits."""
     for archive in directory.glob("spark-*.jsa"):
         home_file = archive.with_suffix(".home")
         try:
-            home = Path(home_file.read_text().strip())
-            current = (home / "jars").is_dir() and archive.name == f"spark-{archive_key(java, home)}.jsa"
+            home_text, jars = (home_file.read_text().splitlines() + ["", ""])[:2]
+            home = Path(home_text)
+            current = (home / "jars").is_dir() and jars == _jars_digest(home)
         except OSError:
             current = False
         if not current:
@@ -247,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         prog=SCRIPT, description="Make or show the class-data-sharing archive that local Spark sessions "
                                  "of this installation start from (docs/deployment.md).")
     parser.add_argument("command", choices=("build", "show"), nargs="?", default="show")
+    parser.add_argument("--java-options", default="",
+                        help="build: more options for the training JVM (e.g. -XX:TieredStopAtLevel=1 to spend less "
+                             "CPU making it; the archive is the same)")
     args = parser.parse_args(argv)
     if args.command == "show":
         archive = archive_path()
@@ -260,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
           "(about a minute on 2 cores) ...", flush=True)
     started = time.monotonic()
     try:
-        archive = build()
+        archive = build(args.java_options)
     except ClassArchiveError as exc:
         print(f"{SCRIPT}: {exc}", file=sys.stderr)
         return 1

@@ -81,6 +81,8 @@ def _spark_home(root: Path, jars: dict[str, bytes]) -> Path:
 
 
 def test_archives_of_spark_installs_changed_or_removed_are_deleted(tmp_path, monkeypatch):
+    """Only archives whose installation is gone or whose jars changed: the same installation's
+    archive for another environment (another SPARK_CONF_DIR) may be in use by another process."""
     monkeypatch.setenv(class_archive.DIR_VARIABLE, str(tmp_path / "cache"))
     java = class_archive._java()
     if java is None:
@@ -90,12 +92,17 @@ def test_archives_of_spark_installs_changed_or_removed_are_deleted(tmp_path, mon
     kept = _spark_home(tmp_path / "kept", {"a.jar": b"a"})
     changed = _spark_home(tmp_path / "changed", {"a.jar": b"a"})
     removed = _spark_home(tmp_path / "removed", {"a.jar": b"a"})
-    archives = {}
-    for home in (kept, changed, removed):
+
+    def archive_of(home: Path) -> Path:
         archive = directory / f"spark-{class_archive.archive_key(java, home)}.jsa"
         archive.write_bytes(b"archive")
-        archive.with_suffix(".home").write_text(str(home))
-        archives[home.name] = archive
+        archive.with_suffix(".home").write_text(f"{home}\n{class_archive._jars_digest(home)}\n")
+        return archive
+
+    archives = {home.name: archive_of(home) for home in (kept, changed, removed)}
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "conf"))
+    other_environment = archive_of(kept)
+    assert other_environment != archives["kept"]
     (changed / "jars" / "b.jar").write_bytes(b"b")  # a reinstall with another jar
     (removed / "jars" / "a.jar").unlink()
     (removed / "jars").rmdir()
@@ -103,10 +110,10 @@ def test_archives_of_spark_installs_changed_or_removed_are_deleted(tmp_path, mon
     orphan = directory / "spark-0123456789abcdef0123.jsa"  # no .home beside it
     orphan.write_bytes(b"archive")
 
-    class_archive._remove_stale(directory, java)
+    class_archive._remove_stale(directory)
 
-    assert archives["kept"].exists() and archives["kept"].with_suffix(".home").exists()
+    for archive in (archives["kept"], other_environment):
+        assert archive.exists() and archive.with_suffix(".home").exists()
     for name in ("changed", "removed"):
         assert not archives[name].exists() and not archives[name].with_suffix(".home").exists()
     assert not orphan.exists()
-    assert archives["kept"].name != f"spark-{class_archive.archive_key(java, changed)}.jsa"
