@@ -198,11 +198,16 @@ def build(base_options: str = "", *, timeout_s: float = 300.0) -> Path:
     if spark_home is None:
         raise ClassArchiveError("no Spark installation with jars here (is pyspark installed, not only pyspark-client?)")
     directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
     archive = directory / f"spark-{archive_key(java, spark_home)}.jsa"
     if archive.exists():
         return archive
-    with open(directory / (archive.name + ".lock"), "w") as lock:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / (archive.name + ".lock"), "w")
+    except OSError as exc:
+        raise ClassArchiveError(f"cannot write the archive's directory {directory} ({exc.strerror or exc}): "
+                                f"make it writable, or set {DIR_VARIABLE} to a directory that is") from None
+    with lock:
         deadline = time.monotonic() + WAIT_FOR_OTHER_S
         while True:
             try:

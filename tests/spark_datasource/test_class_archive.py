@@ -117,3 +117,14 @@ def test_archives_of_spark_installs_changed_or_removed_are_deleted(tmp_path, mon
     for name in ("changed", "removed"):
         assert not archives[name].exists() and not archives[name].with_suffix(".home").exists()
     assert not orphan.exists()
+
+
+def test_an_archive_directory_that_cannot_be_written_is_named_at_once(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(class_archive.DIR_VARIABLE, str(tmp_path / "a-file" / "archives"))
+    if class_archive.archive_path() is None:
+        pytest.skip("no java or no Spark installation here")
+    with pytest.raises(class_archive.ClassArchiveError, match="cannot write the archive's directory .*a-file"):
+        class_archive.build()
+    assert class_archive.main(["build"]) == 1
+    assert class_archive.DIR_VARIABLE in capsys.readouterr().err
