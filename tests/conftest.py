@@ -44,10 +44,9 @@ if "SPARK_SUBMIT_OPTS" not in os.environ:
         from airflow_provider_pravega.spark import class_archive
 
         try:
-            class_archive.build(_QUICK_JVM)
+            _QUICK_JVM = f"{_QUICK_JVM} {class_archive.java_options(class_archive.build(_QUICK_JVM))}"
         except class_archive.ClassArchiveError as _exc:
             print(f"tests/conftest.py: Spark JVMs start without a class archive: {_exc}", file=sys.stderr)
-        _QUICK_JVM = f"{_QUICK_JVM} {class_archive.java_options()}".strip()
     os.environ["SPARK_SUBMIT_OPTS"] = _QUICK_JVM
 
 if "airflow" in sys.modules:  # pragma: no cover - guards the ordering this module relies on

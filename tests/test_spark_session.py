@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from bad_input_doc import check_section
 
-from airflow_provider_pravega.spark.session import SparkSessionError, get_spark_session, spark_target
+from airflow_provider_pravega.spark.session import _JAVA_OPTION_VARIABLES, SparkSessionError, get_spark_session, spark_target
 from pravega_testing.net import free_port
 
 
@@ -354,7 +354,7 @@ def test_a_local_session_gets_the_parallel_collector_unless_its_java_options_are
     Java options or a collector (the JVM refuses two collectors)."""
     from airflow_provider_pravega.spark.session import LOCAL_JVM_OPTIONS, session_defaults
 
-    for name in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "SPARK_SUBMIT_OPTS"):
+    for name in _JAVA_OPTION_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
     monkeypatch.setenv("PRAVEGA_SPARK_CLASS_ARCHIVE_DIR", str(tmp_path / "no-archives"))  # the collector alone
@@ -388,7 +388,7 @@ def test_the_local_session_runs_the_parallel_collector(tmp_path: Path) -> None:
         "print(sorted(str(b.getName()) for b in beans))\n"
         "spark.stop()\n")
     env = {k: v for k, v in os.environ.items()
-           if k not in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "SPARK_SUBMIT_OPTS")}
+           if k not in _JAVA_OPTION_VARIABLES}
     env["SPARK_CONF_DIR"] = str(tmp_path)  # no spark-defaults.conf
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

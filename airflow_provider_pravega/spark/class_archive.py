@@ -112,10 +112,11 @@ def archive_path(java: Path | None = None, spark_home: Path | None = None) -> Pa
     return cache_dir() / f"spark-{archive_key(java, spark_home)}.jsa"
 
 
-def java_options() -> str:
-    """The driver options that map this installation's archive, or ``""`` when it has none."""
+def java_options(archive: Path | None = None) -> str:
+    """The driver options that map ``archive`` (by default this installation's), or ``""`` when
+    there is none."""
     try:
-        archive = archive_path()
+        archive = archive or archive_path()
     except OSError:
         return ""
     if archive is None or not archive.is_file():

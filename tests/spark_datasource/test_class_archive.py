@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pravega.spark import class_archive
+from airflow_provider_pravega.spark.session import _JAVA_OPTION_VARIABLES
 
 
-def test_a_spark_session_started_as_the_tests_start_them_maps_the_archive(tmp_path):
+def test_a_spark_session_started_as_the_tests_start_them_maps_the_archive():
     options = os.environ.get("SPARK_SUBMIT_OPTS", "")
     if "-XX:SharedArchiveFile=" not in options:
         pytest.skip(f"the class archive is off for this run (SPARK_SUBMIT_OPTS={options!r})")
@@ -46,7 +47,7 @@ def test_a_session_the_provider_starts_maps_the_installations_archive(tmp_path):
         "print('rows', spark.range(3).count())\n"
         "spark.stop()\n")
     env = {k: v for k, v in os.environ.items()
-           if k not in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "SPARK_SUBMIT_OPTS")}
+           if k not in _JAVA_OPTION_VARIABLES}
     env["JAVA_TOOL_OPTIONS"] = "-Xshare:on"  # chooses no collector: the provider's defaults still apply
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
