@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import logging
 import os
 import re
@@ -70,6 +69,7 @@ from airflow_provider_pravega.spark.connection_args import (
     run_job_command,
     spark_settings,
 )
+from airflow_provider_pravega.spark.json_lines import json_line_problem
 from airflow_provider_pravega.spark.session import started_on_first_use
 from airflow_provider_pravega.spark.worker_heap import prepare_worker_heap
 
@@ -613,8 +613,9 @@ def lines_read_here(pieces: Mapping[str, Mapping[str, Any]], listed_here: bool) 
 
 
 def _line_columns(labelled: bool) -> str:
-    """The columns of a piece's lines (see piece_lines): file, line number, line[, write task]."""
-    return "f string, b long, value binary" + (", w long" if labelled else "")
+    """The columns of a piece's lines (see piece_lines): file, line number, line, why the line is
+    not a JSON object (jsonl only; NULL when it is one)[, write task]."""
+    return "f string, b long, value binary, j string" + (", w long" if labelled else "")
 
 
 def _line_schema(labelled: bool) -> Any:
@@ -623,11 +624,12 @@ def _line_schema(labelled: bool) -> Any:
     return schema_of(_line_columns(labelled))
 
 
-def piece_lines(path: str, content: bytes, piece: tuple[int, int, int, str | None], label: int | None
-                ) -> Iterator[Any]:
-    """Arrow batches (f, b, value[, w]) of the lines of one file's piece ``(start, end, line, fp)``
+def piece_lines(path: str, content: bytes, piece: tuple[int, int, int, str | None], label: int | None,
+                check_json: bool = False) -> Iterator[Any]:
+    """Arrow batches (f, b, value, j[, w]) of the lines of one file's piece ``(start, end, line, fp)``
     in ``content``: the one rule both ways of :func:`line_frame` apply. The bytes before ``end``
-    must still have the planned fingerprint ``fp``, else :class:`SourceError`."""
+    must still have the planned fingerprint ``fp``, else :class:`SourceError`. With ``check_json``
+    each line is checked as a JSON object here, where it is split (see spark/json_lines.py)."""
     import hashlib
 
     import numpy as np
@@ -647,16 +649,18 @@ def piece_lines(path: str, content: bytes, piece: tuple[int, int, int, str | Non
     schema = _line_schema(label is not None)
     for i in range(0, len(lines), 10_000):
         chunk = lines[i:i + 10_000]
+        problems = [json_line_problem(x) for x in chunk] if check_json else None
         columns = [repeated(path, pa.string(), len(chunk)), int64_array(np.arange(line + i, line + i + len(chunk))),
-                   array(chunk, pa.binary())]
+                   array(chunk, pa.binary()),
+                   pa.array(problems, pa.string()) if problems is not None else pa.nulls(len(chunk), pa.string())]
         if label is not None:
             columns.append(repeated(label, pa.int64(), len(chunk)))
         yield pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]], labels: Mapping[str, int] | None = None,
-               here: bool = False) -> Any:
-    """(f, b, value) of the lines of each file's piece ``[start, end)`` and nothing else, whatever
+               here: bool = False, check_json: bool = False) -> Any:
+    """(f, b, value, j) of the lines of each file's piece ``[start, end)`` and nothing else, whatever
     the file holds by the time it is read: ``b`` is the line's number in the whole file (piece
     ``line`` onwards), ``value`` its bytes without the line end (LF, or CR LF). The bytes before
     ``end`` must still have the planned fingerprint ``fp``: a file rewritten between the measuring and
@@ -664,7 +668,8 @@ def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]], labels: Mapp
     up to 2 GiB; a few hundred MB is the normal case); with ``here`` (small local files, see
     :func:`lines_read_here`) this process reads them and the lines go to Spark in the query. With
     ``labels`` (file key -> its write task's label, see :func:`writer_labels`) each line also
-    carries its file's label as ``w``."""
+    carries its file's label as ``w``. ``j``: why a line is not a JSON object, with ``check_json``
+    (see :func:`piece_lines`)."""
     from pyspark.sql import functions as F
 
     ranges = {k: (int(p["start"]), int(p["end"]), int(p["line"]), p.get("fp")) for k, p in pieces.items()}
@@ -682,17 +687,17 @@ def line_frame(spark: Any, pieces: Mapping[str, Mapping[str, Any]], labels: Mapp
             if content is None:
                 raise _gone(key)
             path = "file:" + key  # as binaryFile names a local file
-            batches.extend(piece_lines(path, content, ranges[key], label_of(path)))
+            batches.extend(piece_lines(path, content, ranges[key], label_of(path), check_json))
         frame = spark.createDataFrame(pa.Table.from_batches(batches, schema=_line_schema(labels is not None)))
     else:
         def split(batches: Iterator[Any]) -> Iterator[Any]:
             prepare_worker_heap()
             for batch in batches:
                 for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
-                    yield from piece_lines(path, content, ranges[key_of(path)], label_of(path))
+                    yield from piece_lines(path, content, ranges[key_of(path)], label_of(path), check_json)
 
         frame = file_contents(spark, pieces).mapInArrow(split, _line_columns(labels is not None))
-    return frame.select("f", "b", F.col("value").cast("string").alias("value"),
+    return frame.select("f", "b", F.col("value").cast("string").alias("value"), "j",
                         *(["w"] if labels is not None else []))
 
 
@@ -732,39 +737,47 @@ EVENT_LIMIT = 8 * 1024 * 1024  # Pravega's event size limit (protocol.wire.MAX_E
 def _record_columns(df: Any, spec: IngestSpec, header: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
     """(payload as binary, routing key, reason-if-bad) columns of one format's raw rows; the reason
     is NULL for a good record. The same expressions check records in the write path and find the
-    failing line afterwards."""
+    failing line afterwards. A jsonl line's own check comes with it (``j``, see :func:`line_frame`):
+    Spark's JSON functions only pick fields out of lines that passed it."""
     from pyspark.sql import functions as F
 
     key_field, payload_field = spec.routing_key_field, spec.payload_field
     none = F.lit(None).cast("string")
-    if spec.format in ("jsonl", "text"):
+    checks: list[tuple[Any, Any]] = []  # (condition, reason) in order: the first that holds is the reason
+    if spec.format in LINE_FORMATS:
         value = F.col("value")
+        payload, key = value, none
         if spec.format == "jsonl":
-            reason = (F.when(F.get_json_object(value, "$").isNull(), F.lit("not valid JSON"))
-                      .when(~F.ltrim(value).startswith("{"), F.lit("not a JSON object")))
+            checks.append((F.col("j").isNotNull(), F.col("j")))
             payload = F.get_json_object(value, f"$.{payload_field}") if payload_field else value
             key = F.get_json_object(value, f"$.{key_field}") if key_field else none
-        else:
-            reason, payload, key = F.when(F.lit(False), none), value, none
     elif spec.format == "csv":
         fields = [F.col(f"`{c}`") for c in header or ()]
-        reason = F.when(F.col("_corrupt").isNotNull(), F.lit("the number of fields differs from the header"))
+        checks.append((F.col("_corrupt").isNotNull(), F.lit("the number of fields differs from the header")))
         payload = F.col(f"`{payload_field}`") if payload_field else F.to_json(F.struct(*fields))
         key = F.col(f"`{key_field}`") if key_field else none
     else:  # parquet
-        reason = F.when(F.lit(False), none)
         payload = F.col(f"`{payload_field}`").cast("string") if payload_field else F.to_json(
             F.struct(*[F.col(f"`{c}`") for c in df.columns]))
         key = F.col(f"`{key_field}`").cast("string") if key_field else none
     payload = payload.cast("binary")
-    if key_field:
-        what = "routing key field" if spec.format == "jsonl" else "value for routing key field"
-        reason = reason.when(key.isNull(), F.lit(f"no {what} {key_field!r}"))
-    if payload_field:
-        reason = reason.when(payload.isNull(), F.lit(f"no payload field {payload_field!r}"))
-    reason = reason.when(F.length(payload) > EVENT_LIMIT, F.concat(
+    too_big = (F.length(payload) > EVENT_LIMIT, F.concat(
         F.lit("an event of "), F.length(payload).cast("string"),
         F.lit(f" bytes is over Pravega's {EVENT_LIMIT}-byte (8 MiB) event limit")))
+    if key_field:
+        what = "routing key field" if spec.format == "jsonl" else "value for routing key field"
+        checks.append((key.isNull(), F.lit(f"no {what} {key_field!r}")))
+    if payload_field:
+        checks.append((payload.isNull(), F.lit(f"no payload field {payload_field!r}")))
+    # A line that is the event whole: its size is the first thing wrong with it (not what a parser
+    # with length limits of its own makes of it).
+    if spec.format in LINE_FORMATS and not payload_field:
+        checks.insert(0, too_big)
+    else:
+        checks.append(too_big)
+    reason = F.when(F.lit(False), none)
+    for condition, why in checks:
+        reason = reason.when(condition, why)
     return payload, key, reason
 
 
@@ -789,7 +802,7 @@ def record_frame(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: Inges
     from pyspark.sql import functions as F
 
     if spec.format in LINE_FORMATS:
-        lines = line_frame(spark, files, labels, here).filter(F.length(F.trim("value")) > 0)
+        lines = line_frame(spark, files, labels, here, spec.format == "jsonl").filter(F.length(F.trim("value")) > 0)
         payload, key, reason = _record_columns(lines, spec)
         return lines.select("f", "b", F.lit(0).cast("long").alias("m"), payload.alias("payload"), key.alias("k"),
                             reason.isNotNull().alias("bad"), *(["w"] if labels is not None else []))
@@ -989,7 +1002,7 @@ def first_bad_line(spark: Any, key: str, spec: IngestSpec, piece: Mapping[str, A
     from pyspark.sql import functions as F
 
     if spec.format in LINE_FORMATS and piece is not None:
-        lines = line_frame(spark, {key: piece}, here=here)
+        lines = line_frame(spark, {key: piece}, here=here, check_json=spec.format == "jsonl")
         _payload, _key, reason = _record_columns(lines, spec)
         found = (lines.withColumn("why", reason).where((F.length(F.trim("value")) > 0) & F.col("why").isNotNull())
                  .select("b", "why", F.when(F.length("value") <= 65536, F.col("value")).alias("text"))
@@ -1035,13 +1048,8 @@ def first_bad_line(spark: Any, key: str, spec: IngestSpec, piece: Mapping[str, A
 
 
 def _explain(why: str, text: str | None, spec: IngestSpec, header: Sequence[str] | None) -> str:
-    """The reason of a bad record in full (the JSON parser's own words, the CSV field count)."""
-    if why == "not valid JSON" and text is not None:
-        try:
-            json.loads(text)
-        except ValueError as exc:
-            why = f"not valid JSON ({exc.msg})"
-    elif spec.format == "csv" and why.startswith("the number of fields") and text is not None:
+    """The reason of a bad record in full (the CSV field count; a jsonl line's reason is whole)."""
+    if spec.format == "csv" and why.startswith("the number of fields") and text is not None:
         import csv
 
         n = len(next(csv.reader([text])))

@@ -138,6 +138,20 @@ def _case(tmp_path: Path, name: str, format: str, body: str | bytes, **spec):
     return {"source": str(d), "format": format, **spec}
 
 
+def test_json_lines_spark_would_misread_are_valid_json_and_committed(tmp_path, client, spark, read_stream,
+                                                                      unique_name, pravega_controller_uri):
+    """Valid JSON by RFC 8259 that Spark's JSON functions refuse (a number of 1,500 digits) or that
+    is unusual (deep nesting within the check's depth, duplicate keys, escapes) is committed as is."""
+    lines = [b'{"k": "a", "n": ' + b"7" * 1500 + b"}", b'{"k": "b", "d": ' + b"[" * 500 + b"]" * 500 + b"}",
+             b'{"k": "c", "k2": 1, "k2": 2}', b'{"k": "d", "s": "\\u00e9\\ud83d\\ude00 \xc3\xa9"}',
+             b'  {"k": "e", "f": -1.5e+300}  ']
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "odd.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    scope = unique_name("strict")
+    run_ingest(client, spark, IngestSpec(scope=scope, stream="s", source=str(tmp_path / "in"), create_stream=True))
+    assert Counter(read_stream(pravega_controller_uri, scope, "s", expected=len(lines))) == Counter(lines)
+
+
 def test_bad_inputs_fail_before_writing_and_make_the_readme_table(tmp_path, client, spark, unique_name):
     """Every bad input: the error and its message, nothing written; the table of them is
     docs/bad-input.md (kept in step with these messages)."""
@@ -190,6 +204,21 @@ def test_bad_inputs_fail_before_writing_and_make_the_readme_table(tmp_path, clie
                **_case(tmp_path, f"nokey-{mode}", "jsonl", '{"k": "a"}\n{"other": 1}\n'))
     expect("JSON line that is not an object", BadRecordError, r"line 1: not a JSON object",
            **_case(tmp_path, "array", "jsonl", '[1, 2]\n'))
+    # What Spark's lenient JSON functions accept and no strict reader of the stream decodes.
+    for what, line, pattern in (
+            ("single-quoted keys", b"{'k': 'a'}", r"not valid JSON \(object keys must be strings"),
+            ("text after the object", b'{"k": "a"} x', r"not valid JSON \(trailing characters"),
+            ("a `//` comment after the object", b'{"k": "a"} // note', r"not valid JSON \(trailing characters"),
+            ("bytes that are not UTF-8", b'{"k": "a\xff\xfe"}', r"not valid UTF-8 \(byte 0xff at byte 8"),
+            ("a raw NUL inside a string", b'{"k": "a\x00b"}', r"not valid JSON \(unescaped control character 0x00"),
+            ("`NaN` as a number", b'{"k": "a", "v": NaN}', r"not valid JSON \(invalid character"),
+            ("JSON nested 1,200 levels deep", b'{"k": ' + b"[" * 1200 + b"]" * 1200 + b"}",
+             r"JSON nested 1201 levels deep, deeper than the check follows \(about 1,000 levels")):
+        expect(f"JSON line with {what}", BadRecordError, rf"data\.jsonl, line 2: {pattern}", routing_key_field="k",
+               **_case(tmp_path, f"strict-{len(rows)}", "jsonl", b'{"k": "a"}\n' + line + b"\n"))
+    expect("line of 21 MiB (over the event limit and Spark's JSON string limit)", BadRecordError,
+           r"data\.jsonl, line 1: an event of \d+ bytes is over Pravega's", routing_key_field="k",
+           **_case(tmp_path, "huge", "jsonl", '{"k": "a", "blob": "' + "x" * (21 * 1024 * 1024) + '"}\n'))
     expect("payload field missing", BadRecordError, r"line 2: no payload field 'v'", payload_field="v",
            **_case(tmp_path, "nopayload", "jsonl", '{"v": 1}\n{"w": 2}\n'))
     expect("CSV row with more fields than the header", BadRecordError, r"data\.csv, line 4: 3 fields where the "
