@@ -277,6 +277,8 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
         run["commit"] = list(op["txns"])
         if op.get("holds") is not None:  # what each transaction holds: how a lapsed one is healed
             run["holds"] = decode_holds(op["holds"], run["files"])
+        if op.get("units"):  # what the held units not planned up front are (a write's partitions' rows)
+            run["units"] = dict(op["units"])
         run["heartbeat_ms"] = max(run["heartbeat_ms"], op["ts"])
         state["commit_points"] = state.get("commit_points", 0) + 1
         if op.get("before") is not None:
@@ -319,12 +321,14 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
 
 def _run_units(run: Mapping[str, Any]) -> dict[str, Any]:
     """What a done run committed: its files, plus the units its committed transactions hold that
-    were not planned up front (a data-source write's input partitions, see encode_holds)."""
+    were not planned up front (a data-source write's input partitions, see encode_holds), with
+    what the commit point recorded of them (``units``)."""
     files = dict(run["files"])
     holds = run.get("holds") or {}
+    units = run.get("units") or {}
     for txn in run["commit"]:
         for unit in holds.get(txn, ()):
-            files.setdefault(unit, {})
+            files.setdefault(unit, dict(units.get(unit, {})))
     return files
 
 
@@ -606,6 +610,9 @@ class WriteResult:
     #: transaction aborted after the commit point (its lease lapsed) is healed: its files are
     #: planned again instead of failing the ingest with LostCommitError.
     holds: dict[str, list[str]] | None = None
+    #: unit -> what to record of a held unit that was not planned up front (a data-source write's
+    #: input partition: its row count and digest), recorded at the commit point.
+    units: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass
@@ -738,12 +745,13 @@ class IngestCoordinator:
             txns = list(written.txns)
             self._crash("before_commit_record")
             if interval is None:
-                self.mark_committing(run_id, txns, holds=written.holds)
+                self.mark_committing(run_id, txns, holds=written.holds, units=written.units)
             else:  # one run of the ingest commits at a time: its pieces hold no other run's events
                 while True:
                     seen, before = self.await_commit_turn(run_id, keeper)
                     try:
-                        self.mark_committing(run_id, txns, holds=written.holds, before=before, commit_points=seen)
+                        self.mark_committing(run_id, txns, holds=written.holds, units=written.units, before=before,
+                                             commit_points=seen)
                         break
                     except _Skip:
                         continue
@@ -1037,12 +1045,14 @@ class IngestCoordinator:
         return list(run["txns"])
 
     def mark_committing(self, run_id: str, txns: Sequence[str], *, holds: Mapping[str, Sequence[str]] | None = None,
+                        units: Mapping[str, Mapping[str, Any]] | None = None,
                         before: Mapping[str, int] | None = None, commit_points: int | None = None) -> None:
         """The commit point: from here on the run's transactions will be committed, crash or not.
 
         ``holds`` (txn -> the files it holds, whole) is recorded with it: a transaction that is
         aborted after this point (its lease lapsed while no driver renewed it) then costs only a
-        rewrite of its files by the next run (see :meth:`heal_lost`). With ``before`` (the tail read by :meth:`await_commit_turn`, when ``commit_points`` commit
+        rewrite of its files by the next run (see :meth:`heal_lost`); ``units``, what a held unit
+        not planned up front is (see :class:`WriteResult`), is recorded with them. With ``before`` (the tail read by :meth:`await_commit_turn`, when ``commit_points`` commit
         points had been recorded): recorded only if no other run reached its commit point since,
         else ``_Skip`` (read the tail again)."""
         def fn(state: dict[str, Any]) -> dict:
@@ -1055,6 +1065,8 @@ class IngestCoordinator:
             op = {"op": "committing", "run": run_id, "txns": list(txns), "ts": _now_ms()}
             if holds is not None:
                 op["holds"] = encode_holds({t: holds.get(t, ()) for t in txns}, run["files"])
+            if units:
+                op["units"] = {u: dict(ident) for u, ident in units.items()}
             if before is not None:
                 if state.get("commit_points", 0) != commit_points or _committing_others(state, run_id):
                     raise _Skip()

@@ -69,6 +69,8 @@ try:
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
     from airflow_provider_pravega.client.errors import PravegaError, SegmentStoreError
     from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
+    from airflow_provider_pravega.spark import row_digest
+    from airflow_provider_pravega.spark.row_digest import RowDigest
     from airflow_provider_pravega.spark.worker_heap import prepare_worker_heap
 except ImportError as _missing:
     # Spark imports this module in its Python workers too (on a cluster or a Connect server): a
@@ -267,9 +269,10 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "location: a new checkpoint needs a new writer_id)", None, _EXACTLY_ONCE),
     OptionSpec("write_id", frozenset({BATCH_WRITE}), _text,
                "names this write's record of committed input partitions (like Delta's txnAppId): a rerun of the "
-               "same job with the same write_id after a crash skips the partitions already committed and writes "
-               "the rest, exactly once when the job's input partitions are deterministic. Without it each save() "
-               "is independent", None, _EXACTLY_ONCE),
+               "same job with the same write_id after a crash skips the partitions already committed with the same "
+               "rows and writes the rest, exactly once when the job's input partitions are deterministic; a "
+               "partition with other rows is refused (new data needs a new write_id). Without it each save() is "
+               "independent", None, _EXACTLY_ONCE),
     OptionSpec("stale_after_s", WRITES, _positive_seconds,
                "after a driver crash, how long a restarted query (or a rerun with the same write_id) waits before "
                "it finishes or rolls back the crashed commit", "60", _EXACTLY_ONCE),
@@ -866,6 +869,8 @@ class PravegaCommitMessage(WriterCommitMessage):
     txn_id: int | None
     events: int
     unit: str | None = None  # the input partition it holds (a write with write_id)
+    rows: dict[str, Any] | None = None  # what that partition held: its row count and digest (row_digest.py)
+    skipped: bool = False  # the partition held the rows an earlier job committed under the write_id
 
 
 class _TaskWrites:
@@ -911,22 +916,46 @@ class _TaskWrites:
         with _client(self.config) as client:
             store = _write_state(client, self.scope, self.stream, self.write_id, self.state_scope, create=False)
             try:
-                if unit is not None and known_files(store, store.fetch(), [unit]):
-                    log.info("write %s: input partition %s was committed by an earlier job: skipped", self.write_id,
-                             unit)
-                    return PravegaCommitMessage(self.scope, self.stream, None, 0, unit)
+                committed = known_files(store, store.fetch(), [unit]).get(unit) if unit is not None else None
+                if committed is not None:
+                    self._check_retry(unit, committed, iterator)
+                    return PravegaCommitMessage(self.scope, self.stream, None, 0, unit, skipped=True)
+                digest = RowDigest(self._digest_columns()) if unit is not None else None
                 txn_id, count = self._write_in_run(client, store, self._coordinator(client, store), self.run_id,
-                                                   iterator)
+                                                   iterator, digest)
             finally:
                 store.close()
-        return PravegaCommitMessage(self.scope, self.stream, txn_id, count, unit)
+        return PravegaCommitMessage(self.scope, self.stream, txn_id, count, unit,
+                                    rows=digest.identity() if digest is not None else None)
 
-    def _write_in_run(self, client: Any, store: Any, coord: Any, run_id: str, iterator: Iterator[Any]) -> tuple[int, int]:
+    def _digest_columns(self) -> tuple[str, ...]:
+        return ("event", "routing_key") if self.has_key else ("event",)
+
+    def _check_retry(self, unit: str, committed: Mapping[str, Any], batches: Iterator[Any]) -> None:
+        """An input partition an earlier job committed under this write_id: passes if it holds the
+        same rows (a retry: nothing to write), refused if not (new rows under a used id would
+        otherwise be dropped without a word)."""
+        digest = RowDigest(self._digest_columns())
+        for batch in batches:
+            digest.add(batch)
+        now = digest.identity()
+        if committed.get("digest") == now["digest"] and committed.get("events") == now["events"]:
+            return
+        raise PravegaDataSourceError(
+            f"write_id {self.write_id!r}: input partition {unit} holds other rows than the job that committed it "
+            f"under this id ({row_digest.describe(now)} now; {row_digest.describe(committed)} committed by run "
+            f"{committed.get('run')}): nothing of this write is committed. A write_id names one write: a retry of "
+            f"the same rows skips what was committed, new rows need a new write_id (e.g. the job's name and its "
+            f"batch, such as its date)")
+
+    def _write_in_run(self, client: Any, store: Any, coord: Any, run_id: str, iterator: Iterator[Any],
+                      digest: RowDigest | None = None) -> tuple[int, int]:
         """The task side of the transactional stage, for batch and streaming writes alike: begin a
         transaction, register it in ``run_id`` (fenced: refused once the run reached its commit
         point or was taken over), write the rows, flush. While it writes the task renews every
         transaction registered in the run, so a finished task's transaction stays alive while any
-        task of the job still runs, on no host of its own. Returns (transaction id, events)."""
+        task of the job still runs, on no host of its own. ``digest`` is fed the rows written.
+        Returns (transaction id, events)."""
         from airflow_provider_pravega.client.ingest import RunKeeper, register_txn
 
         manager = client.transactions
@@ -938,7 +967,7 @@ class _TaskWrites:
             _crash_point("task_registered")
             keeper = RunKeeper(coord, run_id)
             keeper.start()
-            count = self._write_rows(iterator, writer.write_event)
+            count = self._write_rows(iterator, writer.write_event, digest)
             writer.flush()
             keeper.check()
             manager.ping(self.scope, self.stream, txn.txn_id)  # a full lease from here to the commit
@@ -1001,11 +1030,13 @@ class _TaskWrites:
             writer.flush()
         return PravegaCommitMessage(self.scope, self.stream, None, count)
 
-    def _write_rows(self, batches: Iterator[Any], write: Any) -> int:
+    def _write_rows(self, batches: Iterator[Any], write: Any, digest: RowDigest | None = None) -> int:
         from pyspark import TaskContext
 
         count = 0
         for batch in batches:
+            if digest is not None:
+                digest.add(batch)
             events = batch.column("event").to_pylist()
             if self.event_text:
                 events = [e.encode("utf-8") if e is not None else None for e in events]
@@ -1019,6 +1050,16 @@ class _TaskWrites:
                 write(event, key)
                 count += 1
         return count
+
+
+def _note(message: str) -> None:
+    """Log at INFO from the driver's side of a write. Spark runs a Python data source's commit in a
+    Python worker of its own, whose logging nobody configured: there the line goes to stderr, which
+    Spark's driver log (and a session the provider started, its JVM logger) shows."""
+    if log.hasHandlers():
+        log.info("%s", message)
+    else:
+        print(f"INFO {log.name}: {message}", file=sys.stderr, flush=True)
 
 
 class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
@@ -1092,12 +1133,18 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
         done = [m for m in messages if m is not None and m.txn_id is not None]
         hex_ids = [f"{m.txn_id:032x}" for m in done]
         holds = {f"{m.txn_id:032x}": [m.unit] if m.unit else [] for m in done}
+        units = {m.unit: m.rows for m in done if m.unit is not None and m.rows is not None}
+        skipped = sorted(m.unit for m in messages if m is not None and m.skipped and m.unit is not None)
+        if skipped:
+            _note(f"write {self.write_id} into {self.scope}/{self.stream}: {len(skipped)} input partition(s) hold the "
+                  f"rows an earlier job committed under this write_id, so they are not written again ("
+                  + ", ".join(skipped[:5]) + (", …" if len(skipped) > 5 else "") + ")")
         with _client(self.config) as client:
             store = _write_state(client, self.scope, self.stream, self.write_id, self.state_scope, create=False)
             try:
                 coord = self._coordinator(client, store)
                 _, status, returned = coord.commit_written(
-                    self.run_id, WriteResult(hex_ids, sum(m.events for m in done), holds=holds))
+                    self.run_id, WriteResult(hex_ids, sum(m.events for m in done), holds=holds, units=units or None))
             finally:
                 store.close()
                 self._announce(client, self.run_id, retire=True)

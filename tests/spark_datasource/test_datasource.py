@@ -7,6 +7,7 @@ bad options fail before anything is written; mode=at_least_once appends plainly.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections import Counter, defaultdict
@@ -415,3 +416,37 @@ def test_a_write_keeps_its_record_in_the_state_scope(registered, client, pravega
     assert Counter(_stream_events(client, scope, "s")) == Counter(str(i).encode() for i in range(60))
     assert [n for n in client.admin.list_streams(scope) if n.startswith("ingest-state-")] == []
     assert state_location(scope, "s", "spark-write:daily", state_scope)[1] in client.admin.list_streams(state_scope)
+
+
+def test_a_used_write_id_skips_a_retry_of_its_rows_and_refuses_new_ones(registered, client, pravega_controller_uri,
+                                                                        unique_name, caplog):
+    """A write_id names one write: a rerun with the rows it committed writes nothing (and the driver
+    says so); new rows under it are refused, naming the id and the partition, with nothing written
+    (they used to be dropped, silently, for every input partition an earlier job committed)."""
+    from pyspark.errors import PySparkException
+
+    scope = unique_name("ds-reuse")
+
+    def save(frame, **options: str) -> None:
+        writer = frame.write.format("pravega").mode("append")
+        for k, v in {"controller": pravega_controller_uri, "scope": scope, "stream": "s", "create_stream": "true",
+                     "write_id": "daily", **options}.items():
+            writer = writer.option(k, v)
+        writer.save()
+
+    first = registered.range(0, 40, 1, 4).selectExpr("cast(id as string) as event", "'k' as routing_key")
+    save(first)
+    with caplog.at_level(logging.INFO):
+        save(first)
+    assert "4 input partition(s) hold the rows an earlier job committed under this write_id" in caplog.text
+    committed = Counter(str(i).encode() for i in range(40))
+    for new in (registered.range(100, 110, 1, 1), registered.range(100, 140, 1, 4),
+                registered.range(0, 40, 1, 4).selectExpr("id", "id % 3 as k")):  # same events, other keys
+        frame = new.selectExpr("cast(id as string) as event", "cast(k as string) as routing_key"
+                               if "k" in new.columns else "'k' as routing_key")
+        with pytest.raises(PySparkException, match=r"write_id 'daily': input partition partition-0000\d holds other "
+                                                   r"rows than the job that committed it"):
+            save(frame)
+        assert Counter(_stream_events(client, scope, "s")) == committed
+    save(registered.range(100, 110, 1, 1).selectExpr("cast(id as string) as event"), write_id="daily-2")
+    assert len(_stream_events(client, scope, "s")) == 50
