@@ -12,7 +12,7 @@
 #                    there, apt-get installing Debian's maven when run as root;
 #                    same as PRAVEGA_BOOTSTRAP_BUILD_TOOLS=1. scripts/test asks for it.
 #
-# Environment: PYTHON  interpreter to build the venv with: CPython 3.10-3.13 (default: python3.11,
+# Environment: PYTHON  interpreter to build the venv with: CPython 3.11-3.13 (default: python3.11,
 #                      the CI interpreter; the official `pravega` client installs on 3.10/3.11 only)
 #              VENV    where the environment lives (default: <repo>/.venv; a relative path is taken
 #                      from the repository root, e.g. VENV=.venv-3.13)
@@ -109,8 +109,8 @@ if [[ "$with_browser" == "1" && ! -x "$chromium_bin" ]]; then
 fi
 # --- end of Chromium for tests/ui --------------------------------------------------------------
 
-# --- Python 3.10-3.13 (what Airflow 3.3 supports) ----------------------------------------------
-supported='import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 13)))'
+# --- Python 3.11-3.13 (what Apache's providers support) ---------------------------------------
+supported='import sys; sys.exit(not ((3, 11) <= sys.version_info[:2] <= (3, 13)))'
 version_of() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
 
 want_version=""
@@ -127,13 +127,13 @@ venv_is_usable() {
 
 if ! venv_is_usable; then
     if [[ -z "$want_version" ]]; then
-        fail "'$python' not found or not runnable (a pyenv shim needs its version active, or give the full path: PYTHON=\$(pyenv root)/versions/3.13.0/bin/python3.13). Python 3.10, 3.11, 3.12 or 3.13 is required (3.11 by default: the
+        fail "'$python' not found or not runnable (a pyenv shim needs its version active, or give the full path: PYTHON=\$(pyenv root)/versions/3.13.0/bin/python3.13). Python 3.11, 3.12 or 3.13 is required (3.11 by default: the
   official 'pravega' client, the tests' reference, ships wheels for CPython 3.10 and 3.11 only).
   Debian/Ubuntu: apt-get install -y python3.11 python3.11-venv   (or: pyenv install 3.11)
-  Or set PYTHON=/path/to/python3.X (3.10-3.13), e.g. with VENV=.venv-3.13 for a separate venv."
+  Or set PYTHON=/path/to/python3.X (3.11-3.13), e.g. with VENV=.venv-3.13 for a separate venv."
     fi
     if ! "$python" -c "$supported"; then
-        fail "'$python' is Python $("$python" -c 'import platform; print(platform.python_version())'), not 3.10-3.13. Set PYTHON=/path/to/python3.X (3.10-3.13)."
+        fail "'$python' is Python $("$python" -c 'import platform; print(platform.python_version())'), not 3.11-3.13. Set PYTHON=/path/to/python3.X (3.11-3.13)."
     fi
     echo "bootstrap: creating $venv with $("$python" -c 'import sys; print(sys.executable)') (Python $want_version)"
     rm -rf "$venv"
