@@ -106,7 +106,7 @@ def test_what_spark_workers_run_imports_no_pandas(client, pravega_controller_uri
     assert got["pandas"] is False
     assert got["rows"] == 50 and got["scopes"] == [scope] and got["offsets_rise"]
     assert got["numbers"] == list(range(50))
-    assert got["lines"] == [{"f": "/in/a.jsonl", "b": b, "value": v, "w": 7}
+    assert got["lines"] == [{"f": "/in/a.jsonl", "b": b, "value": v, "j": None, "w": 7}
                             for b, v in enumerate(["one", "two", "", "three"])]
     assert got["answer"] == [{"txn": "00ff", "events": 3, "bytes": 9, "error": None, "bad_file": None,
                               "files": ["a", "b"]}]
