@@ -66,7 +66,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -97,6 +97,7 @@ from airflow_provider_pravega.spark import datasource
 from airflow_provider_pravega.spark.session import Py4JError, started_on_first_use
 from airflow_provider_pravega.spark.export_output import (
     UnusablePathError,
+    hidden_file_text,
     java_message,
     local_path,
     local_visible_files,
@@ -131,6 +132,9 @@ FORMATS = ("parquet", "jsonl", "csv", "delta")
 EVENT_FORMATS = ("text", "json", "binary")
 ON_TRUNCATED = ("fail", "head")
 PREVIOUS = "previous"
+#: The markers by which releases before 2026-11-27 said an export folder was theirs
+#: (:func:`earlier_release_claim`); none is written now.
+EARLIER_MARKERS = ("_PRAVEGA_EXPORT.json", "_PRAVEGA_EXPORT.pending.json")
 _SPARK_FORMAT = {"parquet": "parquet", "jsonl": "json", "csv": "csv"}
 #: A catalog table name for ``table=``: ``db.table`` or ``catalog.db.table`` (plain identifiers or
 #: back-quoted parts).
@@ -715,9 +719,11 @@ def _is_the_path(uri: str, given: str) -> bool:
 
 
 def check_output(spec: ExportSpec, state: ExportState, visible: list[str] | None, start_text: str,
-                 end_text: str) -> bool:
+                 end_text: str, earlier_marker: Callable[[], dict[str, Any] | None] | None = None) -> bool:
     """Whether this export may write at its output path, given what a reader finds there
-    (``visible``) and the export's claims; True when it replaces files of its own. Raises
+    (``visible``) and the export's claims; True when it replaces files of its own. Without a claim,
+    ``earlier_marker`` (:func:`earlier_release_claim`) gives the claim an earlier release's marker
+    makes, checked as the export's own. Raises
     OutputPathError for a file, files no claim of this export covers, or its export of another
     interval or of other cuts."""
     given = spec.output_path
@@ -726,6 +732,8 @@ def check_output(spec: ExportSpec, state: ExportState, visible: list[str] | None
     if len(visible) == 1 and _is_the_path(visible[0], given):
         raise OutputPathError(f"output path {given!r} is a file; exports write a directory there")
     claim = state.outputs.get(output_key(given))
+    if claim is None and earlier_marker is not None:
+        claim = earlier_marker()
     if claim is None:
         raise OutputPathError(
             f"output path {given!r} already holds files that no export wrote as {spec.effective_export_id!r} "
@@ -739,6 +747,42 @@ def check_output(spec: ExportSpec, state: ExportState, visible: list[str] | None
             f"output path {given!r} holds an export of other cuts ({claim.get('start')} .. {claim.get('end')}) than "
             f"this run's ({start_text} .. {end_text}); remove it or choose another path")
     return True
+
+
+def earlier_release_claim(spec: ExportSpec, spark: Any) -> dict[str, Any] | None:
+    """The claim of the output path that the marker of an earlier release makes (None: no marker):
+    until 2026-11-27 (commit 7f2ffb9) an export recorded whose folder it was in the folder itself,
+    ``_PRAVEGA_EXPORT.json`` (or, while an object-store publish was under way,
+    ``_PRAVEGA_EXPORT.pending.json``), not in its state. OutputPathError when the marker cannot be
+    read or names another export or stream: that folder is not this export's to replace."""
+    given, export_id = spec.output_path, spec.effective_export_id
+    for name in EARLIER_MARKERS:
+        try:
+            text = hidden_file_text(spark, given, name)
+        except (UnusablePathError, OSError, UnicodeDecodeError) as exc:
+            raise OutputPathError(
+                f"output path {given!r} holds no claim of export {export_id!r}, and its {name} (an earlier "
+                f"release's marker) cannot be read: {exc}; remove the folder or choose another path") from None
+        if text is None:
+            continue
+        try:
+            marker = json.loads(text)
+        except ValueError:
+            marker = None
+        if not isinstance(marker, dict) or not marker:
+            raise OutputPathError(f"output path {given!r} has an unreadable {name} (an earlier release's marker); "
+                                  f"remove the folder or choose another path")
+        owner = (marker.get("export_id"), marker.get("scope"), marker.get("stream"))
+        if owner != (export_id, spec.scope, spec.stream):
+            raise OutputPathError(
+                f"output path {given!r} holds export {owner[0]!r} of {owner[1]}/{owner[2]} (its {name}, written by "
+                f"an earlier release), not {export_id!r} of {spec.scope}/{spec.stream}; remove it or choose another "
+                f"path")
+        log.info("output path %s holds export %s of interval %s as an earlier release wrote it (%s): its claim",
+                 given, export_id, marker.get("interval"), name)
+        return {"interval": marker.get("interval"), "start": marker.get("start_cut"), "end": marker.get("end_cut"),
+                "marker": name}
+    return None
 
 
 def _claim_output(sync: Any, spec: ExportSpec, start_text: str, end_text: str) -> None:
@@ -1076,7 +1120,8 @@ def run_export(client: Any, spark: Any, spec: ExportSpec, *, local_files: bool =
             return result
         without_spark = not decision.ranges and _writes_without_spark(spec, local_files)
         session = None if without_spark else get_spark()
-        result.replaced_output = check_output(spec, sync.fetch(), _listed(spec, session), start_text, end_text)
+        result.replaced_output = check_output(spec, sync.fetch(), _listed(spec, session), start_text, end_text,
+                                              lambda: earlier_release_claim(spec, session))
         _claim_output(sync, spec, start_text, end_text)
         if without_spark:
             result.phases["prepare"] = round(time.monotonic() - started, 3)

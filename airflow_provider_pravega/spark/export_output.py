@@ -5,7 +5,9 @@ directory, so Spark's output committer (Hadoop's ``FileOutputCommitter``, or an 
 object store) makes the files visible at job commit and then writes ``_SUCCESS``. A reader sees a
 complete interval when ``_SUCCESS`` is there. Nothing here calls a filesystem API of its own
 through the session: it is the same code on a classic session and on any Spark Connect server,
-stock or managed, with no server plugin.
+stock or managed, with no server plugin. The one exception is the marker of an earlier release
+(:func:`hidden_file_text`): a ``_`` name, which Spark's readers leave out, so a folder not on this
+machine has it read through the driver's Hadoop filesystem of a classic session.
 
 Whose directory it is lives in the export's state in Pravega (the output's claim, recorded before
 the write), not in a file beside the data. What is at the path is listed through the session's
@@ -27,8 +29,8 @@ import shutil
 import uuid
 from typing import Any
 
-__all__ = ["UnusablePathError", "local_path", "local_visible_files", "output_key", "path_problem",
-           "session_local_path", "visible_files", "write_empty_locally"]
+__all__ = ["UnusablePathError", "hadoop_file_text", "hidden_file_text", "local_path", "local_visible_files", "output_key",
+           "path_problem", "session_local_path", "visible_files", "write_empty_locally"]
 
 
 class UnusablePathError(Exception):
@@ -122,6 +124,43 @@ def local_visible_files(path: str) -> list[str] | None:
         dirs[:] = [d for d in dirs if not _hidden(d)]
         found.extend(os.path.join(root, name) for name in files if not _hidden(name))
     return sorted(found)
+
+
+def hidden_file_text(spark: Any, path: str, name: str) -> str | None:
+    """The UTF-8 text of the hidden file ``name`` (a ``_`` name, such as an earlier release's
+    marker) in the directory ``path``; None when it is not there. Spark's readers leave such names
+    out, so it is read here when the session's files are this machine's (or there is no session),
+    else through the driver's Hadoop filesystem of a classic session. UnusablePathError through
+    Spark Connect on another filesystem: its client reaches no filesystem but through readers."""
+    here = local_path(path) if spark is None else session_local_path(spark, path)
+    if spark is None or here is not None:
+        file = os.path.join(here or local_path(path) or path, name)
+        if not os.path.isfile(file):
+            return None
+        with open(file, encoding="utf-8") as handle:
+            return handle.read()
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        raise UnusablePathError(f"{output_key(path)}/{name} cannot be read through Spark Connect (Spark's readers "
+                                f"leave out '_' names; a classic session reads it)")
+    return hadoop_file_text(spark, f"{output_key(path)}/{name}")
+
+
+def hadoop_file_text(spark: Any, uri: str) -> str | None:
+    """The UTF-8 text of the file ``uri`` through the Hadoop filesystem of a classic session's
+    driver (None when there is no such file); UnusablePathError with Hadoop's first line."""
+    try:
+        jvm = spark.sparkContext._jvm
+        target = jvm.org.apache.hadoop.fs.Path(uri)
+        fs = target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        if not fs.isFile(target):
+            return None
+        stream = fs.open(target)
+        try:
+            return bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream)).decode("utf-8")
+        finally:
+            stream.close()
+    except Exception as exc:  # noqa: BLE001 - a missing connector, no permission: the first line says which
+        raise UnusablePathError(java_message(exc)) from None
 
 
 #: What Hadoop and Spark say when the output path itself cannot be written (not a failed task).
