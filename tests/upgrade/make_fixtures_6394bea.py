@@ -15,7 +15,8 @@ day 1 as the example export DAG does (``from_ingest``, JSON events as Parquet co
 
 * ``pravega.json``: every event of every segment of every stream in the scope (the data stream
   and the ingest's and the exports' state streams), base64, in offset order per segment; the
-  entries of the ingest's committed-file table; the folder the run used (``base``: the state
+  entries of the ingest's committed-file table; the ingest's and the exports' state streams again
+  once that release compacted them (``compacted``: one full record each); the folder the run used (``base``: the state
   records name the source files under it) and the source files' modification time;
 * ``source/``: the ingested files;
 * ``export/``: the export folders as written, ``_PRAVEGA_EXPORT.json`` and part files included.
@@ -57,8 +58,10 @@ def main(out: Path) -> None:
     from airflow_provider_pravega.client import PravegaClient
     from airflow_provider_pravega.client.batch import SegmentRange, read_segment_range
     from airflow_provider_pravega.client.committed_files import CommittedFiles, files_table_name
+    from airflow_provider_pravega.client.ingest import open_state_store
+    from airflow_provider_pravega.client.synchronizer import StateSynchronizer
     from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
-    from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
+    from airflow_provider_pravega.spark.export_job import ExportSpec, ExportState, apply_update, run_export
     from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
     from airflow_provider_pravega.spark.session import get_spark_session
 
@@ -87,20 +90,36 @@ def main(out: Path) -> None:
                 scope=SCOPE, stream=STREAM, output_path=str(base / "export" / "plain" / "2026-11-01"),
                 format="parquet", event_format="text", export_id=PLAIN_EXPORT_ID, interval_key=day_key(1)))
 
-            streams, tables = [], []
-            for stream in sorted(client.admin.list_streams(SCOPE)):
+            def dump(stream: str) -> dict:
                 head, tail = client.admin.head(SCOPE, stream), client.admin.tail(SCOPE, stream)
                 assert set(head) == set(range(len(head))), f"{stream} was scaled: {sorted(head)}"
                 events = {}
                 for segment in sorted(head):
                     rng = SegmentRange(SCOPE, stream, segment, head[segment], tail[segment])
                     events[str(segment)] = [base64.b64encode(e.payload).decode() for e in read_segment_range(client, rng)]
-                streams.append({"stream": stream, "segments": len(head), "head": {str(k): v for k, v in head.items()},
-                                "events": events})
+                return {"stream": stream, "segments": len(head), "head": {str(k): v for k, v in head.items()},
+                        "events": events}
+
+            streams, tables, compacted = [], [], []
+            for stream in sorted(client.admin.list_streams(SCOPE)):
+                streams.append(dump(stream))
                 if stream.startswith("ingest-state-"):  # its committed-file table (client/committed_files.py)
                     table = CommittedFiles(client, SCOPE, stream).table
                     tables.append({"table": files_table_name(stream), "entries": sorted(
                         [base64.b64encode(k).decode(), base64.b64encode(v).decode()] for k, _ver, v in table.entries())})
+            # The same states as that release compacts them (the ingest's every 16 runs, an export's
+            # past 1 MiB): one full record at the stream's new head.
+            for stream in sorted(client.admin.list_streams(SCOPE)):
+                if stream.startswith("ingest-state-"):
+                    store = open_state_store(client, SCOPE, stream, create=False)
+                elif stream.startswith("export-state-"):
+                    store = StateSynchronizer(client, SCOPE, stream, ExportState(), apply_update)
+                else:
+                    continue
+                with store:
+                    store.fetch_updates()
+                    store.compact()
+                compacted.append(dump(stream))
     finally:
         spark.stop()
         server.stop()
@@ -111,7 +130,8 @@ def main(out: Path) -> None:
     shutil.copytree(base / "source", out / "source")
     shutil.copytree(base / "export", out / "export")
     record = {"made_by": commit, "base": str(base), "scope": SCOPE, "source_mtime_ns": MTIME_NS,
-              "streams": streams, "tables": tables}
+              "streams": streams, "tables": tables,
+              "compacted": compacted}
     (out / "pravega.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     shutil.rmtree(base)
     print(f"fixtures of {commit} in {out}: {len(streams)} stream(s)")

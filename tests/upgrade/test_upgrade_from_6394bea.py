@@ -35,7 +35,7 @@ from airflow_provider_pravega.client.synchronizer import _ConditionalAppender
 from airflow_provider_pravega.client.tables import UNCONDITIONAL, TableSegment
 from airflow_provider_pravega.protocol import naming
 from airflow_provider_pravega.spark import export_job, export_output
-from airflow_provider_pravega.spark.export_job import ExportSpec, OutputPathError, run_export
+from airflow_provider_pravega.spark.export_job import ExportSpec, OutputPathError, open_export_state, run_export
 from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "6394bea"
@@ -49,15 +49,18 @@ def day_key(day: int) -> str:
     return f"2026-11-{day:02d}T00:00:00+00:00/2026-11-{day + 1:02d}T00:00:00+00:00"
 
 
-def replay(client: PravegaClient, record: dict, base: Path) -> str:
-    """Append the release's events and table entries to a fresh scope; its scope's name."""
+def replay(client: PravegaClient, record: dict, base: Path, *, compacted: bool = False) -> str:
+    """Append the release's events and table entries to a fresh scope (with ``compacted``, its
+    state streams as that release compacted them); the scope's name."""
     scope = record["scope"]
     old, new = record["base"].encode(), str(base).encode()
     assert not client.admin.scope_exists(scope), f"{scope} exists already: the replay needs a fresh scope"
     client.admin.create_scope(scope)
     segments = segments_of(client)
-    for stream in record["streams"]:
-        assert set(stream["head"].values()) == {0}, "a truncated stream cannot be replayed at the same offsets"
+    states = {s["stream"]: s for s in record["compacted"]} if compacted else {}
+    for stream in (states.get(s["stream"], s) for s in record["streams"]):
+        if stream["stream"] == STREAM:  # a state's offsets are its own; the data's are in every cut
+            assert set(stream["head"].values()) == {0}, "a truncated stream cannot be replayed at the same offsets"
         client.admin.create_stream(scope, stream["stream"], scaling=ScalingPolicy.fixed(stream["segments"]))
         for segment, events in stream["events"].items():
             if events:
@@ -70,6 +73,27 @@ def replay(client: PravegaClient, record: dict, base: Path) -> str:
         TableSegment(client, scope, table["table"]).put(
             [(base64.b64decode(k).replace(old, new), base64.b64decode(v), UNCONDITIONAL) for k, v in table["entries"]])
     return scope
+
+
+def lay_out(record: dict, base: Path) -> None:
+    """The release's source files (with the modification time it recorded) and export folders."""
+    shutil.copytree(FIXTURES / "source", base / "source")
+    for file in (base / "source").rglob("*.jsonl"):
+        os.utime(file, ns=(record["source_mtime_ns"], record["source_mtime_ns"]))
+    shutil.copytree(FIXTURES / "export", base / "export")
+
+
+def ingest_spec(scope: str, base: Path, day: int) -> IngestSpec:
+    """The example ingest DAG's run of ``day``."""
+    return IngestSpec(scope=scope, stream=STREAM, source=str(base / "source" / f"2026-11-{day:02d}" / "*.jsonl"),
+                      format="jsonl", routing_key_field="sensor_id", ingest_id=INGEST_ID, num_writers=2,
+                      interval_key=day_key(day), on_empty="succeed")
+
+
+def export_spec(scope: str, folder: Path, day: int) -> ExportSpec:
+    """The example export DAG's run of ``day``."""
+    return ExportSpec(scope=scope, stream=STREAM, output_path=str(folder), format="parquet", event_format="json",
+                      export_id=EXPORT_ID, interval_key=day_key(day), from_ingest=INGEST_ID)
 
 
 def rows(folder: Path) -> list[tuple]:
@@ -87,10 +111,7 @@ def test_a_rerun_and_a_backfill_after_the_upgrade_need_nobody(tmp_path, pravega_
     record = json.loads((FIXTURES / "pravega.json").read_text())
     assert record["made_by"] == "6394bea"
     base = tmp_path / "data"
-    shutil.copytree(FIXTURES / "source", base / "source")
-    for file in (base / "source").rglob("*.jsonl"):  # as the release found them (it recorded their times)
-        os.utime(file, ns=(record["source_mtime_ns"], record["source_mtime_ns"]))
-    shutil.copytree(FIXTURES / "export", base / "export")
+    lay_out(record, base)
     day3 = base / "source" / "2026-11-03"
     day3.mkdir()
     (day3 / "readings-0.jsonl").write_text("".join(
@@ -115,16 +136,10 @@ def test_a_rerun_and_a_backfill_after_the_upgrade_need_nobody(tmp_path, pravega_
         scope = replay(client, record, base)
 
         def ingest(day: int):
-            return run_ingest(client, spark, IngestSpec(
-                scope=scope, stream=STREAM, source=str(base / "source" / f"2026-11-{day:02d}" / "*.jsonl"),
-                format="jsonl", routing_key_field="sensor_id", ingest_id=INGEST_ID, num_writers=2,
-                interval_key=day_key(day), on_empty="succeed"))
+            return run_ingest(client, spark, ingest_spec(scope, base, day))
 
-        def export(day: int, folder: Path | None = None, export_id: str = EXPORT_ID):
-            return run_export(client, spark, ExportSpec(
-                scope=scope, stream=STREAM, output_path=str(folder or readings / f"2026-11-{day:02d}"),
-                format="parquet", event_format="json", export_id=export_id, interval_key=day_key(day),
-                from_ingest=INGEST_ID))
+        def export(day: int, folder: Path | None = None):
+            return run_export(client, spark, export_spec(scope, folder or readings / f"2026-11-{day:02d}", day))
 
         # The ingest: a backfill of days 1 and 2 ingests nothing twice; day 3 is new.
         for day in (1, 2):
@@ -214,3 +229,23 @@ def test_the_markers_of_that_release_are_read_as_it_wrote_them(tmp_path):
                   rows, "A folder an export wrote before 2026-11-27 is marked with `_PRAVEGA_EXPORT.json` "
                   "(or `_PRAVEGA_EXPORT.pending.json`): it is that export's own when the marker names the same export "
                   "id, scope, stream, interval and (without `from_ingest`) cuts, and the rerun replaces it.")
+
+
+def test_the_states_that_release_compacted_are_read(tmp_path, pravega_embedded_factory, spark):
+    """The same states as one full record each (the release compacts an ingest's state every 16
+    runs): the ingest skips what it committed, the interval index and the recorded cuts are read."""
+    record = json.loads((FIXTURES / "pravega.json").read_text())
+    base = tmp_path / "data"
+    lay_out(record, base)
+    raw = next(s for s in record["streams"] if s["stream"].startswith("export-state-"))
+    recorded = json.loads(base64.b64decode(raw["events"]["0"][0]))["op"]
+    with PravegaClient(pravega_embedded_factory().controller_uri) as client:
+        scope = replay(client, record, base, compacted=True)
+        again = run_ingest(client, spark, ingest_spec(scope, base, 2))
+        assert again.events == 0 and len(again.files_skipped) == 2
+        with open_export_state(client, ExportSpec(scope, STREAM, "/unused", export_id=PLAIN_EXPORT_ID)) as sync:
+            assert sync.fetch().intervals == {day_key(1): {k: recorded[k] for k in ("start", "end", "at")}}
+        folder = base / "export" / "readings" / "2026-11-01"
+        before = sorted(rows(folder))
+        assert run_export(client, spark, export_spec(scope, folder, 1)).replaced_output
+        assert sorted(rows(folder)) == before
