@@ -29,8 +29,8 @@ import shutil
 import uuid
 from typing import Any
 
-__all__ = ["UnusablePathError", "hadoop_file_text", "hidden_file_text", "local_path", "local_visible_files", "output_key",
-           "path_problem", "session_local_path", "visible_files", "write_empty_locally"]
+__all__ = ["UnusablePathError", "hadoop_file_text", "hidden_file_text", "local_path", "local_visible_files",
+           "output_key", "path_problem", "session_local_path", "visible_files", "write_empty_locally"]
 
 
 class UnusablePathError(Exception):

@@ -96,7 +96,8 @@ def main(out: Path) -> None:
                 events = {}
                 for segment in sorted(head):
                     rng = SegmentRange(SCOPE, stream, segment, head[segment], tail[segment])
-                    events[str(segment)] = [base64.b64encode(e.payload).decode() for e in read_segment_range(client, rng)]
+                    events[str(segment)] = [base64.b64encode(e.payload).decode()
+                                            for e in read_segment_range(client, rng)]
                 return {"stream": stream, "segments": len(head), "head": {str(k): v for k, v in head.items()},
                         "events": events}
 
@@ -105,8 +106,9 @@ def main(out: Path) -> None:
                 streams.append(dump(stream))
                 if stream.startswith("ingest-state-"):  # its committed-file table (client/committed_files.py)
                     table = CommittedFiles(client, SCOPE, stream).table
-                    tables.append({"table": files_table_name(stream), "entries": sorted(
-                        [base64.b64encode(k).decode(), base64.b64encode(v).decode()] for k, _ver, v in table.entries())})
+                    entries = sorted([base64.b64encode(k).decode(), base64.b64encode(v).decode()]
+                                     for k, _ver, v in table.entries())
+                    tables.append({"table": files_table_name(stream), "entries": entries})
             # The same states as that release compacts them (the ingest's every 16 runs, an export's
             # past 1 MiB): one full record at the stream's new head.
             for stream in sorted(client.admin.list_streams(SCOPE)):

@@ -8,10 +8,11 @@ DAG runs it (a folder marked with ``_PRAVEGA_EXPORT.json``, part files named
 ``part-00000.snappy.parquet``), and a second export of day 1 with recorded cuts. Pravega's side
 cannot be copied from one server to another, so the fixture holds every event of every segment of
 the scope (the data stream, the ingest's and the exports' state streams) and the entries of the
-ingest's committed-file table, exactly as that release wrote them; the test appends them to the
-same segments of a fresh scope of the session's embedded server, so every offset, stream cut and
-state record is the one that release left. Only the folder the release ran in is replaced by this
-test's in the recorded file paths.
+ingest's committed-file table, exactly as that release wrote them, and the state streams again as
+that release compacts them; the test appends them to the same segments of a fresh scope of an
+embedded server, so every offset, stream cut and state record is the one that release left. Only
+the folder the release ran in is replaced by this test's in the recorded file paths. (The scope's
+name is that release's, fixed: its stream cuts name it.)
 """
 
 from __future__ import annotations
@@ -200,7 +201,8 @@ def test_the_markers_of_that_release_are_read_as_it_wrote_them(tmp_path):
 
     assert export_job.earlier_release_claim(ExportSpec(scope=scope, stream=STREAM, output_path=str(folder),
                                                        export_id=EXPORT_ID), None) == {
-        "interval": day_key(1), "start": marker["start_cut"], "end": marker["end_cut"], "marker": "_PRAVEGA_EXPORT.json"}
+        "interval": day_key(1), "start": marker["start_cut"], "end": marker["end_cut"],
+        "marker": "_PRAVEGA_EXPORT.json"}
     assert check() is True
     (folder / "_PRAVEGA_EXPORT.json").rename(folder / "_PRAVEGA_EXPORT.pending.json")
     assert check() is True
@@ -222,7 +224,8 @@ def test_the_markers_of_that_release_are_read_as_it_wrote_them(tmp_path):
             r"holds export .* of interval '2026-11-01T00:00:00\+00:00/2026-11-02T00:00:00\+00:00', not of "
             r"'2026-11-02", day=2)
     (folder / "_PRAVEGA_EXPORT.json").write_text("{not json")
-    refused("an earlier release's `_PRAVEGA_EXPORT.json` that does not parse", r"has an unreadable _PRAVEGA_EXPORT.json")
+    refused("an earlier release's `_PRAVEGA_EXPORT.json` that does not parse",
+            r"has an unreadable _PRAVEGA_EXPORT.json")
     (folder / "_PRAVEGA_EXPORT.json").unlink()
     refused("files with neither a claim nor an earlier release's marker", r"already holds files that no export wrote")
     check_section("upgrade-markers", "Export folders of earlier releases", "tests/upgrade/test_upgrade_from_6394bea.py",
