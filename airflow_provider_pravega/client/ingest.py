@@ -695,8 +695,9 @@ class IngestCoordinator:
     ) -> RunOutcome:
         """Recover, plan, start, write (``write(run_id, plan)``), commit point, commit, done.
 
-        ``transactional=False`` (at-least-once writes): no transactions, the run is recorded done
-        once the write stage returns (and no interval piece is recorded: see the module doc).
+        ``transactional=False`` (at-least-once writes): the write stage's transactions are committed
+        without a commit point (:meth:`commit_at_least_once`), then the run is recorded done (and no
+        interval piece is recorded: see the module doc).
         ``interval``: record the run's committed range in the interval index under this key.
         """
         if interval is not None and transactional and self._tail_positions is None:
@@ -725,7 +726,14 @@ class IngestCoordinator:
             raise
         out.events, out.bytes = written.events, written.bytes
         if not transactional:
-            keeper.stop()
+            try:
+                out.txns = self.commit_at_least_once(run_id, written)
+            except BaseException:
+                self.abandon(run_id)
+                raise
+            finally:
+                keeper.stop()
+            out.status = "COMMITTED"
             self.finish(run_id)
             return out
         out.txns, out.status, out.returned = self.commit_written(run_id, written, keeper=keeper, interval=interval,
@@ -779,6 +787,29 @@ class IngestCoordinator:
         self.wait_committed(run_id, txns, timeout_s=self.commit_timeout_s)
         self.finish(run_id)
         return txns, "COMMITTED", returned
+
+    def commit_at_least_once(self, run_id: str, written: WriteResult) -> list[str]:
+        """At least once: the same write stage, committed without a commit point. Nothing is
+        visible before the commits, so a bad record or a failed job commits nothing; a driver that
+        dies among the commits leaves its run WRITING, which recovery abandons, and its files are
+        written again: duplicates, never a loss. A transaction found aborted (its lease lapsed) fails
+        the run for the same rerun."""
+        txns = list(written.txns)
+        self._abort_quietly(t for t in self.registered_txns(run_id) if t not in set(txns))
+        lapsed = []
+        for hex_id in txns:
+            state = _state_name(self.txns.status(self.scope, self.stream, int(hex_id, 16)))
+            if state in ("ABORTED", "ABORTING"):
+                lapsed.append(hex_id)
+            elif state == "OPEN":
+                self.txns.commit(self.scope, self.stream, int(hex_id, 16), wait=False)
+        self._crash("after_commit_acks")
+        self.wait_committed(run_id, [t for t in txns if t not in set(lapsed)], timeout_s=self.commit_timeout_s)
+        if lapsed:
+            raise IngestError(f"at-least-once run {run_id}: {len(lapsed)} of its {len(txns)} transaction(s) were "
+                              f"aborted before their commit (their leases lapsed); the others are committed. Run the "
+                              f"ingest again: it writes every file of this run again")
+        return txns
 
     # recovery --------------------------------------------------------------------------------
 

@@ -964,15 +964,6 @@ def partition_for_writing(df: Any, spec: IngestSpec, writers: int, labels: Mappi
     return df.sortWithinPartitions("f", "b", "m") if spec.routing_key_field or spec.format in LINE_FORMATS else df
 
 
-def validate_records(spark: Any, frame: Any, spec: IngestSpec,
-                     pieces: Mapping[str, Mapping[str, Any]] | None = None, here: bool = False) -> None:
-    """Fail with file and line on the first bad record before anything is written (the writes of
-    ``at_least_once`` are visible at once); one Spark pass that stops at the first bad record."""
-    bad = frame.where("bad").select("f").limit(1).collect()
-    if bad:
-        raise bad_record_error(spark, bad[0]["f"], spec, pieces, here)
-
-
 def bad_record_error(spark: Any, file_uri: str, spec: IngestSpec,
                      pieces: Mapping[str, Mapping[str, Any]] | None = None, here: bool = False) -> BadRecordError:
     key = key_of(file_uri)
@@ -1117,9 +1108,6 @@ def make_writer(ctx: TaskContext):
             return  # an empty partition writes nothing and opens no transaction
         client = _worker_client(ctx.config)
         spec = ctx.spec
-        if spec.mode == "at_least_once":
-            yield _write_plain(ctx, first, batches)
-            return
         txns = client.transactions
         info = txns.begin(spec.scope, spec.stream, ctx.lease_ms)
         hex_id = f"{info.txn_id:032x}"
@@ -1185,34 +1173,6 @@ def _first_bad_file(batch: Any) -> str | None:
     if not pc.any(bad).as_py():
         return None
     return batch.column("f")[pc.index(bad, True).as_py()].as_py()
-
-
-def _write_plain(ctx: TaskContext, first: Any, batches: Iterator[Any]) -> Any:
-    """at_least_once: the provider's pipelined event writer (plain appends routed by key, 1,000
-    events in flight per segment, survives scaling), no transaction (may duplicate on retry). Its
-    writes are visible at once, so the driver validated every record before this job
-    (validate_records); the per-batch check is the same as exactly-once's."""
-    writer = _worker_client(ctx.config).event_writer(ctx.spec.scope, ctx.spec.stream)
-    events = size = 0
-    try:
-        for batch in _chain(first, batches):
-            bad_file = _first_bad_file(batch)
-            if bad_file is not None:
-                writer.flush()
-                return task_result(None, events, size, "bad record", bad_file)
-            payloads = batch.column("payload").to_pylist()
-            if ctx.spec.routing_key_field:
-                write = writer.write_event
-                for payload, key in zip(payloads, batch.column("k").to_pylist()):
-                    write(payload, key)
-            else:
-                writer.write_events(payloads)
-            events += len(payloads)
-            size += sum(map(len, payloads))
-        writer.flush()
-    finally:
-        writer.close()
-    return task_result(None, events, size)
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
@@ -1304,8 +1264,6 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
         writers = writers_of(spark, spec, plan.to_ingest)
         labels = writer_labels(plan.to_ingest, spec, writers, here)
         records = record_frame(spark, plan.to_ingest, spec, labels, here)
-        if spec.mode == "at_least_once":
-            validate_records(spark, records, spec, plan.to_ingest, here)  # its writes are visible at once: check first
         frame = partition_for_writing(records, spec, writers, labels)
         rows = frame.mapInArrow(make_writer(ctx), RESULT_SCHEMA).collect()
         bad = [r for r in rows if r["error"]]

@@ -140,13 +140,26 @@ def test_csv_parquet_and_text_formats(tmp_path, client, spark, read_stream, uniq
 
 def test_at_least_once_mode_writes_everything(tmp_path, client, spark, read_stream, unique_name,
                                              pravega_controller_uri):
+    """At least once is the exactly-once data path without the commit point: no Spark job of its own
+    (it used to validate every record in a pass before writing), its transactions committed at the
+    end, so nothing is visible before every record passed."""
     scope = unique_name("alo")
     lines = write_jsonl(tmp_path / "in", files=2, per_file=100)
-    r = run_ingest(client, spark, IngestSpec(scope=scope, stream="s", source=str(tmp_path / "in"),
-                                             routing_key_field="sensor_id", mode="at_least_once",
-                                             create_stream=True, stream_segments=2))
-    assert r.events == 200 and r.transactions == []
-    assert Counter(e.decode() for e in read_stream(pravega_controller_uri, scope, "s", expected=200)) == Counter(lines)
+    write_jsonl(tmp_path / "again", files=2, per_file=100)
+    jobs = {}
+    for mode, source, stream in (("at_least_once", "in", "alo"), ("exactly_once", "again", "exo")):
+        spark.sparkContext.setJobGroup(f"{scope}-{mode}", mode)
+        try:
+            r = run_ingest(client, spark, IngestSpec(scope=scope, stream=stream, source=str(tmp_path / source),
+                                                     routing_key_field="sensor_id", mode=mode,
+                                                     create_stream=True, stream_segments=2))
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        jobs[mode] = len(spark.sparkContext.statusTracker().getJobIdsForGroup(f"{scope}-{mode}"))
+        assert r.events == 200 and r.transactions and {t["status"] for t in r.transactions} == {"COMMITTED"}
+    assert 0 < jobs["at_least_once"] <= jobs["exactly_once"], jobs
+    got = read_stream(pravega_controller_uri, scope, "alo", expected=200)
+    assert Counter(e.decode() for e in got) == Counter(lines)
 
 
 def test_bad_inputs_fail_fast_with_clear_messages(tmp_path, client, spark, unique_name):
