@@ -234,6 +234,30 @@ def applications(yarn: Yarn, tag: str | None = None) -> list[dict[str, Any]]:
     return list(apps)
 
 
+def _rest(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.load(response)
+
+
+def application_documents(yarn: Yarn, application: str) -> dict[str, str]:
+    """What the REST APIs say of ``application`` (URL -> body): the ResourceManager's application,
+    its attempts and their containers, and each NodeManager's view of the application and of the
+    containers it runs (their launch details as YARN shows them)."""
+    rm = f"{yarn.rm_web}/ws/v1/cluster/apps/{application}"
+    urls = [rm, f"{rm}/appattempts"]
+    attempts = ((_rest(f"{rm}/appattempts").get("appAttempts") or {}).get("appAttempt")) or []
+    urls += [f"{rm}/appattempts/{attempt['appAttemptId']}/containers" for attempt in attempts]
+    nodes = ((_rest(f"{yarn.rm_web}/ws/v1/cluster/nodes").get("nodes") or {}).get("node")) or []
+    for node in nodes:
+        web = "http://" + node["nodeHTTPAddress"].replace("localhost:", "127.0.0.1:")
+        urls += [f"{web}/ws/v1/node/apps/{application}", f"{web}/ws/v1/node/containers"]
+    documents = {}
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            documents[url] = response.read().decode(errors="replace")
+    return documents
+
+
 def submit_env(yarn: Yarn, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of ``spark-submit`` for this cluster."""
     home = spark_home()

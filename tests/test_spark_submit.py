@@ -6,9 +6,12 @@ stdout). The YARN scenarios themselves are in tests/lake/test_yarn.py."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from bad_input_doc import check_section
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
@@ -45,29 +48,28 @@ def test_which_connections_submit_an_application(monkeypatch) -> None:
         cluster_submission(standalone)
 
 
-def test_connection_arguments_keep_the_password_out_of_argv() -> None:
-    from airflow_provider_pravega.client.config import PravegaConnectionConfig
+def test_connection_arguments_keep_the_password_out_of_argv(monkeypatch, tmp_path: Path) -> None:
+    import argparse
+
     from airflow_provider_pravega.spark.connection_args import add_connection_arguments, config_from_arguments
 
     config = PravegaConnectionConfig.from_connection_fields(
         host="tls://c1:9090,c2:9091", login="writer", password="s3cret",
         extra={"trust_store": "/etc/ca.pem", "validate_hostname": False, "transaction_lease_ms": 45000})
-    argv, env = connection_arguments(config, lease=True)
-    assert "s3cret" not in " ".join(argv) and env == {"PRAVEGA_PASSWORD": "s3cret"}
-    import argparse
-
     parser = argparse.ArgumentParser()
     add_connection_arguments(parser, lease=True)
-    monkey_env = {"PRAVEGA_PASSWORD": "s3cret"}
-    import os
-
-    old = {k: os.environ.get(k) for k in monkey_env}
-    os.environ.update(monkey_env)
-    try:
-        assert config_from_arguments(parser.parse_args(argv)) == config
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    argv = connection_arguments(config, lease=True)
+    assert "s3cret" not in " ".join(argv) and "--password-file" not in argv
+    monkeypatch.setenv("PRAVEGA_PASSWORD", "s3cret")
+    assert config_from_arguments(parser.parse_args(argv)) == config
+    monkeypatch.delenv("PRAVEGA_PASSWORD")
+    (tmp_path / "pw").write_text("s3cret\n")
+    argv = connection_arguments(config, lease=True, password_file=str(tmp_path / "pw"))
+    assert "s3cret" not in " ".join(argv)
+    assert config_from_arguments(parser.parse_args(argv)) == config
+    missing = connection_arguments(config, password_file=str(tmp_path / "gone"))
+    with pytest.raises(ValueError, match="--password-file '.*gone': cannot read the password: No such file"):
+        config_from_arguments(parser.parse_args(missing))
 
 
 def test_job_arguments_give_the_jobs_the_same_spec(monkeypatch, tmp_path: Path) -> None:
@@ -77,7 +79,7 @@ def test_job_arguments_give_the_jobs_the_same_spec(monkeypatch, tmp_path: Path) 
                         {"ingested": True})
     monkeypatch.setattr(export_job, "run_export", lambda client, spark, spec, local_files: seen.append(spec) or
                         {"exported": True})
-    argv, _ = connection_arguments(PravegaConnectionConfig.from_connection_fields(host="tcp://127.0.0.1:1"))
+    argv = connection_arguments(PravegaConnectionConfig.from_connection_fields(host="tcp://127.0.0.1:1"))
     ingest = ingest_job.IngestSpec(
         scope="sc", stream="s", source=[str(tmp_path / "a b.jsonl"), "hdfs://nn/x/*.csv"], format="csv",
         routing_key_field="k", payload_field="p", ingest_id="daily", create_stream=True, stream_segments=3,
@@ -107,7 +109,7 @@ def test_a_submitted_ingest_records_its_outcome_in_pravega(tmp_path: Path, prave
                                  state_scope=f"{scope}-state")
     with PravegaClient(pravega_embedded.controller_uri) as client:
         config = PravegaConnectionConfig.from_connection_fields(host=pravega_embedded.controller_uri)
-        argv, _ = connection_arguments(config, lease=True)
+        argv = connection_arguments(config, lease=True)
         assert ingest_job.main([*argv, *ingest_job.job_arguments(spec), "--submission", "ok-1"]) == 0
         outcome = JobResults(client, *ingest_job.state_location(spec)).get("ok-1")
         assert outcome.ok and outcome.result["files_ingested"] == [] and outcome.result["run_id"] is None
@@ -119,7 +121,7 @@ def test_a_submitted_ingest_records_its_outcome_in_pravega(tmp_path: Path, prave
         assert JobResults(client, *ingest_job.state_location(spec)).get("never") is None
 
         run = ApplicationRun(cluster_submission_stub(), kind="ingest", job_file=ingest_job.__file__, job_argv=[],
-                             connection_argv=[], secrets={}, state_location=ingest_job.state_location(spec),
+                             connection_argv=[], password=None, state_location=ingest_job.state_location(spec),
                              client=client, name="t")
         assert run.result({"submission": "ok-1"})["files_ingested"] == []
         assert run.status({"submission": "ok-1"}) == "SUCCEEDED"
@@ -140,7 +142,7 @@ def test_a_submitted_export_records_its_outcome(tmp_path: Path, pravega_embedded
         client.admin.create_stream(scope, "s", 2)
         spec = export_job.ExportSpec(scope=scope, stream="s", output_path=str(tmp_path / "out"), format="jsonl",
                                      export_id="daily", interval_key="2026-11-20/2026-11-21", start_cut="head")
-        argv, _ = connection_arguments(PravegaConnectionConfig.from_connection_fields(
+        argv = connection_arguments(PravegaConnectionConfig.from_connection_fields(
             host=pravega_embedded.controller_uri))
         assert export_job.main([*argv, *export_job.job_arguments(spec), "--submission", "e-1"]) == 0
         outcome = JobResults(client, *export_job.state_location(spec)).get("e-1")
@@ -162,6 +164,104 @@ def test_yarn_cluster_mode_without_the_resourcemanager_address_fails_before_subm
     monkeypatch.setenv("PATH", str(tmp_path))  # no spark-submit anywhere: it must not be needed to fail
     with PravegaClient(pravega_embedded.controller_uri) as client:
         run = ApplicationRun(cluster_submission(conn), kind="ingest", job_file=ingest_job.__file__, job_argv=[],
-                             connection_argv=[], secrets={}, state_location=("sc", "st"), client=client, name="t")
+                             connection_argv=[], password=None, state_location=("sc", "st"), client=client, name="t")
         with pytest.raises(ValueError, match="yarn_resourcemanager_webapp_address"):
             run.submit()
+
+
+SECRET = "k8s-and-yarn-Pa55"
+
+
+def _run_with_password(monkeypatch, conn: str, client) -> ApplicationRun:
+    config = PravegaConnectionConfig.from_connection_fields(host="tcp://127.0.0.1:1", login="writer", password=SECRET)
+    spec = ingest_job.IngestSpec(scope="sc", stream="s", source="hdfs://nn/in/*.jsonl", ingest_id="daily")
+    return ApplicationRun.of_job(cluster_submission(conn), ingest_job, spec, config, client, kind="ingest",
+                                 name="pravega-ingest-d.t", lease=True)
+
+
+def test_on_kubernetes_the_password_comes_from_the_named_secret(monkeypatch, pravega_embedded) -> None:
+    """The command line spark-submit would run names the secret, never the password."""
+    from airflow.providers.apache.spark.hooks import spark_submit
+
+    # The hook refuses a k8s:// master unless the cncf.kubernetes provider (not installed here)
+    # imported; building the command line does not use it.
+    monkeypatch.setattr(spark_submit, "kube_client", object(), raising=False)
+    conn = _spark_conn(monkeypatch, "k8s_cluster", conn_type="spark", host="k8s://https://api.example:6443",
+                       extra={"deploy-mode": "cluster", "namespace": "etl",
+                              "pravega_password_secret": "pravega-writer:password"})
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        run = _run_with_password(monkeypatch, conn, client)
+        with run._password_file() as path:
+            assert path is None  # nothing written: the cluster has the secret
+            command = run._hook("sub-1")._build_spark_submit_command(run.job_file)
+        assert SECRET not in " ".join(command)
+        assert "spark.kubernetes.driver.secretKeyRef.PRAVEGA_PASSWORD=pravega-writer:password" in command
+        assert "--password-file" not in command and command[command.index("--username") + 1] == "writer"
+        assert not any("driverEnv" in arg or "appMasterEnv" in arg for arg in command)
+
+
+
+def test_on_yarn_the_password_goes_in_a_private_file_removed_after_spark_submit(
+    monkeypatch, pravega_embedded, tmp_path: Path,
+) -> None:
+    """spark-submit ships the password file with the application (``--files``, beside the
+    connection's own ``spark.files``); the file is the user's alone and gone once spark-submit
+    ended, even when it failed (here: no spark-submit on PATH). The cluster's side is
+    tests/lake/test_yarn.py."""
+    import stat
+
+    conn = _spark_conn(monkeypatch, "yarn_files", conn_type="spark", host="yarn",
+                       extra={"deploy-mode": "cluster", "yarn_resourcemanager_webapp_address": "http://127.0.0.1:1",
+                              "conf": {"spark.files": "hdfs://nn/lookup.csv"}})
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        run = _run_with_password(monkeypatch, conn, client)
+        with run._password_file() as path:
+            command = run._hook("sub-1", password_file=path)._build_spark_submit_command(run.job_file)
+            assert Path(path).read_text() == SECRET + "\n"
+            assert stat.S_IMODE(Path(path).stat().st_mode) == 0o600
+            assert stat.S_IMODE(Path(path).parent.stat().st_mode) == 0o700
+        assert not Path(path).parent.exists()
+        assert SECRET not in " ".join(command)
+        assert command[command.index("--files") + 1] == f"hdfs://nn/lookup.csv,{path}"
+        assert not any(arg.startswith("spark.files=") or "appMasterEnv" in arg for arg in command)
+        assert command[command.index("--password-file") + 1] == "pravega-password"
+        made = set(Path(tempfile.gettempdir()).glob("pravega-submit-*"))
+        with pytest.raises(FileNotFoundError):
+            run.submit()
+        assert set(Path(tempfile.gettempdir()).glob("pravega-submit-*")) <= made
+
+
+def test_credentials_a_submission_cannot_pass_are_refused(monkeypatch, pravega_embedded, tmp_path: Path) -> None:
+    """Kubernetes without a secret for the password, a secret named without its key, a job's
+    password file it cannot read: each a clear error before anything runs (docs/bad-input.md)."""
+    import argparse
+
+    from airflow_provider_pravega.spark.connection_args import add_connection_arguments, config_from_arguments
+
+    k8s = {"conn_type": "spark", "host": "k8s://https://api.example:6443"}
+    bare = _spark_conn(monkeypatch, "k8s_bare", **k8s, extra={"deploy-mode": "cluster"})
+    with PravegaClient(pravega_embedded.controller_uri) as client:
+        with pytest.raises(SparkSessionError,
+                           match="'k8s_bare'.*has a password.*'pravega_password_secret'") as no_secret:
+            _run_with_password(monkeypatch, bare, client)
+    bad = _spark_conn(monkeypatch, "k8s_bad", **k8s,
+                      extra={"deploy-mode": "cluster", "pravega_password_secret": "no-key"})
+    with pytest.raises(SparkSessionError, match="'k8s_bad'.*'pravega_password_secret' is 'no-key'.*NAME:KEY") \
+            as no_key:
+        cluster_submission(bad)
+    parser = argparse.ArgumentParser()
+    add_connection_arguments(parser)
+    gone = tmp_path / "gone"
+    with pytest.raises(ValueError, match="--password-file '.*gone': cannot read the password: No such file") as no_file:
+        config_from_arguments(parser.parse_args(["--controller-uri", "tcp://c:9090", "--username", "u",
+                                                 "--password-file", str(gone)]))
+    rows = [
+        ("Kubernetes cluster deploy mode, a Pravega password, no `pravega_password_secret` in the `spark` connection",
+         f"`SparkSessionError`: {no_secret.value}"),
+        ('`pravega_password_secret`: `"no-key"`', f"`SparkSessionError`: {no_key.value}"),
+        ("a job's `--password-file` that cannot be read",
+         f"`ValueError` (exit 2): {str(no_file.value).replace(str(tmp_path), '/data')}"),
+    ]
+    check_section("cluster-credentials", "Credentials of a submitted application", "tests/test_spark_submit.py", rows,
+                  "Each before spark-submit runs (or, for the job, before it connects).")

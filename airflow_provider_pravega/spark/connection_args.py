@@ -65,22 +65,24 @@ def spark_settings(args: argparse.Namespace) -> dict[str, str]:
     return settings
 
 
-def connection_arguments(config: PravegaConnectionConfig, *, lease: bool = False) -> tuple[list[str], dict[str, str]]:
-    """The options of :func:`add_connection_arguments` that describe ``config``, and the
-    environment holding its password (never in argv): the inverse of :func:`config_from_arguments`."""
+def connection_arguments(config: PravegaConnectionConfig, *, lease: bool = False,
+                         password_file: str | None = None) -> list[str]:
+    """The options of :func:`add_connection_arguments` that describe ``config`` (the inverse of
+    :func:`config_from_arguments`), never its password: with a user, ``--password-file
+    password_file`` when the job finds the password in that file, else the job reads it from
+    :data:`PASSWORD_ENV`."""
     argv = ["--controller-uri", config.controller_uri]
     if lease:
         argv += ["--lease-ms", str(config.transaction_lease_ms)]
-    env: dict[str, str] = {}
     if config.username:
         argv += ["--username", config.username]
-        if config.password:
-            env[PASSWORD_ENV] = config.password
+        if config.password and password_file:
+            argv += ["--password-file", password_file]
     if config.trust_store:
         argv += ["--trust-store", config.trust_store]
     if not config.validate_hostname:
         argv.append("--no-validate-hostname")
-    return argv, env
+    return argv
 
 
 def config_from_arguments(args: argparse.Namespace) -> PravegaConnectionConfig:
@@ -100,8 +102,12 @@ def config_from_arguments(args: argparse.Namespace) -> PravegaConnectionConfig:
 def _password(args: argparse.Namespace) -> str | None:
     """The password from a file or an environment variable, only when a user is named."""
     if args.password_file:
-        with open(args.password_file, encoding="utf-8") as f:
-            return f.readline().rstrip("\r\n") or None
+        try:
+            with open(args.password_file, encoding="utf-8") as f:
+                return f.readline().rstrip("\r\n") or None
+        except OSError as exc:
+            raise ValueError(f"--password-file {args.password_file!r}: cannot read the password: "
+                             f"{exc.strerror or exc}") from None
     if args.username:
         return os.environ.get(args.password_env) or None
     return None

@@ -117,6 +117,9 @@ class SparkTarget:
     default: bool = False
     #: The ``spark`` connection's ``deploy-mode`` extra (``cluster``: see spark/submit.py).
     deploy_mode: str | None = None
+    #: The ``spark`` connection's ``pravega_password_secret`` extra: the Kubernetes secret
+    #: (``name:key``) from which a driver pod takes the Pravega password (spark/submit.py).
+    password_secret: str | None = None
 
 
 def spark_target(spark_conn_id: str | None) -> SparkTarget:
@@ -155,8 +158,9 @@ def spark_target(spark_conn_id: str | None) -> SparkTarget:
         master = f"{host}:{conn.port}"
     if master.startswith("local"):
         master = _local(master)
+    secret = str(extra["pravega_password_secret"]).strip() if extra.get("pravega_password_secret") else None
     return SparkTarget(master=master, conf={**_connection_fields(spark_conn_id, master, extra), **conf},
-                       deploy_mode=deploy_mode)
+                       deploy_mode=deploy_mode, password_secret=secret)
 
 
 def _connection_fields(spark_conn_id: str, master: str, extra: dict[str, Any]) -> dict[str, str]:

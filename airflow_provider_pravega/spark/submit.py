@@ -17,18 +17,35 @@ and waits for the application:
 
 The outcome is never read from the driver's stdout, which stays on the cluster: the job records
 its result, or its failure, in Pravega under a submission id (client/job_results.py).
+
+The Pravega password is on no command line and in no environment the submission sets, where
+every user of the host (``ps``) or the cluster's launch context would show it:
+
+* **YARN**: it goes in a file readable by this user only (:data:`PASSWORD_FILE`, in a private
+  temporary folder removed as soon as ``spark-submit`` ends), which ``spark-submit --files``
+  ships with the application; the job reads it with ``--password-file``.
+* **Kubernetes**: the driver pod takes it as ``PRAVEGA_PASSWORD`` from the Kubernetes secret the
+  ``spark`` connection's extra ``pravega_password_secret`` names
+  (``spark.kubernetes.driver.secretKeyRef``); without one, a password is refused.
+
+The executors get the connection in their tasks' pickled closures, from the driver, as in client mode.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_pravega.client.job_results import JobOutcome, JobResults
+from airflow_provider_pravega.spark.connection_args import PASSWORD_ENV
 from airflow_provider_pravega.spark.session import SparkSessionError
 
 log = logging.getLogger(__name__)
@@ -39,6 +56,11 @@ ACTIVE_STATES = frozenset({"NEW", "NEW_SAVING", "SUBMITTED", "ACCEPTED", "RUNNIN
 POLL_INTERVAL_S = 2.0
 #: Failed questions to the ResourceManager in a row before the task gives up waiting.
 MAX_POLL_FAILURES = 10
+#: The password file's name: ``spark-submit --files`` puts it in each YARN container's working
+#: directory, where the job reads it.
+PASSWORD_FILE = "pravega-password"
+#: The ``spark`` connection's extra naming the Kubernetes secret (``name:key``) with the password.
+PASSWORD_SECRET_EXTRA = "pravega_password_secret"
 
 
 class SparkApplicationError(RuntimeError):
@@ -53,6 +75,8 @@ class Submission:
     conn_id: str
     master: str
     conf: dict[str, str] = field(default_factory=dict)
+    #: Kubernetes: the secret (``name:key``) holding the Pravega password (:data:`PASSWORD_SECRET_EXTRA`).
+    password_secret: str | None = None
 
     @property
     def on_yarn(self) -> bool:
@@ -83,7 +107,14 @@ def cluster_submission(spark_conn_id: str | None, spark_conf: dict[str, Any] | N
             f"Spark connection {spark_conn_id!r} asks for cluster deploy mode on master {master or 'local'!r}: Spark "
             f"runs a Python driver in cluster deploy mode on YARN and Kubernetes only; use 'deploy-mode': 'client' "
             f"(or no deploy-mode) for this master")
-    return Submission(spark_conn_id, master, conf)
+    secret = target.password_secret
+    if secret is not None and master.startswith("k8s://"):
+        name, sep, key = secret.partition(":")
+        if not (sep and name.strip() and key.strip()):
+            raise SparkSessionError(
+                f"Spark connection {spark_conn_id!r}: extra {PASSWORD_SECRET_EXTRA!r} is {secret!r}; expected "
+                f"NAME:KEY, the Kubernetes secret and the key in it holding the Pravega password")
+    return Submission(spark_conn_id, master, conf, secret)
 
 
 class ApplicationRun:
@@ -93,17 +124,25 @@ class ApplicationRun:
     command line without the connection's options, ``state_location`` the scope and state stream
     beside which the job records its outcome. The provider must be installed in the Python the
     cluster runs the driver and executors with (``spark.yarn.appMasterEnv.PYSPARK_PYTHON`` and
-    ``spark.executorEnv.PYSPARK_PYTHON``, or an archive of an environment)."""
+    ``spark.executorEnv.PYSPARK_PYTHON``, or an archive of an environment). ``password`` is the
+    Pravega connection's, which the job finds as the module docstring says (``connection_argv``
+    names where)."""
 
     def __init__(self, submission: Submission, *, kind: str, job_file: str, job_argv: Sequence[str],
-                 connection_argv: Sequence[str], secrets: dict[str, str], state_location: tuple[str, str],
+                 connection_argv: Sequence[str], password: str | None, state_location: tuple[str, str],
                  client: Any, name: str, sleep: Callable[[float], None] = time.sleep) -> None:
+        if password and not submission.on_yarn and not submission.password_secret:
+            raise SparkSessionError(
+                f"Spark connection {submission.conn_id!r} submits the {kind} to Kubernetes and the Pravega "
+                f"connection has a password: name the Kubernetes secret holding it in the Spark connection's "
+                f"extra {PASSWORD_SECRET_EXTRA!r} (NAME:KEY, in the application's namespace); the "
+                f"password is never put on spark-submit's command line")
         self.submission = submission
         self.kind = kind
         self.job_file = job_file
         self.job_argv = list(job_argv)
         self.connection_argv = list(connection_argv)
-        self.secrets = dict(secrets)
+        self.password = password
         self.results = JobResults(client, *state_location)
         self.name = name
         self.sleep = sleep
@@ -114,35 +153,62 @@ class ApplicationRun:
                lease: bool = False) -> ApplicationRun:
         """The application that runs ``spec`` with the job module ``job`` (``ingest_job`` or
         ``export_job``: its file, its :func:`job_arguments` and its state location) on the
-        Pravega connection ``config`` (its password in the driver's environment, never in argv)."""
+        Pravega connection ``config`` (its password as the module docstring says, never in argv)."""
         from airflow_provider_pravega.spark.connection_args import connection_arguments
 
-        connection_argv, secrets = connection_arguments(config, lease=lease)
+        connection_argv = connection_arguments(config, lease=lease,
+                                               password_file=PASSWORD_FILE if submission.on_yarn else None)
         return cls(submission, kind=kind, job_file=job.__file__, job_argv=job.job_arguments(spec),
-                   connection_argv=connection_argv, secrets=secrets, state_location=job.state_location(spec),
-                   client=client, name=name)
+                   connection_argv=connection_argv, password=config.password,
+                   state_location=job.state_location(spec), client=client, name=name)
 
-    def _hook(self, submission_id: str, application: str | None = None) -> Any:
+    def _hook(self, submission_id: str, application: str | None = None, password_file: str | None = None) -> Any:
+        """The Spark provider's hook for the submission; ``password_file`` (YARN) is the local file
+        ``spark-submit`` ships with the application (:meth:`_password_file`)."""
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
         conf = {**self.submission.conf, "spark.yarn.tags": f"pravega-submission-{submission_id}"}
         conf.pop("spark.submit.deployMode", None)  # the hook passes --deploy-mode itself
+        files = None
+        if password_file is not None:  # --files replaces spark.files: keep the connection's
+            files = ",".join(f for f in (conf.pop("spark.files", None), password_file) if f)
+        if self.password and self.submission.password_secret and not self.submission.on_yarn:
+            conf[f"spark.kubernetes.driver.secretKeyRef.{PASSWORD_ENV}"] = self.submission.password_secret
         hook = SparkSubmitHook(
-            conn_id=self.submission.conn_id, conf=conf, name=self.name, deploy_mode="cluster",
+            conn_id=self.submission.conn_id, conf=conf, name=self.name, deploy_mode="cluster", files=files,
             application_args=[*self.connection_argv, *self.job_argv, "--submission", submission_id],
-            env_vars=self.secrets or None, yarn_track_via_rm_api=self.submission.on_yarn,
+            yarn_track_via_rm_api=self.submission.on_yarn,
         )
         hook._yarn_application_id = application  # a reattached try: on_kill kills this application
         self.hook = hook
         return hook
 
+    @contextmanager
+    def _password_file(self) -> Iterator[str | None]:
+        """YARN with a password: the password in :data:`PASSWORD_FILE`, readable by this user only,
+        in a private temporary folder that is removed when the block ends (``spark-submit`` has
+        then uploaded it with the application); else None."""
+        if not (self.password and self.submission.on_yarn):
+            yield None
+            return
+        folder = tempfile.mkdtemp(prefix="pravega-submit-")  # mode 0700
+        try:
+            path = os.path.join(folder, PASSWORD_FILE)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(self.password + "\n")
+            yield path
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
     def submit(self) -> dict[str, str]:
         """Submit the application; its identity (kept in the task state store by the caller)."""
         submission_id = uuid.uuid4().hex
-        hook = self._hook(submission_id)
         log.info("submitting the %s as a Spark application (%s, cluster deploy mode), submission %s",
                  self.kind, self.submission.master, submission_id)
-        hook.submit(self.job_file)
+        with self._password_file() as password_file:
+            hook = self._hook(submission_id, password_file=password_file)
+            hook.submit(self.job_file)
         identity = {"submission": submission_id}
         if self.submission.on_yarn:
             if not hook._yarn_application_id:

@@ -15,15 +15,23 @@ reads the outcome from Pravega.
   it commits nothing twice.
 - Killing the task kills its application.
 
+Pravega has authentication on: the jobs get the password as a file spark-submit distributes
+(spark/submit.py). While a driver holds, no process's command line or environment on the host, no
+document of the application in the ResourceManager's and NodeManager's REST APIs, and no launch
+script or container log holds the password.
+
 Every record is in the stream once, and once the cluster stops no container process is left."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import signal
+import tempfile
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,16 +45,20 @@ import pytest
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
+from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.job_results import JobResults
 from airflow_provider_pravega.client.ingest import COMMITTING, open_state_store, state_location
 from airflow_provider_pravega.client.streamcut import StreamCut
+from airflow_provider_pravega.embedded.pytest_plugin import _start_secure
 from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator
 from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
 from airflow_provider_pravega.spark import ingest_job
-from airflow_provider_pravega.spark.submit import ApplicationRun, SparkApplicationError
+from airflow_provider_pravega.spark.submit import PASSWORD_FILE, ApplicationRun, SparkApplicationError
+from leftovers import secrets_on_disk
 from pravega_testing.hdfs import HdfsUnavailable
-from pravega_testing.yarn import (Yarn, alive, applications, container_processes, list_files, processes_under,
-                                  read_file, role, spark_submit_conf, submit_env, write_file, yarn_minicluster)
+from pravega_testing.yarn import (Yarn, alive, application_documents, applications, container_processes, list_files,
+                                  processes_under, read_file, role, spark_submit_conf, submit_env, write_file,
+                                  yarn_minicluster)
 
 
 @dataclass
@@ -67,6 +79,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         pytest.skip(str(exc))
     left = [pid for pid in state.seen if alive(pid)] + [pid for pid, _cmd in processes_under(work)]
     assert not left, f"processes left after the cluster stopped: {left}"
+
+
+@pytest.fixture(scope="module")
+def pravega(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PravegaConnectionConfig]:
+    """The embedded server with authentication (no TLS), and the connection of a user whose
+    password is unique to this module: a scan of the host for it finds this module's copies only."""
+    user, password = "yarn-jobs", f"yarn-{uuid.uuid4().hex}"
+    server = _start_secure(tmp_path_factory.mktemp("pravega-auth"), token_ttl_s=None, tls=False,
+                           extra_users={user: (password, "prn::*,READ_UPDATE")})
+    try:
+        yield PravegaConnectionConfig.from_connection_fields(host=server.process.controller_uri, login=user,
+                                                             password=password)
+    finally:
+        server.process.stop()
 
 
 DAY = datetime(2026, 11, 20, tzinfo=timezone.utc)
@@ -100,9 +126,13 @@ def _context(store: TaskStateStore, try_number: int | None = None) -> dict[str, 
 
 
 @pytest.fixture
-def yarn_conn(cluster: Cluster, monkeypatch: pytest.MonkeyPatch, pravega_conn: None) -> str:
-    """A ``spark`` connection in cluster deploy mode on the minicluster; spark-submit on PATH."""
+def yarn_conn(cluster: Cluster, monkeypatch: pytest.MonkeyPatch, pravega: PravegaConnectionConfig) -> str:
+    """A ``spark`` connection in cluster deploy mode on the minicluster; spark-submit on PATH;
+    ``pravega_default`` on the module's Pravega with its user and password."""
     yarn = cluster.yarn
+    monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_DEFAULT", json.dumps({
+        "conn_type": "pravega", "host": pravega.host, "port": pravega.port, "login": pravega.username,
+        "password": pravega.password}))
     for key, value in submit_env(yarn, base={}).items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("PATH", f"{os.environ['SPARK_HOME']}/bin{os.pathsep}{os.environ['PATH']}")
@@ -121,15 +151,15 @@ def _records(yarn: Yarn, directory: str, files: int, per_file: int) -> list[str]
     return lines
 
 
-def _stream_events(uri: str, scope: str, stream: str) -> list[str]:
-    with PravegaClient(uri) as client:
+def _stream_events(pravega: PravegaConnectionConfig, scope: str, stream: str) -> list[str]:
+    with PravegaClient(pravega) as client:
         head, tail = StreamCut.head(client, scope, stream), StreamCut.tail(client, scope, stream)
         return [e.payload.decode() for rng in plan_segment_ranges(client, head, tail)
                 for e in read_segment_range(client, rng)]
 
 
-def _run_state(uri: str, scope: str, ingest_id: str) -> dict[str, Any]:
-    with PravegaClient(uri) as client:
+def _run_state(pravega: PravegaConnectionConfig, scope: str, ingest_id: str) -> dict[str, Any]:
+    with PravegaClient(pravega) as client:
         try:
             store = open_state_store(client, *state_location(scope, "readings", ingest_id), create=False)
         except Exception:  # not created yet
@@ -164,7 +194,7 @@ def _in_thread(target) -> tuple[threading.Thread, dict[str, Any]]:
 
 
 def test_ingest_from_hdfs_survives_a_killed_executor_and_exports_to_hdfs(
-    cluster: Cluster, yarn_conn: str, pravega_embedded: Any, unique_name: Any,
+    cluster: Cluster, yarn_conn: str, pravega: PravegaConnectionConfig, unique_name: Any,
 ) -> None:
     yarn = cluster.yarn
     scope = unique_name("yarn")
@@ -176,7 +206,7 @@ def test_ingest_from_hdfs_survives_a_killed_executor_and_exports_to_hdfs(
     store = TaskStateStore()
     thread, out = _in_thread(lambda: ingest.execute(_context(store)))
     _wait_for("a write task registered", lambda: any(
-        run.get("txns") for run in _run_state(pravega_embedded.controller_uri, scope, "yarn").get("runs", {}).values()),
+        run.get("txns") for run in _run_state(pravega, scope, "yarn").get("runs", {}).values()),
         thread, out)
     killed = None
     while killed is None and thread.is_alive():  # an executor container running a write task (a Python worker)
@@ -194,7 +224,7 @@ def test_ingest_from_hdfs_survives_a_killed_executor_and_exports_to_hdfs(
     result = out["result"]
     assert result["events"] == len(lines) and len(result["files_ingested"]) == 4
     assert store.values == {}  # done: a cleared task runs afresh
-    assert Counter(_stream_events(pravega_embedded.controller_uri, scope, "readings")) == Counter(lines)
+    assert Counter(_stream_events(pravega, scope, "readings")) == Counter(lines)
 
     export = PravegaStreamCutExportOperator(
         task_id="export", scope=scope, stream="readings", output_path=f"{yarn.hdfs_uri}/out/day1", format="jsonl",
@@ -208,6 +238,40 @@ def test_ingest_from_hdfs_survives_a_killed_executor_and_exports_to_hdfs(
     assert Counter(events) == Counter(lines)
     tags = {app["applicationTags"] for app in applications(yarn) if app["name"].startswith("pravega-")}
     assert len(tags) == 2  # one application each
+    # Their staged files, the password file among them, went with them (the ApplicationMaster's
+    # cleanup before it reports the end).
+    ended = {app["id"] for app in applications(yarn) if app["name"].startswith("pravega-")}
+    assert not ended & set(list_files(yarn, f"/user/{getpass.getuser()}/.sparkStaging"))
+
+
+def _places_holding(secret: str, yarn: Yarn, application: str) -> list[str]:
+    """Where a user of this host, or a client of the cluster's REST APIs, can read ``secret``:
+    any process's command line or environment, a REST document of ``application``, a file the
+    NodeManager wrote (containers' launch scripts, their environment and logs). The one place it
+    belongs, the distributed password file in the application's own directories, is left out."""
+    needle = secret.encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        for name in ("cmdline", "environ"):
+            try:
+                if needle in (entry / name).read_bytes():
+                    found.append(f"{entry}/{name}")
+            except OSError:  # gone, or another user's environment
+                continue
+    found += [url for url, body in application_documents(yarn, application).items() if secret in body]
+    for dirpath, _dirs, files in os.walk(yarn.nm_dir):
+        for name in files:
+            path = Path(dirpath, name)
+            if name == PASSWORD_FILE or path.is_symlink():
+                continue
+            try:
+                if needle in path.read_bytes():
+                    found.append(str(path))
+            except OSError:  # removed meanwhile
+                continue
+    return found
 
 
 def _held_at(step: str, release: Path) -> dict[str, str]:
@@ -221,11 +285,11 @@ class TryDied(Exception):
 
 
 def test_a_retry_reattaches_and_a_driver_killed_after_the_commit_point_loses_nothing(
-    cluster: Cluster, yarn_conn: str, pravega_embedded: Any, unique_name: Any, tmp_path: Path, monkeypatch,
+    cluster: Cluster, yarn_conn: str, pravega: PravegaConnectionConfig, unique_name: Any, tmp_path: Path, monkeypatch,
 ) -> None:
     yarn = cluster.yarn
     scope = unique_name("yarn")
-    uri = pravega_embedded.controller_uri
+    started = time.time()
     lines = _records(yarn, "/in/day2", files=2, per_file=3000)
     held = _held_at("after_commit_record", tmp_path / "release")
 
@@ -245,9 +309,14 @@ def test_a_retry_reattaches_and_a_driver_killed_after_the_commit_point_loses_not
     tag = f"pravega-submission-{identity['submission']}"
 
     def committing() -> bool:
-        return any(run.get("phase") == COMMITTING for run in _run_state(uri, scope, "held").get("runs", {}).values())
+        runs = _run_state(pravega, scope, "held").get("runs", {}).values()
+        return any(run.get("phase") == COMMITTING for run in runs)
 
     _wait_for("the driver at its commit point", committing)
+    # Held there, the driver and the executors have used the password (the executors wrote).
+    places = _places_holding(pravega.password, yarn, application)
+    assert not places, f"the password is readable in {places}"
+    assert secrets_on_disk([pravega.password], started, Path(tempfile.gettempdir())) == []  # spark-submit's copy
 
     reattached = threading.Event()
 
@@ -276,11 +345,11 @@ def test_a_retry_reattaches_and_a_driver_killed_after_the_commit_point_loses_not
     assert result["recovered_runs"] or result["finished_runs"], result
     assert len({a["id"] for a in applications(yarn) if a["applicationTags"].startswith("pravega-submission-")
                 and a["name"].endswith("ingest") and a["id"] != application}) >= 1
-    assert Counter(_stream_events(uri, scope, "readings")) == Counter(lines)
+    assert Counter(_stream_events(pravega, scope, "readings")) == Counter(lines)
 
 
 def test_a_driver_left_running_by_a_lost_submission_is_harmless(
-    cluster: Cluster, yarn_conn: str, pravega_embedded: Any, unique_name: Any, tmp_path: Path, monkeypatch,
+    cluster: Cluster, yarn_conn: str, pravega: PravegaConnectionConfig, unique_name: Any, tmp_path: Path, monkeypatch,
 ) -> None:
     """The first try dies after spark-submit and before the application's id is stored (the gap
     Airflow's mixin documents): its driver A runs on, and holds past the ingest's commit point. The
@@ -288,7 +357,6 @@ def test_a_driver_left_running_by_a_lost_submission_is_harmless(
     run over (an earlier try's) and finishes it; A, released afterwards, commits nothing twice."""
     yarn = cluster.yarn
     scope = unique_name("yarn")
-    uri = pravega_embedded.controller_uri
     lines = _records(yarn, "/in/day3", files=2, per_file=3000)
 
     def operator(conf: dict[str, str]) -> PravegaTransactionalIngestOperator:
@@ -304,7 +372,7 @@ def test_a_driver_left_running_by_a_lost_submission_is_harmless(
     with pytest.raises(TryDied):
         operator(_held_at("after_commit_record", tmp_path / "release-a")).execute(_context(lost, 1))
     _wait_for("driver A at its commit point", lambda: any(
-        run.get("phase") == COMMITTING for run in _run_state(uri, scope, "gap").get("runs", {}).values()))
+        run.get("phase") == COMMITTING for run in _run_state(pravega, scope, "gap").get("runs", {}).values()))
     [app_a] = [a["id"] for a in applications(yarn) if a["name"].startswith("pravega-ingest") and
                a["state"] == "RUNNING"]
 
@@ -323,23 +391,23 @@ def test_a_driver_left_running_by_a_lost_submission_is_harmless(
     thread.join(BOUND_S)
     assert "error" not in out, out.get("error")
     assert out["result"]["recovered_runs"] or out["result"]["finished_runs"], out["result"]
-    assert Counter(_stream_events(uri, scope, "readings")) == Counter(lines)
+    assert Counter(_stream_events(pravega, scope, "readings")) == Counter(lines)
 
     assert [a["state"] for a in applications(yarn) if a["id"] == app_a] == ["RUNNING"]  # A still holds
     (tmp_path / "release-a").touch()  # driver A goes on from its commit point
     _wait_for("application A to end", lambda: [a["state"] for a in applications(yarn) if a["id"] == app_a]
               != ["RUNNING"])
-    assert Counter(_stream_events(uri, scope, "readings")) == Counter(lines)  # nothing twice
+    assert Counter(_stream_events(pravega, scope, "readings")) == Counter(lines)  # nothing twice
     assert app_a != app_b
     [tags_a] = [a["applicationTags"] for a in applications(yarn) if a["id"] == app_a]
-    with PravegaClient(uri) as client:
+    with PravegaClient(pravega) as client:
         outcome_a = JobResults(client, *ingest_job.state_location(ingest_job.IngestSpec(
             scope=scope, stream="readings", source="-", ingest_id="gap"))).get(tags_a.split("pravega-submission-")[1])
     assert not outcome_a.ok and outcome_a.error_type == "FencedError", outcome_a  # it stopped, fenced
 
 
 def test_killing_the_task_kills_its_application(
-    cluster: Cluster, yarn_conn: str, pravega_embedded: Any, unique_name: Any, tmp_path: Path, monkeypatch,
+    cluster: Cluster, yarn_conn: str, pravega: PravegaConnectionConfig, unique_name: Any, tmp_path: Path, monkeypatch,
 ) -> None:
     """``on_kill`` (Airflow killing the task) kills the YARN application through the
     ResourceManager; the waiting try then fails with YARN's verdict, and nothing was written."""
@@ -362,6 +430,6 @@ def test_killing_the_task_kills_its_application(
     assert isinstance(out.get("error"), SparkApplicationError), out
     assert [a["state"] for a in applications(yarn) if a["id"] == application] == ["KILLED"]
     assert f"{application} ended KILLED" in str(out["error"])
-    with PravegaClient(pravega_embedded.controller_uri) as client:
+    with PravegaClient(pravega) as client:
         assert not client.admin.stream_exists(scope, "readings") or \
-            not _stream_events(pravega_embedded.controller_uri, scope, "readings")
+            not _stream_events(pravega, scope, "readings")
