@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 INGEST_PREFIX = "ingest-state-"
@@ -183,8 +185,18 @@ def find_orphans(client: Any, scope: str, dags: Iterable[Any], default_scope: st
 
 
 def load_dags(folder: str) -> list[Any]:
-    """The DAGs of a folder, parsed as the dag-processor does; an import error is a ValueError
-    naming the file (a folder that does not parse cannot tell which states are orphans)."""
+    """The DAGs of a folder, parsed as the dag-processor does. A folder that is missing, cannot be
+    read, holds no DAG file or defines no DAG, and an import error, are a ValueError naming the
+    folder or file: each would make every state of the scope look like an orphan."""
+    path = Path(folder)
+    if not path.exists():
+        raise ValueError(f"the DAGs folder {folder} does not exist: give the folder the dag-processor parses "
+                         f"(its [core] dags_folder)")
+    if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+        raise ValueError(f"the DAGs folder {folder} cannot be read by this user")
+    if path.is_dir() and not any(p.suffix in (".py", ".zip") for p in path.rglob("*") if p.is_file()):
+        raise ValueError(f"the DAGs folder {folder} holds no DAG file (.py or .zip): give the folder the "
+                         f"dag-processor parses (its [core] dags_folder)")
     try:
         from airflow.dag_processing.dagbag import DagBag
     except ImportError:  # Airflow before 3.2
@@ -196,6 +208,9 @@ def load_dags(folder: str) -> list[Any]:
         first, error = next(iter(bag.import_errors.items()))
         raise ValueError(f"the DAGs folder {folder} does not parse ({len(bag.import_errors)} import error(s)), "
                          f"e.g. {first}: {str(error).strip().splitlines()[-1]}")
+    if not bag.dags:
+        raise ValueError(f"the DAGs folder {folder} defines no DAG: give the folder the dag-processor parses "
+                         f"(its [core] dags_folder)")
     return list(bag.dags.values())
 
 
@@ -268,15 +283,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from airflow_provider_pravega.client.errors import PravegaError
 
     try:
+        # The DAGs first: a wrong folder is refused before anything is asked of Pravega.
+        dags = load_dags(args.dags_folder) if args.command == "orphans" else []
         with _client(args) as client:
             scope = _scope_of(args, client)
-            return _run(args, client, scope)
+            return _run(args, client, scope, dags)
     except (PravegaError, ValueError) as exc:
         print(f"state {args.command} failed: {exc}", file=sys.stderr)
         return 1
 
 
-def _run(args: argparse.Namespace, client: Any, scope: str) -> int:
+def _run(args: argparse.Namespace, client: Any, scope: str, dags: list[Any]) -> int:
     if args.command == "list":
         states = find_states(client, scope)
         if args.json:
@@ -309,7 +326,7 @@ def _run(args: argparse.Namespace, client: Any, scope: str) -> int:
         done = reset_state(client, scope, args.state)
         print(f"{scope}/{args.state}: {'reset' if done else 'nothing to reset'}")
         return 0
-    orphans, unknown = find_orphans(client, scope, load_dags(args.dags_folder),
+    orphans, unknown = find_orphans(client, scope, dags,
                                     default_scope=getattr(client.config, "scope", None))
     if args.json:
         print(json.dumps({"orphans": [asdict(s) for s in orphans], "undetermined_tasks": unknown}, indent=1))

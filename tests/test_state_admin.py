@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bad_input_doc import check_section
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.ingest import IngestCoordinator, IngestError, open_ingest_state
@@ -238,3 +239,39 @@ def test_a_state_scope_is_refused_while_the_export_state_is_in_the_streams_scope
         assert not client.admin.scope_exists(state_scope)  # refused before anything was created there
         fresh = ExportSpec(scope, "s", "/unused", export_id="another.export", state_scope=state_scope)
         open_export_state(client, fresh).close()  # an export with no state yet may start in a state scope
+
+
+def test_a_dags_folder_that_is_missing_or_holds_no_dag_is_refused_not_read_as_all_orphans(
+        pravega_embedded, unique_name, tmp_path: Path) -> None:
+    """A mistyped --dags-folder parsed as no DAG at all would make every state of the scope an
+    orphan (and invite a reset of states in use): each is an error naming the folder, and the
+    command exits 1 before it asks Pravega anything."""
+    uri = pravega_embedded.controller_uri
+    scope = unique_name("no-dags")
+    with PravegaClient(uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, "s", 1)
+        _export_interval(client, scope, "daily.export", "2026-11-01/2026-11-02")  # a state in use
+    missing = tmp_path / "no" / "such" / "path"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "README.md").write_text("the DAGs are elsewhere\n")
+    no_dag = tmp_path / "no-dag"
+    no_dag.mkdir()
+    (no_dag / "helpers.py").write_text("VALUE = 1\n")
+    rows = []
+    for what, folder, expected in (
+            ("`--dags-folder` that does not exist", missing, "does not exist"),
+            ("`--dags-folder` without a .py or .zip file", empty, "holds no DAG file"),
+            ("`--dags-folder` whose files define no DAG", no_dag, "defines no DAG")):
+        with pytest.raises(ValueError, match=expected) as raised:
+            load_dags(str(folder))
+        assert str(folder) in str(raised.value)
+        rows.append((what, "exit 1; `state orphans failed: " + str(raised.value).replace(str(tmp_path), "/data") + "`"))
+    refused = _cli(uri, scope, "orphans", "--dags-folder", str(missing))
+    assert refused.returncode == 1 and refused.stdout == "", refused.stdout
+    assert f"state orphans failed: the DAGs folder {missing} does not exist" in refused.stderr
+    check_section("state-admin", "The state command (python -m airflow_provider_pravega state)",
+                  "tests/test_state_admin.py", rows,
+                  "A DAGs folder that cannot tell which states are in use is refused before Pravega is asked: "
+                  "read as no DAG, every state of the scope would be listed as an orphan.")
