@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -229,8 +230,12 @@ class Keep(logging.Handler):
 keep = Keep()
 spark_target("spark_garbage")  # Airflow sets its logging up when it first reads a connection
 
-def attempt(case, conn_id=None, spark_home=None, **conf):
+def attempt(case, conn_id=None, spark_home=None, env=None, cwd=None, **conf):
     del records[:]
+    saved = {name: os.environ.get(name) for name in env or {}}, os.getcwd()
+    os.environ.update(env or {})
+    if cwd:
+        os.chdir(cwd)
     log = logging.getLogger("airflow_provider_pravega.spark.session")
     log.addHandler(keep)
     log.setLevel(logging.INFO)
@@ -242,11 +247,21 @@ def attempt(case, conn_id=None, spark_home=None, **conf):
     except Exception as exc:
         result = {"error": type(exc).__name__, "message": str(exc), "cause": type(exc.__cause__).__name__}
     os.environ.pop("SPARK_HOME", None)
+    for name, value in saved[0].items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    os.chdir(saved[1])
     result["warnings"] = [m for level, m in records if level == "WARNING"]
     print("CASE " + json.dumps({case: result}), flush=True)
 
 attempt("driver-memory", **{"spark.driver.memory": "lots"})
 attempt("garbage-master", "spark_garbage")
+# The cut archive given by the environment, none by the provider (its archive directory is empty).
+attempt("jvm-crash", env={"SPARK_SUBMIT_OPTS": f"-XX:SharedArchiveFile={sys.argv[2]}/cut.jsa",
+                          "PRAVEGA_SPARK_CLASS_ARCHIVE_DIR": sys.argv[2]}, cwd=sys.argv[2],
+        **{"spark.master": "local[1]", "spark.ui.enabled": "false"})
 attempt("shuffle-partitions", spark_home=sys.argv[1],
         **{"spark.sql.shuffle.partitions": "-1", "spark.nonsense.key": "x"})
 attempt("unknown-key", **{"spark.nonsense.key": "x", "spark.master": "local[1]", "spark.app.name": "named"})
@@ -266,14 +281,31 @@ def bad_starts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
            "AIRFLOW_CONN_SPARK_GARBAGE": json.dumps({"conn_type": "spark", "host": "garbage://nowhere",
                                                      "port": 7077})}
     env.pop("SPARK_HOME", None)
-    done = subprocess.run([sys.executable, "-c", _STARTS, str(home)], capture_output=True, text=True, timeout=600,
-                          env=env, cwd=str(Path(__file__).resolve().parents[1]))
+    crash_dir = _cut_class_archive(home / "crash")
+    done = subprocess.run([sys.executable, "-c", _STARTS, str(home), str(crash_dir)],
+                          capture_output=True, text=True, timeout=600, env=env,
+                          cwd=str(Path(__file__).resolve().parents[1]))
     cases: dict[str, dict[str, Any]] = {}
     for line in done.stdout.splitlines():
         if line.startswith("CASE "):
             cases.update(json.loads(line[5:]))
-    assert len(cases) == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    assert len(cases) == 5, done.stdout[-3000:] + done.stderr[-3000:]
+    cases["jvm-crash"]["directory"] = str(crash_dir)
     return cases
+
+
+def _cut_class_archive(directory: Path) -> Path:
+    """``directory`` with ``cut.jsa``: the first half of a small dynamic class archive (the classes
+    of ``java -version``), which crashes a JVM that maps it (SIGBUS)."""
+    from airflow_provider_pravega.spark.class_archive import _java
+
+    directory.mkdir()
+    whole = directory / "whole.jsa"
+    subprocess.run([str(_java()), f"-XX:ArchiveClassesAtExit={whole}", "-Xlog:cds=off", "-version"],
+                   capture_output=True, check=True, timeout=120)
+    data = whole.read_bytes()
+    (directory / "cut.jsa").write_bytes(data[:len(data) // 2])
+    return directory
 
 
 def _reported(result: dict[str, Any]) -> tuple[str, str]:
@@ -296,6 +328,25 @@ def test_a_bad_master_url_names_the_jvm_error_and_the_connection(bad_starts: dic
                               "start with spark, k8s, or local; from the master 'garbage://nowhere:7077' (host of "
                               "connection 'spark_garbage')")
     assert result["cause"] == "PySparkRuntimeError"
+
+
+def test_a_jvm_that_crashed_at_start_is_named_with_its_report_not_blamed_on_the_settings(
+        bad_starts: dict[str, dict[str, Any]]) -> None:
+    """A driver JVM that crashed (here mapping a class archive cut short, given by SPARK_SUBMIT_OPTS)
+    writes its crash report where it runs and its summary to stdout: the error names the crash,
+    the report and the archive, and none of the task's settings."""
+    result = bad_starts["jvm-crash"]
+    error, message = _reported(result)
+    crash_dir = Path(result["directory"])
+    report = re.search(r"its crash report: (\S+hs_err_pid\d+\.log);", message)
+    assert message.startswith("Spark could not start: the driver's JVM crashed (SIGBUS"), message
+    assert report and Path(report.group(1)).parent == crash_dir and Path(report.group(1)).is_file(), message
+    assert f"it crashed mapping the class archive {crash_dir}/cut.jsa, which is damaged" in message
+    assert "spark.ui.enabled" not in message and "spark.master" not in message and "local[1]" not in message
+    shown = re.sub(r"pid\d+", "pid…", message.replace(str(crash_dir), "/data"))
+    shown = re.sub(r"\(SIGBUS \(0x7\) in [^)]*\)\+0x[0-9a-f]+\)", "(SIGBUS (0x7) in …)", shown)
+    _row("jvm-crash", "driver JVM that crashed at start (a class archive cut short, from `SPARK_SUBMIT_OPTS`)",
+         error, shown)
 
 
 def test_a_setting_spark_rejects_is_named_at_start_not_blamed_on_the_source(
@@ -322,7 +373,7 @@ def test_an_unknown_setting_starts_with_a_warning_naming_it(bad_starts: dict[str
 def test_the_bad_input_doc_lists_the_spark_start_errors(bad_starts: dict[str, dict[str, Any]]) -> None:
     """Runs last in this file: the rows the tests above recorded, in a fixed order."""
     order = ["connect-refused", "connect-silent", "master-refused", "garbage-master", "driver-memory",
-             "shuffle-partitions"]
+             "jvm-crash", "shuffle-partitions"]
     assert set(_ROWS) == set(order), f"run the whole file: missing rows {set(order) - set(_ROWS)}"
     rows = [_ROWS[key] for key in order]
     rows.append(('`spark_conf={"spark.nonsense.key": "x"}` alone', "starts; warning: "

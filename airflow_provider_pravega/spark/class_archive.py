@@ -22,6 +22,12 @@ path (``SPARK_CONF_DIR``, ``HADOOP_CONF_DIR``, ...: make it in the tasks' enviro
 path, another JDK) ignores it silently (``-Xshare:auto``, the JVM's default, with the warning off)
 and starts as without it. Archives of installations since changed or removed are deleted when a
 new one is made (each is 150-200 MB).
+
+A JVM does not check that an archive is whole: one cut short (an interrupted copy into an image, a
+full disk) crashes it as it maps the archive (SIGBUS). So :func:`build` records each archive's size
+and digest beside it (the ``.home`` file), a session maps an archive only when its size is the one
+recorded (a stat and a small read: microseconds; the digest, a full read of the file, is left to
+:func:`build`), and :func:`build` makes again an archive that is not as recorded.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -39,7 +46,9 @@ from pathlib import Path
 
 from airflow_provider_pravega import _cache
 
-__all__ = ["SCRIPT", "archive_path", "build", "java_options", "main"]
+__all__ = ["SCRIPT", "archive_path", "build", "damage", "java_options", "main"]
+
+log = logging.getLogger(__name__)
 
 #: The console script (``[project.scripts]`` in pyproject.toml) that runs :func:`main`.
 SCRIPT = "pravega-spark-class-archive"
@@ -114,14 +123,56 @@ def archive_path(java: Path | None = None, spark_home: Path | None = None) -> Pa
 
 def java_options(archive: Path | None = None) -> str:
     """The driver options that map ``archive`` (by default this installation's), or ``""`` when
-    there is none."""
+    there is none, or when it is not whole (a warning names it: a JVM would crash mapping it)."""
     try:
         archive = archive or archive_path()
     except OSError:
         return ""
     if archive is None or not archive.is_file():
         return ""
+    why = damage(archive)
+    if why is not None:
+        log.warning("not using the class archive %s: %s; local Spark sessions start without it until "
+                    "`%s build` makes it again", archive, why, SCRIPT)
+        return ""
     return f"-XX:SharedArchiveFile={archive} {QUIET}"
+
+
+def _record_path(archive: Path) -> Path:
+    """Beside each archive: its Spark installation and that installation's jars (for
+    :func:`_remove_stale`), and the archive's size and digest as made (for :func:`damage`)."""
+    return archive.with_suffix(".home")
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_record(archive_file: Path, record: Path, spark_home: Path) -> None:
+    """Record ``archive_file`` (whole: its JVM has exited) as the archive ``record`` belongs to."""
+    record.write_text(f"{spark_home}\n{_jars_digest(spark_home)}\n{archive_file.stat().st_size}\n"
+                      f"{_digest(archive_file)}\n")
+
+
+def damage(archive: Path, full: bool = False) -> str | None:
+    """Why ``archive`` cannot be mapped: not the size :func:`build` recorded (cut short), no record
+    of its making, or (``full``: the whole file is read) another digest; ``None`` when it is whole."""
+    try:
+        lines = _record_path(archive).read_text().splitlines()
+        size = archive.stat().st_size
+    except OSError as exc:
+        return f"no record of its making ({exc.strerror or exc})"
+    if len(lines) < 4 or not lines[2].isdigit():
+        return f"no record of its size in {_record_path(archive)} (made by an earlier version)"
+    if size != int(lines[2]):
+        return f"it is {size} bytes where {int(lines[2])} were written (cut short or replaced since)"
+    if full and _digest(archive) != lines[3]:
+        return "its content is not what was written (its digest differs)"
+    return None
 
 
 # The work whose classes the archive holds: a session, DataFrames from Python, Parquet and JSON
@@ -168,11 +219,12 @@ query = (spark.readStream.schema(df.schema).parquet(str(work / "parquet")).write
 query.awaitTermination()
 spark.stop()
 # The archive is written as the JVM exits: end it (spark-submit's JVM exits when its stdin closes)
-# and wait, so the file is whole when this process ends.
+# and wait, so the file is whole when this process ends (a JVM that failed writing it exits non-zero).
 proc = getattr(gateway, "proc", None)
 if proc is not None:
     proc.stdin.close()
-    proc.wait(timeout=300)
+    if proc.wait(timeout=300) != 0:
+        sys.exit(f"the driver JVM exited with {proc.returncode} while writing the archive")
 '''
 
 
@@ -200,7 +252,7 @@ def build(base_options: str = "", *, timeout_s: float = 300.0) -> Path:
         raise ClassArchiveError("no Spark installation with jars here (is pyspark installed, not only pyspark-client?)")
     directory = cache_dir()
     archive = directory / f"spark-{archive_key(java, spark_home)}.jsa"
-    if archive.exists():
+    if archive.exists() and damage(archive, full=True) is None:
         return archive
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -219,8 +271,12 @@ def build(base_options: str = "", *, timeout_s: float = 300.0) -> Path:
                     raise ClassArchiveError(f"another process has been making {archive} for "
                                             f"{WAIT_FOR_OTHER_S:.0f} s (lock {lock.name})") from None
                 time.sleep(1.0)
-        if archive.exists():  # made by the process that held the lock
-            return archive
+        if archive.exists():  # made by the process that held the lock, or not whole
+            why = damage(archive, full=True)
+            if why is None:
+                return archive
+            print(f"{SCRIPT}: replacing {archive}: {why}", file=sys.stderr, flush=True)
+            archive.unlink()  # a JVM mapping it keeps its copy until it exits
         _remove_stale(directory)
         partial = archive.with_suffix(f".{os.getpid()}.partial")
         partial.unlink(missing_ok=True)
@@ -234,7 +290,7 @@ def build(base_options: str = "", *, timeout_s: float = 300.0) -> Path:
             partial.unlink(missing_ok=True)
             raise ClassArchiveError(f"the training job failed (exit {result.returncode}); its last output:\n"
                                     f"{result.stderr[-3000:]}")
-        archive.with_suffix(".home").write_text(f"{spark_home}\n{_jars_digest(spark_home)}\n")
+        _write_record(partial, _record_path(archive), spark_home)
         os.replace(partial, archive)
         return archive
 
@@ -245,7 +301,7 @@ def _remove_stale(directory: Path) -> None:
     installation for another environment or JDK stays: another process may be using it. A JVM
     still mapping a deleted one keeps it until it exits."""
     for archive in directory.glob("spark-*.jsa"):
-        home_file = archive.with_suffix(".home")
+        home_file = _record_path(archive)
         try:
             home_text, jars = (home_file.read_text().splitlines() + ["", ""])[:2]
             home = Path(home_text)
@@ -271,9 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         if archive is None:
             print("no archive possible here: no java or no Spark installation with jars")
             return 1
-        state = f"{archive.stat().st_size / 2**20:.0f} MiB" if archive.is_file() else "not made yet"
+        why = damage(archive) if archive.is_file() else "not made yet"
+        state = f"{archive.stat().st_size / 2**20:.0f} MiB" if why is None else why
         print(f"{archive} ({state}); a local session adds: {java_options() or '(nothing until it is made)'}")
-        return 0 if archive.is_file() else 1
+        return 0 if why is None else 1
     print(f"{SCRIPT}: running a short Spark job to record the classes a local session loads "
           "(about a minute on 2 cores) ...", flush=True)
     started = time.monotonic()

@@ -49,7 +49,9 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -341,6 +343,42 @@ def jvm_start_error(lines: list[str], exited: bool = True) -> str | None:
     return plain if exited else None
 
 
+#: A CDS frame in a crash report: the JVM died mapping a class archive.
+_CDS_FRAME = re.compile(r"FileMapInfo|MetaspaceShared|DynamicArchive|ArchiveBuilder|SystemDictionaryShared")
+
+
+def jvm_crash(since: float, directories: list[str] | None = None) -> str | None:
+    """What the newest JVM crash report written since ``since`` says (``hs_err_pid<pid>.log``: the
+    JVM writes it in its working directory, else in the temporary directory; its summary goes to
+    stdout, out of the provider's sight): the signal, the frame, the report's path, and the class
+    archive when the crash was in mapping one. ``None`` without a report: the JVM did not crash."""
+    reports = []
+    for directory in directories or [os.getcwd(), tempfile.gettempdir()]:
+        for path in Path(directory).resolve().glob("hs_err_pid*.log"):
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                continue
+            if mtime >= since - 1.0:  # the file system's clock granularity
+                reports.append((mtime, path))
+    if not reports:
+        return None
+    report = max(reports)[1]
+    try:
+        text = report.read_text(encoding="utf-8", errors="replace")[:100_000]
+    except OSError:
+        text = ""
+    signal = re.search(r"^#[ \t]+(\S.*?) at pc=", text, re.M)
+    frame = re.search(r"^# Problematic frame:\n#[ \t]*(?:\w[ \t]+\[[^\]\n]*\][ \t]*)?(.+)$", text, re.M)
+    archive = re.search(r"^jvm_args:.*?-XX:SharedArchiveFile=(\S+)", text, re.M)
+    what = " in ".join(m.group(1).strip() for m in (signal, frame) if m) or "see the report"
+    found = f"the driver's JVM crashed ({what}); its crash report: {report}"
+    if archive and frame and _CDS_FRAME.search(frame.group(1)):
+        return (f"{found}; it crashed mapping the class archive {archive.group(1)}, which is damaged: make it again "
+                f"(pravega-spark-class-archive build) or remove it")
+    return f"{found}; a crash of the JVM itself, not a setting of the task's: read the report"
+
+
 def _start_jvm(builder: Any, settings: _Settings) -> Any:
     """``builder.getOrCreate()``; when that starts this process's JVM, its stderr goes to a pipe
     relayed by :class:`_JvmStderrRelay` (the JVM inherits fd 2 when it is spawned, so fd 2 points
@@ -351,7 +389,8 @@ def _start_jvm(builder: Any, settings: _Settings) -> Any:
     the process (the Pravega client's), grpcio ≥ 1.80 restarts its poller in the forked child,
     which can die of ``epoll_wait error: Bad file descriptor`` before it runs ``spark-submit``
     (grpc/grpc#43055: a few forks in a hundred). A start that failed so, with nothing but gRPC's
-    lines on the JVM's stderr, is tried again."""
+    lines on the JVM's stderr, is tried again. A JVM that crashed (:func:`jvm_crash`) is reported
+    as such, not blamed on the task's settings."""
     from pyspark import SparkContext
 
     if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
@@ -360,6 +399,7 @@ def _start_jvm(builder: Any, settings: _Settings) -> Any:
         except _SPARK_ERRORS as exc:
             raise settings.start_error(None, exc) from exc
     for attempt in range(1, _FORK_ATTEMPTS + 1):
+        started = time.time()
         read_fd, write_fd = os.pipe()
         sys.stderr.flush()
         relay = _JvmStderrRelay(read_fd, os.dup(2))
@@ -376,6 +416,9 @@ def _start_jvm(builder: Any, settings: _Settings) -> Any:
                     log.warning("the JVM's process died before it started (gRPC in the forked process: %s); "
                                 "starting it again", relay.lines[-1])
                     continue
+                crash = jvm_crash(started)
+                if crash is not None:
+                    raise SparkSessionError(f"Spark could not start: {crash}") from exc
             raise settings.start_error(jvm_start_error(relay.lines, SparkContext._gateway is None), exc) from exc
         finally:
             relay.restore()
@@ -546,7 +589,6 @@ def shared_session_id(remote: str, app_name: str, wanted: dict[str, str], now: f
     import getpass
     import hashlib
     import json
-    import time
     import uuid
 
     from pyspark.sql.connect.client import DefaultChannelBuilder

@@ -4,12 +4,16 @@ one starts as before, and archives of Spark installations changed or removed are
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bad_input_doc import check_section
 
 from airflow_provider_pravega.spark import class_archive
 from airflow_provider_pravega.spark.session import _JAVA_OPTION_VARIABLES
@@ -67,6 +71,8 @@ def test_without_an_archive_a_session_gets_only_its_collector_and_show_says_how_
     archive = class_archive.archive_path()
     assert archive is not None and archive.parent == tmp_path
     archive.write_bytes(b"stands in for an archive")
+    assert local_jvm_options() == LOCAL_JVM_OPTIONS  # no record of its making: not mapped
+    class_archive._write_record(archive, archive.with_suffix(".home"), class_archive._spark_home())
     assert local_jvm_options() == f"{LOCAL_JVM_OPTIONS} -XX:SharedArchiveFile={archive} {class_archive.QUIET}"
     assert class_archive.main(["show"]) == 0
     # Spark's configuration directory leads the driver's class path: another one, another archive.
@@ -129,3 +135,57 @@ def test_an_archive_directory_that_cannot_be_written_is_named_at_once(tmp_path, 
         class_archive.build()
     assert class_archive.main(["build"]) == 1
     assert class_archive.DIR_VARIABLE in capsys.readouterr().err
+
+
+def test_an_archive_cut_short_is_not_mapped_and_build_makes_it_again(tmp_path, monkeypatch, caplog, capsys):
+    """An archive copied in part (this installation's first MiB, with the record beside it: an
+    interrupted copy into an image) crashes every JVM that maps it (SIGBUS: a JVM does not check an
+    archive's size). A session starts without it, with a warning naming it; build replaces it
+    instead of reporting it made."""
+    from airflow_provider_pravega.spark.session import LOCAL_JVM_OPTIONS, local_jvm_options
+
+    made = class_archive.archive_path()
+    if made is None or not made.is_file():
+        pytest.skip("this installation has no class archive (PRAVEGA_TEST_CLASS_ARCHIVE=0?)")
+    monkeypatch.setenv(class_archive.DIR_VARIABLE, str(tmp_path / "archives"))
+    archive = class_archive.archive_path()
+    archive.parent.mkdir()
+    with made.open("rb") as whole:
+        archive.write_bytes(whole.read(1 << 20))
+    shutil.copy(made.with_suffix(".home"), archive.with_suffix(".home"))
+
+    with caplog.at_level(logging.WARNING, logger=class_archive.__name__):
+        assert local_jvm_options() == LOCAL_JVM_OPTIONS
+    warning = caplog.records[-1].getMessage()
+    assert warning.startswith(f"not using the class archive {archive}: it is 1048576 bytes where"), warning
+    code = ("from airflow_provider_pravega.spark.session import get_spark_session\n"
+            "spark = get_spark_session(None, 'cut-archive', **{'spark.master': 'local[1]'})\n"
+            "print('rows', spark.range(3).count())\n"
+            "spark.stop()\n")
+    env = {k: v for k, v in os.environ.items() if k not in _JAVA_OPTION_VARIABLES}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=str(tmp_path))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "rows 3" in done.stdout and f"not using the class archive {archive}" in done.stdout + done.stderr
+    assert not list(tmp_path.glob("hs_err_pid*.log"))
+
+    # -Xss1 (a thread stack too small): a training JVM that cannot start, so no archive is made here.
+    with pytest.raises(class_archive.ClassArchiveError, match="the training job failed"):
+        class_archive.build("-Xss1")
+    assert not archive.exists()
+    replacing = next(line for line in capsys.readouterr().err.splitlines() if "replacing" in line)
+    assert replacing.startswith(f"{class_archive.SCRIPT}: replacing {archive}: it is 1048576 bytes where"), replacing
+
+    def shown(text: str) -> str:
+        text = text.replace(str(archive.parent), "/data/archives").replace(archive.stem, "spark-<key>")
+        return re.sub(r"where \d+ were written", "where <size> were written", text)
+
+    check_section("class-archive", "The class archive of local Spark sessions",
+                  "tests/spark_datasource/test_class_archive.py",
+                  [("class archive cut short (an interrupted copy, a full disk), at a local session's start",
+                    f"the session starts without it; warning: {shown(warning)}"),
+                   ("`pravega-spark-class-archive build` with that archive in place",
+                    f"makes it again; stderr: {shown(replacing)}")],
+                  "A JVM does not check that a dynamic class archive is whole: one cut short crashes it (SIGBUS) "
+                  "as it maps it. `build` records each archive's size and digest beside it; a session maps it only "
+                  "at that size (a stat and a small read), `build` checks the digest too.")
