@@ -895,10 +895,11 @@ class _TaskWrites:
             if create:
                 _create_stream(client, self.scope, self.stream, options)
             _check_stream(client, self.scope, self.stream)
-            lease = self.config.transaction_lease_ms
-            if self.mode == "exactly_once" and not MIN_LEASE_MS <= lease <= MAX_LEASE_MS:
-                # Outside Pravega's default range: the controller's own limits decide, now, not in the tasks.
-                txn = _begin(client.transactions, self.scope, self.stream, lease)
+            if self.mode == "exactly_once":
+                # The lease the tasks will ask for, asked now: a controller's limits are its configuration
+                # (MIN_LEASE_MS..MAX_LEASE_MS by default, up to 120000 ms on the embedded server), which
+                # no call but a begin tells, and a lease it refuses would fail every task instead of save().
+                txn = _begin(client.transactions, self.scope, self.stream, self.config.transaction_lease_ms)
                 _abort_quietly(client.transactions, self.scope, self.stream, txn.txn_id)
 
     def write(self, iterator: Iterator[Any]) -> PravegaCommitMessage:

@@ -133,10 +133,12 @@ def test_bad_options_fail_where_the_read_or_write_is_defined_and_make_the_doc_ta
                   "`save()`, except where noted; the provider's message is on the first line.")
 
 
-def test_a_lease_the_controller_refuses_in_a_task_names_the_option(registered, pravega_embedded_factory, unique_name):
-    """A lease within Pravega's default range (10 s to 600 s) is not tried at save(); a server with
-    a lower maximum (the embedded server's is 120 s) refuses it when the tasks begin their
-    transactions, and the job's error names the option and the server's maximum."""
+def test_a_lease_over_the_controllers_maximum_is_refused_at_save_not_in_every_task(
+        registered, pravega_embedded_factory, unique_name):
+    """A lease within Pravega's default range (10 s to 600 s) but over this server's maximum (the
+    embedded server's is 120 s) is refused by the controller when save() asks it (a transaction
+    begun and aborted), before any Spark task runs: the error names the option, the value and the
+    controller's maximum."""
     from pyspark.errors import PySparkException
 
     controller = pravega_embedded_factory().controller_uri
@@ -144,12 +146,20 @@ def test_a_lease_the_controller_refuses_in_a_task_names_the_option(registered, p
     with PravegaClient(controller) as client:
         client.admin.create_scope(scope)
         client.admin.create_stream(scope, "s", 1)
-        with pytest.raises(PySparkException, match=r"option transaction_lease_ms=200000 is above the controller's "
-                                                   r"maximum lease of 120000 ms"):
+        with pytest.raises(PySparkException) as info:
             (registered.range(0, 10, 1, 1).selectExpr("cast(id as string) as event").write.format("pravega")
              .mode("append").option("controller", controller).option("scope", scope).option("stream", "s")
-             .option("transaction_lease_ms", "200000").save())
+             .option("transaction_lease_ms", "130000").save())
+        first = _first_line(info.value, scope)
+        assert "Failed to initialize Python data source writer" in first, first  # save(), not a task
+        assert "option transaction_lease_ms=130000 is above the controller's maximum lease of 120000 ms" in first
         assert _stream_events(client, scope, "s") == []
+    check_section("datasource-lease", "The data source's transaction lease",
+                  "tests/spark_datasource/test_datasource_options.py",
+                  [("exactly-once write with `transaction_lease_ms=130000`, on a controller whose maximum is 120000 ms "
+                    "(the embedded server's; Pravega's default is 600000 ms)", f"`{type(info.value).__name__}`: {first}")],
+                  "Refused at `save()`, before any Spark task: the write asks the controller for one transaction "
+                  "with its lease there (begun and aborted at once), since only the controller knows its limits.")
 
 
 def test_a_session_gets_the_plain_source_once_and_a_renewed_one_is_replaced(spark, monkeypatch, pravega_controller_uri,
