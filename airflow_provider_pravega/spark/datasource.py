@@ -423,6 +423,11 @@ def connection_options(config: PravegaConnectionConfig) -> dict[str, str]:
 def _cut(options: Mapping[str, str], name: str, scope: str, stream: str) -> StreamCut:
     default = _SPECS[name].default
     assert default is not None
+    given = options.get(name)
+    if given is not None and not str(given).strip():  # not the default: an empty template is a missing value
+        raise PravegaDataSourceError(
+            f"option {name} is empty (a template that rendered to nothing, such as a missing XCom?): give 'head', "
+            f"'tail', a stream-cut text or its JSON form, or leave the option out to read from the {default}")
     value = _option(options, name, default)
     assert value is not None
     word = value.lower()

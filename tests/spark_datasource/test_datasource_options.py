@@ -82,6 +82,9 @@ def test_bad_options_fail_where_the_read_or_write_is_defined_and_make_the_doc_ta
             "write, not a read", mode="at_least_once")
     at_load("`start_stream_cut=garbage!!`", "option start_stream_cut: invalid stream cut text",
             start_stream_cut="garbage!!")
+    at_load("`start_stream_cut=\"\"` (a template that rendered to nothing)", "option start_stream_cut is empty",
+            start_stream_cut="")
+    at_load("`end_stream_cut=\" \"`", "option end_stream_cut is empty", end_stream_cut=" ")
     at_load("`decode=yaml`", "option decode must be one of binary, text, json", decode="yaml")
 
     # A batch read and a streaming read look the same at load(): what only one of them rules out is
