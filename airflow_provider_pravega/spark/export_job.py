@@ -561,6 +561,7 @@ def _decide(client: Any, spec: ExportSpec, state: ExportState, start_given: Stre
         if record is not None:
             start = _from_record(spec, record["start"], f"start cut of interval {key}")
             end = _from_record(spec, record["end"], f"end cut of interval {key}")
+            _warn_given_cuts_unused(spec, key, ((start_given, start), (end_given, end)))
             try:
                 ranges = _plan(client, spec, start, end)
             except TruncatedStreamCutError as exc:
@@ -608,6 +609,21 @@ def _decide(client: Any, spec: ExportSpec, state: ExportState, start_given: Stre
         return _Decision(start, end, ranges, False, op, (state.last, state.pending))
     start, end = start_given.resolve(client), end_given.resolve(client)
     return _Decision(start, end, _plan(client, spec, start, end), False, None, None)
+
+
+def _warn_given_cuts_unused(spec: ExportSpec, key: str,
+                            given_and_recorded: tuple[tuple[StreamCut | None, StreamCut], ...]) -> None:
+    """A rerun of a recorded interval exports its recorded cuts again, whatever cuts it is given
+    (an interval's output is fixed once recorded: a retry or a cleared run writes the same events,
+    while a refusal would fail every rerun given a cut that moves, such as a template of the
+    latest ingest's tail): a concrete cut given that differs from the recorded one is named in a
+    warning. 'head' and 'tail' move by nature and are not."""
+    for name, (given, recorded) in zip(("start_cut", "end_cut"), given_and_recorded):
+        if given is not None and given.bound is None and given != recorded:
+            log.warning("export %s: interval %s was recorded with %s %s, which this rerun exports again; the %s "
+                        "given, %s, is not used (to export another range, reset the interval with "
+                        "reset_export_state or use another interval key)", spec.effective_export_id, key, name,
+                        _cut_text(recorded), name, _cut_text(given))
 
 
 def _basis(spec: ExportSpec, state: ExportState) -> Any:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from bad_input_doc import check_section
 from export_files import by_partition
 from hang_guard import HANG_GUARD_S
 from pravega_clients import stream_writer
@@ -524,3 +525,37 @@ def test_arrow_reader_matches_the_event_reader_at_any_chunk_size(client, pravega
     client.admin.truncate_stream(scope, "s", {rng.segment_id: expected[5][1]})
     with pytest.raises(SegmentRangeTruncatedError, match="now starts at offset"):
         drain(rng)
+
+
+def test_a_rerun_of_a_recorded_interval_exports_its_cuts_and_names_a_different_cut_given(
+        tmp_path, client, spark, pravega_controller_uri, unique_name, caplog):
+    """Exactly once: a recorded interval's rerun exports its recorded cuts again, whatever cut it
+    is given; a concrete end_cut that differs is named in a warning beside the recorded one (not
+    refused: a retry given a cut that moved must still succeed)."""
+    import logging
+
+    scope = unique_name("rerun-cut")
+    make_stream(client, scope, segments=1)
+    out = tmp_path / "out"
+    first = run_export(client, spark, ExportSpec(scope, "s", str(out), export_id="e", interval_key=DAY1))
+    other = StreamCut(scope, "s", {0: 30})
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_pravega.spark.export_job"):
+        again = run_export(client, spark, ExportSpec(scope, "s", str(out), export_id="e", interval_key=DAY1,
+                                                     end_cut=other.to_text()))
+    assert (again.start_cut, again.end_cut) == (first.start_cut, first.end_cut)
+    warning = next(r.getMessage() for r in caplog.records if "is not used" in r.getMessage())
+    assert warning.startswith(f"export e: interval {DAY1} was recorded with end_cut {first.end_cut}, which this rerun "
+                              f"exports again; the end_cut given, {other.to_text()}, is not used")
+    shown = warning.replace(first.end_cut, "<recorded cut>").replace(other.to_text(), "<given cut>")
+    check_section("export-reruns", "Export reruns of a recorded interval", "tests/export/test_export_job.py",
+                  [("export rerun of a recorded interval (`interval_key`) given another concrete `end_cut` or "
+                    "`start_cut`", f"no error: the recorded cuts are exported again; warning: {shown}")],
+                  "Exactly once: once an interval's cuts are recorded its output is fixed, so a retry or a cleared "
+                  "run writes the same events. A cut given that differs is named, not refused: a refusal would fail "
+                  "every rerun given a cut that moves (`tail`, a template of the latest ingest's tail cut). `head` "
+                  "and `tail` are not named (they move by nature).")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_pravega.spark.export_job"):
+        run_export(client, spark, ExportSpec(scope, "s", str(out), export_id="e", interval_key=DAY1,
+                                             end_cut=first.end_cut))  # the recorded cut itself: nothing to say
+    assert "is not used" not in caplog.text
