@@ -64,8 +64,14 @@ class PravegaTransactionSensor(PravegaSensorBase):
 
     def _ids(self) -> list[int]:
         value = self.transaction_ids
-        if value is None or (isinstance(value, (list, tuple, set)) and not value) or (
-            isinstance(value, str) and value.strip() in ("", "[]", "()", "None")
+        if value is None or isinstance(value, str) and value.strip() in ("", "None"):
+            # What a template renders when the XCom it pulls is missing: not "nothing to wait for".
+            raise AirflowFailException(
+                f"{self.task_id}: transaction_ids is {value!r}, not transaction ids: a template renders so when the "
+                f"XCom it pulls is missing (check the task and key it pulls); give [] when there is nothing to wait "
+                f"for")
+        if (isinstance(value, (list, tuple, set)) and not value) or (
+            isinstance(value, str) and value.strip() in ("[]", "()")
         ):
             # Nothing to wait for: e.g. an ingest interval whose files were all ingested already.
             return []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import uuid
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any
 
 import pendulum
 import pytest
+from bad_input_doc import check_section
 from pravega_clients import official_client_installed, require_official_client
 
 from airflow_provider_pravega.client import PravegaClient
@@ -204,12 +206,34 @@ def test_sensor_with_no_transactions_has_nothing_to_wait_for(pravega_conn: None)
 
     from airflow_provider_pravega.sensors import PravegaTransactionSensor
 
-    for empty in ([], "[]", "", None):
+    for empty in ([], "[]"):
         sensor = PravegaTransactionSensor(task_id="none", scope="s", stream="t", transaction_ids=empty,
                                           deferrable=True)
         done = sensor.poke({})
         assert isinstance(done, PokeReturnValue) and done.is_done and done.xcom_value == []
         assert sensor.execute({}) == []
+
+
+def test_a_rendered_missing_xcom_is_refused_naming_transaction_ids(pravega_conn: None) -> None:
+    """A template whose XCom is missing renders 'None' (or nothing; None with native rendering):
+    not an empty list, so the sensor fails naming the parameter instead of succeeding at once
+    (which would let the DAG go on before any commit), without retries."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_pravega.sensors import PravegaTransactionSensor
+
+    rows = []
+    for missing in ("None", "", None):
+        sensor = PravegaTransactionSensor(task_id="wait", scope="s", stream="t", transaction_ids=missing,
+                                          deferrable=True)
+        for call in (sensor.poke, sensor.execute):
+            with pytest.raises(AirflowFailException, match=f"transaction_ids is {re.escape(repr(missing))}, not "
+                                                           "transaction ids") as raised:
+                call({})
+        rows.append((f"`transaction_ids={missing!r}`", f"`AirflowFailException`: {raised.value}"))
+    check_section("sensors", "Sensors", "tests/sensors/test_transaction_sensor.py", rows,
+                  "Each fails the task at its first poke (in poke, reschedule and deferrable modes), without retries; "
+                  "an empty list (`[]`, or its text) is nothing to wait for and succeeds at once.")
 
 
 def test_ingest_run_of_an_ingest_with_nothing_to_do_is_no_run() -> None:
