@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 
 import pytest
 from hang_guard import HANG_GUARD_S
+from unwritable import unwritable
 
 from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess, EmbeddedProcessError
 
@@ -108,27 +107,6 @@ def test_second_server_on_a_taken_controller_port_is_refused_and_the_first_keeps
         assert _scope_exists(first.controller_uri, "only-on-the-first")
 
 
-@contextmanager
-def _unwritable(path):
-    """Make the directory ``path`` refuse new entries, for root too: chmod does not stop root, the
-    immutable attribute (chattr +i, needs CAP_LINUX_IMMUTABLE and an ext/xfs/btrfs filesystem) does."""
-    if os.geteuid() != 0:
-        path.chmod(0o555)
-        try:
-            yield
-        finally:
-            path.chmod(0o755)
-        return
-    r = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True) if shutil.which("chattr") else None
-    if r is None or r.returncode != 0:
-        pytest.skip(f"running as root and cannot make {path} immutable (chattr +i: "
-                    f"{r.stderr.strip() if r else 'not installed'}): no way to deny root writing there")
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", str(path)], check=True)
-
-
 def _refused(data_dir) -> str:
     """Start the server on ``data_dir``; it must exit 2 with one ``pravega-embedded:`` line."""
     r = _second_server(["--data-dir", str(data_dir), "--port", "0", "--segment-store-port", "0"])
@@ -152,7 +130,7 @@ def test_data_dir_that_is_a_file_or_cannot_be_created_is_one_line(tmp_path):
 def test_data_dir_that_is_not_writable_is_one_line(tmp_path):
     """Issue #22 item 7: PermissionError ... LOCK was a raw traceback."""
     (tmp_path / "ro").mkdir()
-    with _unwritable(tmp_path / "ro"):
+    with unwritable(tmp_path / "ro"):
         line = _refused(tmp_path / "ro")
         assert "is not writable" in line and str(tmp_path / "ro" / "LOCK") in line
         line = _refused(tmp_path / "ro" / "new" / "data")
