@@ -15,13 +15,16 @@ The table is a location (``path``: written with ``save``) or a catalog table (``
 ``lake.readings``, resolved by the session's catalog, Delta's ``DeltaCatalog`` as
 ``spark_catalog``: written with ``saveAsTable``, which takes the same ``replaceWhere`` and
 ``txnAppId``/``txnVersion`` options and creates the table at the first export).
+
+A location that holds other files but no Delta table is refused (Delta would write its log beside
+them, hiding them from their readers).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,9 +118,12 @@ def _sql_text(value: str) -> str:
 
 def write_interval(spark: Any, frame: Any, *, path: str | None = None, table: str | None = None, export_id: str,
                    scope: str, stream: str, interval: str, start_cut: str, end_cut: str,
-                   pieces: Sequence[Sequence[str]] | None = None) -> DeltaWrite:
+                   pieces: Sequence[Sequence[str]] | None = None,
+                   check_location: Callable[[], None] | None = None) -> DeltaWrite:
     """Write ``frame`` (the export's rows) as interval ``interval`` of the Delta table at ``path``,
-    or of the catalog table ``table`` (one of the two; ExportSpec checked the name)."""
+    or of the catalog table ``table`` (one of the two; ExportSpec checked the name).
+    ``check_location`` is called before the write when no Delta table is at ``path`` yet (it raises
+    when the path must not become one)."""
     from pyspark.sql import functions as F
 
     if (path is None) == (table is None):
@@ -131,6 +137,8 @@ def write_interval(spark: Any, frame: Any, *, path: str | None = None, table: st
     if pieces:
         metadata["pieces"] = [list(p) for p in pieces]
     before = _history(spark, ref, limit=1)
+    if not before and path is not None and check_location is not None:
+        check_location()
     rows = (frame.withColumn("scope", F.lit(scope)).withColumn("stream", F.lit(stream))
             .withColumn(INTERVAL_COLUMN, F.lit(interval)))
     writer = (rows.write.format("delta").mode("overwrite").partitionBy(INTERVAL_COLUMN)

@@ -745,15 +745,14 @@ def check_output(spec: ExportSpec, state: ExportState, visible: list[str] | None
     given = spec.output_path
     if not visible:
         return False
-    if len(visible) == 1 and _is_the_path(visible[0], given):
-        raise OutputPathError(f"output path {given!r} is a file; exports write a directory there")
+    _refuse_a_file(given, visible)
     claim = state.outputs.get(output_key(given))
     if claim is None and earlier_marker is not None:
         claim = earlier_marker()
     if claim is None:
         raise OutputPathError(
             f"output path {given!r} already holds files that no export wrote as {spec.effective_export_id!r} "
-            f"({len(visible)} file(s), e.g. {visible[0].rsplit('/', 1)[-1]}); remove them or choose another path")
+            f"({_some_of(visible)}); remove them or choose another path")
     if claim.get("interval") != spec.interval_key:
         raise OutputPathError(
             f"output path {given!r} holds export {spec.effective_export_id!r} of interval {claim.get('interval')!r}, "
@@ -799,6 +798,33 @@ def earlier_release_claim(spec: ExportSpec, spark: Any) -> dict[str, Any] | None
         return {"interval": marker.get("interval"), "start": marker.get("start_cut"), "end": marker.get("end_cut"),
                 "marker": name}
     return None
+
+def check_delta_location(spec: ExportSpec, visible: list[str] | None) -> None:
+    """OutputPathError unless a Delta export may make a table at its output path, where there is
+    no Delta table yet (``visible``: what a reader finds there): nothing, or an empty directory.
+    Delta would write its log beside other files, and their readers would then see the export's
+    rows instead of their own."""
+    given = spec.output_path
+    if not visible:
+        return
+    _refuse_a_file(given, visible)
+    raise OutputPathError(
+        f"output path {given!r} is not a Delta table (no _delta_log) and already holds other files "
+        f"({_some_of(visible)}); a Delta export would turn it into a table hiding them: remove them or choose "
+        "another path")
+
+
+def _refuse_a_file(given: str, visible: list[str]) -> None:
+    if len(visible) == 1 and _is_the_path(visible[0], given):
+        raise OutputPathError(f"output path {given!r} is a file; exports write a directory there")
+
+
+def _some_of(visible: list[str]) -> str:
+    return f"{len(visible)} file(s), e.g. {visible[0].rsplit('/', 1)[-1]}"
+
+
+def _not_writable(spec: ExportSpec, reason: str) -> OutputPathError:
+    return OutputPathError(f"output path {spec.output_path!r} is not writable ({reason})")
 
 
 def _claim_output(sync: Any, spec: ExportSpec, start_text: str, end_text: str) -> None:
@@ -1077,7 +1103,7 @@ def _write_files(spark: Any, client: Any, spec: ExportSpec, ranges: Sequence[Seg
             raise clear from None
         problem = path_problem(exc)
         if problem is not None:
-            raise OutputPathError(f"output path {spec.output_path!r} is not writable ({problem})") from None
+            raise _not_writable(spec, problem) from None
         raise
     finally:
         if progress is not None:
@@ -1144,8 +1170,7 @@ def run_export(client: Any, spark: Any, spec: ExportSpec, *, local_files: bool =
             try:
                 names = write_empty_locally(local_path(spec.output_path) or "", spec.format, spec.event_format)
             except OSError as exc:
-                raise OutputPathError(f"output path {spec.output_path!r} is not writable ({exc.strerror or exc}: "
-                                      f"{exc.filename or spec.output_path})") from None
+                raise _not_writable(spec, f"{exc.strerror or exc}: {exc.filename or spec.output_path}") from None
             result.phases["write"] = 0.0
             log.info("export %s: nothing to read; wrote the empty output without Spark", export_id)
         else:
@@ -1183,11 +1208,17 @@ def _export_to_delta(client: Any, spark: Any, spec: ExportSpec, decision: Any,
         write = delta_export.write_interval(
             spark, frame, path=spec.output_path, table=spec.table, export_id=result.export_id, scope=spec.scope,
             stream=spec.stream,
-            interval=spec.interval_key, start_cut=result.start_cut, end_cut=result.end_cut, pieces=pieces)
+            interval=spec.interval_key, start_cut=result.start_cut, end_cut=result.end_cut, pieces=pieces,
+            check_location=lambda: check_delta_location(spec, _listed(spec, spark)))
+    except ExportError:
+        raise
     except Exception as exc:
         clear = _worker_failure(spec, exc)
         if clear is not None:
             raise clear from None
+        problem = path_problem(exc) if spec.output_path is not None else None
+        if problem is not None:
+            raise _not_writable(spec, problem) from None
         raise
     result.phases["write"] = round(time.monotonic() - written_at, 3)
     result.events = write.events

@@ -168,14 +168,19 @@ _PATH_PROBLEMS = ("Mkdirs failed", "ParentNotDirectoryException", "AccessDeniedE
                   "Read-only file system", "Not a directory", "not a directory", "FileAlreadyExistsException")
 
 
+#: What Delta says when it cannot create its log at the table's path (read-only, ``/proc``); its
+#: cause, when it names one (a file in the way), is the clearer line.
+_DELTA_LOG_PROBLEM = "[DELTA_CANNOT_CREATE_LOG_PATH] "
+
+
 def path_problem(exc: BaseException) -> str | None:
     """The line of a failed write's error that says the output path cannot be written (not a
     failed task); None for other failures."""
     text = str(exc)
-    if not any(problem in text for problem in _PATH_PROBLEMS):
-        return None
-    return next((line.strip() for line in text.splitlines() if any(p in line for p in _PATH_PROBLEMS)),
-                java_message(exc))
+    lines = text.splitlines()
+    if any(problem in text for problem in _PATH_PROBLEMS):
+        return next((line.strip() for line in lines if any(p in line for p in _PATH_PROBLEMS)), java_message(exc))
+    return next((line.split(_DELTA_LOG_PROBLEM, 1)[1].strip() for line in lines if _DELTA_LOG_PROBLEM in line), None)
 
 
 def write_empty_locally(path: str, fmt: str, event_format: str) -> list[str]:
