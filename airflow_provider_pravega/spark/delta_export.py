@@ -17,13 +17,15 @@ The table is a location (``path``: written with ``save``) or a catalog table (``
 ``txnAppId``/``txnVersion`` options and creates the table at the first export).
 
 A location that holds other files but no Delta table is refused (Delta would write its log beside
-them, hiding them from their readers).
+them, hiding them from their readers). A write whose commit loses to a concurrent commit is done
+again: the lost commit left nothing, and the write replaces its interval or finds it committed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -116,6 +118,15 @@ def _sql_text(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+#: How often an interval is written again after its commit lost to a concurrent commit to the
+#: table (Delta's optimistic concurrency: the lost commit left nothing in the table).
+CONFLICT_RETRIES = 3
+#: Delta's errors for a commit that lost to a concurrent one (its ``io.delta.exceptions`` classes,
+#: and their error classes as Spark Connect reports them).
+_CONFLICTS = ("io.delta.exceptions.Concurrent", "ProtocolChangedException", "MetadataChangedException",
+              "[DELTA_CONCURRENT_", "[DELTA_PROTOCOL_CHANGED]", "[DELTA_METADATA_CHANGED]")
+
+
 def write_interval(spark: Any, frame: Any, *, path: str | None = None, table: str | None = None, export_id: str,
                    scope: str, stream: str, interval: str, start_cut: str, end_cut: str,
                    pieces: Sequence[Sequence[str]] | None = None,
@@ -123,19 +134,53 @@ def write_interval(spark: Any, frame: Any, *, path: str | None = None, table: st
     """Write ``frame`` (the export's rows) as interval ``interval`` of the Delta table at ``path``,
     or of the catalog table ``table`` (one of the two; ExportSpec checked the name).
     ``check_location`` is called before the write when no Delta table is at ``path`` yet (it raises
-    when the path must not become one)."""
-    from pyspark.sql import functions as F
+    when the path must not become one).
+
+    A write whose commit lost to a concurrent commit (another export of the table) is done again,
+    up to :data:`CONFLICT_RETRIES` times: safe, as the lost commit added nothing and the write
+    replaces its interval, or is skipped when the other commit was this interval's transaction."""
+    from airflow_provider_pravega.spark.export_job import ExportError
 
     if (path is None) == (table is None):
         raise ValueError("write_interval writes to a path or a catalog table: give exactly one")
-    ref = f"delta.`{path}`" if path is not None else str(table)
-    shown = path if path is not None else f"table {table}"
     app_id = f"pravega-export:{export_id}:{interval}"
     txn_version = len(pieces) if pieces else 1
     metadata = {"export_id": export_id, "scope": scope, "stream": stream, "interval": interval,
                 "start_cut": start_cut, "end_cut": end_cut, "txn_app_id": app_id, "txn_version": txn_version}
     if pieces:
         metadata["pieces"] = [list(p) for p in pieces]
+    shown = path if path is not None else f"table {table}"
+    for attempt in range(CONFLICT_RETRIES + 1):
+        try:
+            return _write_once(spark, frame, path, table, scope, stream, interval, app_id, txn_version, metadata,
+                               check_location)
+        except ExportError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - said clearly when it is known, else as Spark says
+            conflict = next((line.strip().lstrip(": ") for line in str(exc).splitlines()
+                             if any(c in line for c in _CONFLICTS)), None)
+            if conflict is None:
+                clear = _write_failure(spark, exc, table)
+                if clear is not None:
+                    raise clear from None
+                raise
+            if attempt == CONFLICT_RETRIES:
+                raise ExportError(
+                    f"delta table {shown}: the write of interval {interval} lost to a concurrent commit "
+                    f"{CONFLICT_RETRIES + 1} times ({conflict}); another writer keeps changing the table: run one "
+                    "export of a table at a time, then run this one again (its interval is written once)") from None
+            log.warning("delta table %s: the commit of interval %s lost to a concurrent commit (%s); writing it "
+                        "again (nothing of it was committed)", shown, interval, conflict)
+    raise AssertionError("unreachable")
+
+
+def _write_once(spark: Any, frame: Any, path: str | None, table: str | None, scope: str, stream: str, interval: str,
+                app_id: str, txn_version: int, metadata: Mapping[str, Any],
+                check_location: Callable[[], None] | None) -> DeltaWrite:
+    from pyspark.sql import functions as F
+
+    ref = f"delta.`{path}`" if path is not None else str(table)
+    shown = path if path is not None else f"table {table}"
     before = _history(spark, ref, limit=1)
     if not before and path is not None and check_location is not None:
         check_location()
@@ -145,16 +190,10 @@ def write_interval(spark: Any, frame: Any, *, path: str | None = None, table: st
               .option("replaceWhere", f"{INTERVAL_COLUMN} = {_sql_text(interval)}")
               .option("txnAppId", app_id).option("txnVersion", str(txn_version))
               .option("userMetadata", json.dumps(metadata, sort_keys=True)))
-    try:
-        if path is not None:
-            writer.save(path)
-        else:
-            writer.saveAsTable(table)
-    except Exception as exc:  # noqa: BLE001 - said clearly when Delta is missing, else as Spark says
-        missing = _missing_delta(exc)
-        if missing is not None:
-            raise missing from None
-        raise
+    if path is not None:
+        writer.save(path)
+    else:
+        writer.saveAsTable(table)
     after = _history(spark, ref, limit=1)
     location = path if path is not None else table_location(spark, ref)
     newest_before = before[0]["version"] if before else -1
@@ -166,6 +205,52 @@ def write_interval(spark: Any, frame: Any, *, path: str | None = None, table: st
     commit = after[0]
     metrics = commit["operationMetrics"] or {}
     return DeltaWrite(commit["version"], int(metrics.get("numOutputRows") or 0), False, location)
+
+
+def _write_failure(spark: Any, exc: BaseException, table: str | None) -> Exception | None:
+    """A clear error for a failed write whose cause is Delta's side: no Delta in the session, or a
+    catalog name that is not a Delta table (a location that cannot be written: the caller)."""
+    missing = _missing_delta(exc)
+    if missing is not None:
+        return missing
+    return _table_problem(spark, exc, table) if table is not None else None
+
+
+def _name_parts(table: str) -> list[str]:
+    return [part.strip("`") for part in re.findall(r"`[^`]+`|[^.`]+", table.strip())]
+
+
+def _table_problem(spark: Any, exc: BaseException, table: str) -> Exception | None:
+    """What is wrong with the catalog name ``table`` when Spark refused it (None if not that)."""
+    from airflow_provider_pravega.spark.export_job import ExportError
+
+    text = str(exc)
+    parts = _name_parts(table)
+    if "EXPECT_TABLE_NOT_VIEW" in text:
+        return ExportError(f"table {table!r} is a view, not a Delta table: a Delta export writes into a table; name a "
+                           "Delta table, or a new one (created at the first export)")
+    if "DELTA_ONLY_OPERATION" in text or "is not a Delta table" in text:
+        provider = _provider(spark, table)
+        return ExportError(f"table {table!r} is not a Delta table" + (f" (it is a {provider} table)" if provider else "")
+                           + ": a Delta export writes its intervals into a Delta table; name a Delta table, or a new "
+                           "one (created at the first export)")
+    if "REQUIRES_SINGLE_PART_NAMESPACE" in text and len(parts) == 3:
+        return ExportError(f"table {table!r}: the session has no catalog {parts[0]!r} (a three-part name is "
+                           f"catalog.database.table): configure it with spark.sql.catalog.{parts[0]}=<its class>, or "
+                           "name a table of the session's catalog as database.table")
+    if "SCHEMA_NOT_FOUND" in text and len(parts) >= 2:
+        return ExportError(f"table {table!r}: the catalog has no database {parts[-2]!r}: create it (CREATE DATABASE "
+                           f"{parts[-2]}) or name a table in another database")
+    return None
+
+
+def _provider(spark: Any, table: str) -> str | None:
+    """The catalog table's format (its ``Provider``, e.g. ``parquet``), if the catalog says."""
+    try:
+        rows = spark.sql(f"DESCRIBE TABLE EXTENDED {table}").collect()
+    except Exception:  # noqa: BLE001 - only for the message
+        return None
+    return next((str(row["data_type"]).strip() for row in rows if str(row["col_name"]).strip() == "Provider"), None)
 
 
 def _version_of(history: Sequence[Any], app_id: str, txn_version: int) -> int | None:

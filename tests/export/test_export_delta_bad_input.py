@@ -27,6 +27,7 @@ import pytest
 from unwritable import unwritable
 
 from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.spark.delta_export import CONFLICT_RETRIES
 
 deltalake = pytest.importorskip("deltalake", reason="the test extra installs deltalake (delta-rs) to read tables")
 
@@ -192,3 +193,43 @@ def test_a_read_only_folder_is_an_output_path_error(outcomes):
     message = _refused(found["read-only folder"])
     assert repr(str(root / "read-only")) in message and "is not writable" in message
     assert "_delta_log" in message and list((root / "read-only").iterdir()) == []
+
+
+def test_a_catalog_name_that_is_not_a_delta_table_is_said_so(outcomes):
+    """Was: errors about DESCRIBE HISTORY, or REQUIRES_SINGLE_PART_NAMESPACE."""
+    found, root = outcomes
+    message = _refused(found["parquet table"], "ExportError")
+    assert "table 'lake.plain'" in message and "not a Delta table" in message and "parquet" in message.lower()
+    message = _refused(found["view"], "ExportError")
+    assert "table 'lake.recent'" in message and "is a view" in message
+    message = _refused(found["unknown catalog"], "ExportError")
+    assert "table 'nocatalog.lake.readings'" in message and "no catalog 'nocatalog'" in message
+    assert "spark.sql.catalog.nocatalog" in message
+    message = _refused(found["unknown database"], "ExportError")
+    assert "table 'nodb.readings'" in message and "database 'nodb'" in message
+    # The Parquet table is untouched: its one row, no Delta log beside it.
+    assert not (root / "warehouse" / "lake.db" / "plain" / "_delta_log").exists()
+    assert pq.read_table(root / "warehouse" / "lake.db" / "plain").column("event").to_pylist() == ["mine"]
+
+
+def test_an_export_whose_interval_another_export_committed_meanwhile_adds_no_row(outcomes):
+    """Was: a raw ProtocolChangedException (or ConcurrentTransactionException). The second export
+    retries its write; the interval's transaction id is then committed, so Delta writes nothing."""
+    found, root = outcomes
+    for case, table, intervals in [("concurrent, new table", root / "new", [INTERVAL]),
+                                   ("concurrent, existing table", root / "existing", ["2026-11-19", INTERVAL])]:
+        assert found[case] == {"events": 0, "skipped": True, "version": found[case]["version"]}, (case, found[case])
+        rows = deltalake.DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+        assert Counter((r["interval_key"], r["event"]) for r in rows) == Counter(
+            (i, e) for i in intervals for e in EVENTS), case
+
+
+def test_an_export_that_keeps_losing_to_concurrent_commits_says_so(outcomes):
+    """Each attempt loses to another commit into its interval: after the retries, a clear error
+    saying what to do, and none of the export's rows in the table."""
+    found, root = outcomes
+    message = _refused(found["contended"], "ExportError")
+    assert f"delta table {root / 'contended'}: the write of interval {INTERVAL} lost to a concurrent commit" in message
+    assert f"{CONFLICT_RETRIES + 1} times" in message and "run one export of a table at a time" in message
+    history = deltalake.DeltaTable(str(root / "contended")).history()
+    assert len(history) == CONFLICT_RETRIES + 1 and all(h["engineInfo"].startswith("delta-rs") for h in history)
