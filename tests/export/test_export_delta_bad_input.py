@@ -24,6 +24,7 @@ from contextlib import ExitStack
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from bad_input_doc import check_section
 from unwritable import unwritable
 
 from airflow_provider_pravega.client import PravegaClient
@@ -233,3 +234,28 @@ def test_an_export_that_keeps_losing_to_concurrent_commits_says_so(outcomes):
     assert f"{CONFLICT_RETRIES + 1} times" in message and "run one export of a table at a time" in message
     history = deltalake.DeltaTable(str(root / "contended")).history()
     assert len(history) == CONFLICT_RETRIES + 1 and all(h["engineInfo"].startswith("delta-rs") for h in history)
+
+
+def test_the_refusals_are_in_docs_bad_input(outcomes):
+    found, root = outcomes
+    if "skip" in found["read-only folder"]:
+        pytest.skip(found["read-only folder"]["skip"])
+    rows = [(what, f"`{found[case]['error']}`: {found[case]['message'].replace(str(root), '/data')}") for case, what in [
+        ("parquet folder", "`output_path` a folder of Parquet files (no `_delta_log`)"),
+        ("path is a file", "`output_path` a file"),
+        ("under a file", "`output_path` under a file"),
+        ("in /proc", "`output_path` in `/proc`"),
+        ("read-only folder", "`output_path` a folder that cannot be written"),
+        ("parquet table", "`table=` a Parquet table"),
+        ("view", "`table=` a view"),
+        ("unknown catalog", "`table=` naming a catalog the session does not have"),
+        ("unknown database", "`table=` in a database that does not exist"),
+        ("contended", f"every write of the interval loses to a concurrent commit ({CONFLICT_RETRIES + 1} times)"),
+    ]]
+    rows.insert(-1, ("another export of the interval commits while this one writes (into a new or an existing table)",
+                     "no error: a warning (the commit of interval … lost to a concurrent commit (…ProtocolChangedException"
+                     " or …ConcurrentTransactionException…); writing it again), then the write finds the interval's "
+                     "transaction committed: `already_written`, no row added"))
+    check_section("delta-export", "Delta exports: locations, catalog tables, concurrent commits",
+                  "tests/export/test_export_delta_bad_input.py", rows,
+                  "None adds a row to a table; a location or catalog table that is refused is left as it was.")
