@@ -799,6 +799,7 @@ def earlier_release_claim(spec: ExportSpec, spark: Any) -> dict[str, Any] | None
                 "marker": name}
     return None
 
+
 def check_delta_location(spec: ExportSpec, visible: list[str] | None) -> None:
     """OutputPathError unless a Delta export may make a table at its output path, where there is
     no Delta table yet (``visible``: what a reader finds there): nothing, or an empty directory.
