@@ -2,7 +2,7 @@
 
 Not part of ``make bench`` (it starts the whole stack: PostgreSQL, the embedded Pravega server,
 Airflow's four components; about 3-5 minutes). One day of sample input (2 files of 150 readings);
-the ingest pauses after its write tasks flushed (``PRAVEGA_INGEST_DELAY_AT``), the script SIGKILLs
+the ingest pauses after its write tasks flushed (``pravega_testing.faults``' pause), the script SIGKILLs
 its task process (``--kill task``: the supervisor lives and reports the failure) or the whole
 worker (``--kill worker``: supervisor, task process and its Spark JVM; Airflow notices only by the
 missing heartbeat), and prints the seconds from the kill to the retry's success, with each try's
@@ -30,12 +30,16 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pravega_testing.faults import fault_env  # noqa: E402
+
 DAG = "pravega_exactly_once_ingest"
 
 
-def stack(work: Path, *args: str) -> subprocess.CompletedProcess:
+def stack(work: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "scripts" / "stack.py"), "--work-dir", str(work), *args],
-                          capture_output=True, text=True, timeout=900)
+                          env=env, capture_output=True, text=True, timeout=900)
 
 
 class Api:
@@ -78,8 +82,9 @@ def main() -> int:
     release = work.parent / "release"
     day = (dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)).isoformat()
     up = stack(work, "up", "--examples-start", day, "--sample-days", "1", "--files-per-day", "2",
-               "--events-per-file", "150", "--parallelism", "2", "--env", "PRAVEGA_INGEST_DELAY_AT=after_tasks:600",
-               "--env", f"PRAVEGA_INGEST_DELAY_RELEASE={release}", *[a for e in args.env for a in ("--env", e)])
+               "--events-per-file", "150", "--parallelism", "2", *[a for e in args.env for a in ("--env", e)],
+               # the stack's components inherit the test harness's pause after the write tasks
+               env=fault_env(delay_at="after_tasks", release=release))
     if up.returncode != 0:
         print(up.stdout[-2000:], up.stderr[-3000:], file=sys.stderr)
         return 1

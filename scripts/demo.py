@@ -47,10 +47,9 @@ def log(msg: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def airflow(env: dict[str, str], *args: str, check: bool = True, timeout: float = 900,
-            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def airflow(env: dict[str, str], *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "airflow", *args]
-    r = subprocess.run(cmd, env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:
         tail = (r.stdout[-3000:] + "\n" + r.stderr[-3000:]).strip()
         raise SystemExit(f"`airflow {' '.join(args)}` failed with exit code {r.returncode}:\n{tail}")
@@ -123,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
     from pravega_testing import spark_connect
+    from pravega_testing.faults import fault_env
 
     # SIGTERM ends the demo as Ctrl-C does: through the `finally` below, which stops every server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             if connect is not None and f"connecting to Spark Connect server {connect.url}" not in r.stdout + r.stderr:
                 failures.append(f"{day}: the ingest task did not use the Spark Connect server {connect.url}")
         log(f"ingest DAG for {crash_day}, killed with SIGKILL right after its commit point")
-        r = airflow(env, "dags", "test", INGEST_DAG, crash_day, check=False,
-                    extra_env={"PRAVEGA_INGEST_CRASH_AT": "after_commit_record"})
+        r = airflow(fault_env(kill_at="after_commit_record", base=env), "dags", "test", INGEST_DAG, crash_day,
+                    check=False)
         if r.returncode == 0:
             failures.append(f"the run for {crash_day} was supposed to be killed but finished")
         log(f"ingest DAG for {crash_day} again: it recovers the killed run (commits its transactions)")

@@ -60,6 +60,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 try:
+    from airflow_provider_pravega import fault_points
     from airflow_provider_pravega.client.batch import (
         SegmentRange,
         advance_cut,
@@ -970,7 +971,7 @@ class _TaskWrites:
         keeper = None
         try:
             register_txn(store, run_id, f"{txn.txn_id:032x}", self.owner)
-            _crash_point("task_registered")
+            fault_points.reached("task_registered")
             keeper = RunKeeper(coord, run_id)
             keeper.start()
             count = self._write_rows(iterator, writer.write_event, digest)
@@ -1026,7 +1027,7 @@ class _TaskWrites:
 
         return IngestCoordinator(store, client.transactions, self.scope, self.stream, owner=self.owner,
                                  stale_after_s=self.stale_after_s, lease_ms=self.config.transaction_lease_ms,
-                                 lease_keeper=client.lease_keeper, crash_hook=_crash_point)
+                                 lease_keeper=client.lease_keeper, crash_hook=fault_points.reached)
 
     def _write_at_least_once(self, iterator: Iterator[Any]) -> PravegaCommitMessage:
         """Plain appends (the provider's EventWriter, routed like the official writer): visible at
@@ -1135,7 +1136,7 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
             return
         from airflow_provider_pravega.client.ingest import WriteResult
 
-        _crash_point("job_commit")
+        fault_points.reached("job_commit")
         done = [m for m in messages if m is not None and m.txn_id is not None]
         hex_ids = [f"{m.txn_id:032x}" for m in done]
         holds = {f"{m.txn_id:032x}": [m.unit] if m.unit else [] for m in done}
@@ -1271,25 +1272,8 @@ def _committed_before(store: Any, batch_id: int) -> bool:
     return old is not None and int(old.get("fp") or -1) >= batch_id
 
 
-#: Hold points of the batch write for tests (like the ingest's fault points): at the named step
-#: (``job_commit``: the driver's commit starts; ``task_registered``; the coordinator's steps such
-#: as ``after_first_commit``) the process creates ``<PRAVEGA_WRITE_HOLD_DIR>/<step>.<pid>`` and
-#: waits there until ``<PRAVEGA_WRITE_HOLD_DIR>/release`` exists (or it is killed).
-WRITE_HOLD_ENV = "PRAVEGA_WRITE_HOLD_AT"
 #: A run of a write without write_id whose driver stopped heartbeating this long ago is dropped.
 DEAD_WRITE_AFTER_S = 24 * 3600
-WRITE_HOLD_DIR_ENV = "PRAVEGA_WRITE_HOLD_DIR"
-
-
-def _crash_point(step: str) -> None:
-    if os.environ.get(WRITE_HOLD_ENV) != step or not os.environ.get(WRITE_HOLD_DIR_ENV):
-        return
-    from pathlib import Path
-
-    hold = Path(os.environ[WRITE_HOLD_DIR_ENV])
-    (hold / f"{step}.{os.getpid()}").touch()
-    while not (hold / "release").exists():
-        time.sleep(0.2)
 
 
 def _write_state(client: Any, scope: str, stream: str, write_id: str | None, state_scope: str | None = None, *,

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from airflow_provider_pravega import fault_points
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import PravegaError, ScopeNotFoundError, StreamNotFoundError
 from airflow_provider_pravega.client.ingest import (
@@ -82,10 +83,6 @@ LINE_FORMATS = ("jsonl", "text")
 #: for this long (at listing): until then it may be a line still being written.
 TAIL_SETTLE_S = 60.0
 MODES = ("exactly_once", "at_least_once")
-# Fault injection for the crash-matrix tests only: SIGKILL the driver at a named step, or pause it.
-CRASH_ENV = "PRAVEGA_INGEST_CRASH_AT"
-DELAY_ENV = "PRAVEGA_INGEST_DELAY_AT"  # "step:seconds"
-DELAY_RELEASE_ENV = "PRAVEGA_INGEST_DELAY_RELEASE"  # a file whose appearance ends that pause early
 
 
 class BadRecordError(IngestError):
@@ -200,20 +197,6 @@ class IngestResult:
         # What PravegaTransactionSensor takes (with wait_for_commit=False).
         out["transaction_ids"] = [t["id"] for t in self.transactions]
         return out
-
-
-def crash_point(step: str) -> None:
-    """Kill (or pause) this process at a named protocol step when the crash-matrix tests ask."""
-    if os.environ.get(CRASH_ENV) == step:
-        log.warning("fault injection: SIGKILL at %s", step)
-        os.kill(os.getpid(), 9)
-    delay_step, _, seconds = os.environ.get(DELAY_ENV, "").partition(":")
-    if delay_step == step:
-        log.warning("fault injection: pausing %s s at %s", seconds, step)
-        release = os.environ.get(DELAY_RELEASE_ENV)
-        deadline = time.monotonic() + float(seconds)
-        while time.monotonic() < deadline and not (release and os.path.exists(release)):
-            time.sleep(0.2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1140,8 +1123,8 @@ def make_writer(ctx: TaskContext):
                         writer.write_events(payloads)
                     events += len(payloads)
                     size += sum(map(len, payloads))
-                    if events and os.environ.get(CRASH_ENV) == "task_mid_write" and _first_attempt():
-                        os._exit(137)  # a task attempt dies mid-write (fault injection)
+                    if events:
+                        fault_points.reached("task_mid_write")
                 writer.flush()  # pre-commit: every event acknowledged, transaction still open
             finally:
                 writer.close()
@@ -1155,13 +1138,6 @@ def make_writer(ctx: TaskContext):
         yield task_result(hex_id, events, size, files=held)
 
     return write_partition
-
-
-def _first_attempt() -> bool:
-    from pyspark import TaskContext as SparkTaskContext
-
-    tc = SparkTaskContext.get()
-    return tc is None or tc.attemptNumber() == 0
 
 
 def _first_bad_file(batch: Any) -> str | None:
@@ -1231,7 +1207,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
     else:
         listed = list_sources(get_spark(), spec.source)
         listed_at_ms = int(time.time() * 1000)
-    crash_point("after_listing")
+    fault_points.reached("after_listing")
     if not listed:
         result = _nothing_to_ingest(spec, precheck.skipped)
         if spec.interval_key is not None and spec.mode == "exactly_once":
@@ -1326,7 +1302,7 @@ def _coordinator(client: Any, store: Any, spec: IngestSpec) -> IngestCoordinator
         store, client.transactions, spec.scope, spec.stream, stale_after_s=spec.stale_after_s,
         lease_ms=client.transactions.default_lease_ms, task_instance=spec.task_instance, try_number=spec.try_number,
         unknown_commits=spec.unknown_commits, remember_files_for_s=spec.remember_files_for_s,
-        lease_keeper=client.lease_keeper, crash_hook=crash_point, tail_positions=lambda: _tail_positions(client, spec),
+        lease_keeper=client.lease_keeper, crash_hook=fault_points.reached, tail_positions=lambda: _tail_positions(client, spec),
     )
 
 

@@ -22,6 +22,7 @@ from hang_guard import HANG_GUARD_S
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.errors import ControllerError, ControllerUnreachableError, PravegaError
 from airflow_provider_pravega.hooks.pravega import PravegaHook
+from pravega_testing.faults import installed_for_test
 from pravega_testing.wait import wait_until
 
 from backends.official_suite import OfficialSuiteError, fetch, run_suite
@@ -244,7 +245,7 @@ def test_ingest_export_and_streaming_read_each_survive_a_segment_store_killed_mi
     from export_files import part_files
     from test_cluster_moves import DAY, RECORDS, WRITERS, _exactly_once, _source
 
-    from airflow_provider_pravega.spark import export_job, ingest_job
+    from airflow_provider_pravega.spark import export_job
     from airflow_provider_pravega.spark.datasource import register
     from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
     from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
@@ -278,7 +279,7 @@ def test_ingest_export_and_streaming_read_each_survive_a_segment_store_killed_mi
             if step == "after_tasks":
                 kill_owner_of_first_segment(step)
 
-        monkeypatch.setattr(ingest_job, "crash_point", crash_point)
+        installed_for_test(monkeypatch, crash_point)
         result = run_ingest(client, spark, IngestSpec(
             scope=scope, stream=stream, source=str(tmp_path / "in" / "*.jsonl"), routing_key_field="k",
             num_writers=WRITERS, ingest_id="ing", interval_key=DAY))

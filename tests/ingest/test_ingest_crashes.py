@@ -3,8 +3,8 @@ random moments, a Spark task attempt dies mid-write, two copies run at once, and
 past several transaction leases. After a rerun the stream holds every source record exactly once.
 
 The driver runs as its own process (``python -m airflow_provider_pravega.spark.ingest_job``), as an
-Airflow worker would run it; the kill points are fault-injection hooks in the job
-(``PRAVEGA_INGEST_CRASH_AT``), the random kills are plain SIGKILLs from the test.
+Airflow worker would run it; the kill points are the job's fault points, where the test harness's
+hook kills it (``pravega_testing.faults.fault_env``), the random kills are plain SIGKILLs from the test.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from airflow_provider_pravega.spark.ingest_job import CRASH_ENV, DELAY_ENV
+from pravega_testing import faults
+from pravega_testing.faults import fault_env
 
 STALE_S = "3"
 
@@ -82,7 +83,7 @@ def test_driver_killed_at_each_step_then_rerun_is_exactly_once(step, tmp_path, p
         pytest.skip(f"{step}: the provider's own bookkeeping, run on the embedded server only (CI time)")
     scope = unique_name("crash")
     lines = make_source(tmp_path / "in")
-    first = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"), {CRASH_ENV: step})
+    first = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"), fault_env(kill_at=step))
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     second = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"))
     assert second.returncode == 0, second.stderr[-3000:]
@@ -102,8 +103,23 @@ def test_driver_killed_at_each_step_then_rerun_is_exactly_once(step, tmp_path, p
 def test_task_attempt_dies_mid_write_and_is_retried(tmp_path, pravega_controller_uri, unique_name, read_stream):
     scope = unique_name("task")
     lines = make_source(tmp_path / "in")
-    r = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"), {CRASH_ENV: "task_mid_write"})
+    r = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"), fault_env(kill_at="task_mid_write"))
     assert r.returncode == 0, r.stderr[-3000:]
+    # A Python worker of the first attempt was killed (the harness's hook reached Spark's workers).
+    assert "fault injection: SIGKILL at task_mid_write" in r.stderr, r.stderr[-3000:]
+    assert "Python worker exited unexpectedly" in r.stderr, r.stderr[-3000:]
+    assert_exactly_once(read_stream(pravega_controller_uri, scope, "s", expected=len(lines)), lines)
+
+
+def test_a_fault_variable_without_the_test_harness_does_nothing(tmp_path, pravega_controller_uri, unique_name,
+                                                                 read_stream):
+    """A deployment that sets the crash tests' variable (no harness on its PYTHONPATH) runs as usual."""
+    scope = unique_name("inert")
+    lines = make_source(tmp_path / "in", files=2, per_file=200)
+    assert str(faults.SITE_DIR) not in os.environ.get("PYTHONPATH", "")
+    r = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"), {faults.KILL_AT: "after_tasks"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "fault injection" not in r.stderr
     assert_exactly_once(read_stream(pravega_controller_uri, scope, "s", expected=len(lines)), lines)
 
 
@@ -147,7 +163,7 @@ def test_job_paused_past_several_leases_commits_everything(tmp_path, pravega_emb
     lines = make_source(tmp_path / "in", files=2, per_file=300)
     # Tasks are done (pre-committed); the driver waits 6 s (4 leases) before committing.
     r = run(ingest_cmd(server.controller_uri, scope, tmp_path / "in", "--lease-ms", "1500"),
-            {DELAY_ENV: "after_tasks:6"})
+            fault_env(delay_at="after_tasks", delay_s=6))
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["transactions"] and all(t["status"] == "COMMITTED" for t in summary["transactions"])
@@ -188,7 +204,7 @@ def test_transactions_lapsed_after_the_commit_point_are_written_again_by_the_ret
     scope = unique_name("lapse")
     lines = make_source(tmp_path / "in", files=6, per_file=300)
     cmd = ingest_cmd(pravega_controller_uri, scope, tmp_path / "in", "--num-writers", "3")
-    first = run(cmd, {CRASH_ENV: step})
+    first = run(cmd, fault_env(kill_at=step))
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     txns, aborted = _abort_what_is_open(pravega_controller_uri, scope, f"{scope}-ingest")
     assert len(txns) == 3 and len(aborted) == (3 if step == "after_commit_record" else 2)

@@ -1,7 +1,7 @@
 """Files that grow or change while an ingest reads them, and between its runs (jsonl and text are
 read as exact byte ranges of whole lines; see measure_pieces in spark/ingest_job.py). Appends are
-driven by the ingest's own step hook (``crash_point``), never by timing. Every line must reach the
-stream exactly once across the runs. The last test writes the "growing-files" section of
+driven by the ingest's own fault points (``airflow_provider_pravega.fault_points``), never by timing.
+Every line must reach the stream exactly once across the runs. The last test writes the "growing-files" section of
 docs/bad-input.md (PRAVEGA_UPDATE_DOCS=1 regenerates it)."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from airflow_provider_pravega.spark.ingest_job import (
     run_ingest,
     state_location,
 )
+from pravega_testing.faults import installed_for_test
 
 
 def line(n: int) -> str:
@@ -56,7 +57,7 @@ def at_step(monkeypatch, actions):
         if action is not None:
             action()
 
-    monkeypatch.setattr(ingest_job, "crash_point", hook)
+    installed_for_test(monkeypatch, hook)
 
 
 def test_a_file_appended_during_a_run_and_between_runs_has_every_line_once(

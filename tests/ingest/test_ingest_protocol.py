@@ -30,7 +30,8 @@ from airflow_provider_pravega.client.ingest import (
     open_state_store,
 )
 from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
-from airflow_provider_pravega.spark.ingest_job import CRASH_ENV, DELAY_ENV, DELAY_RELEASE_ENV, IngestSpec, run_ingest, state_location
+from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest, state_location
+from pravega_testing.faults import fault_env
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +231,8 @@ def test_killed_after_its_commits_were_acknowledged_and_retried_after_the_retent
                                                                                       unique_name):
     scope = unique_name("acked")
     lines = write_day(tmp_path / "in", 1)
-    killed = run(ingest_cmd(forgetful.controller_uri, scope, tmp_path / "in"), {CRASH_ENV: "after_commit_requested"})
+    killed = run(ingest_cmd(forgetful.controller_uri, scope, tmp_path / "in"),
+                 fault_env(kill_at="after_commit_requested"))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     spec = IngestSpec(scope=scope, stream="s", source="x", ingest_id="cli")
     (run_id, run_record), = state_of(client, spec)["runs"].items()
@@ -247,7 +249,7 @@ def test_killed_between_the_acknowledgments_and_their_record_needs_a_decision(tm
     # A run's own staleness window bounds how soon another may take it over (the larger of the two
     # counts), so the killed run declares 2 s too: the runs below wait 2 s for it, not 60.
     killed = run(ingest_cmd(forgetful.controller_uri, scope, tmp_path / "in", "--stale-after", "2"),
-                 {CRASH_ENV: "after_commit_acks"})
+                 fault_env(kill_at="after_commit_acks"))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     spec = IngestSpec(scope=scope, stream="s", source="x", ingest_id="cli")
     (run_id, run_record), = state_of(client, spec)["runs"].items()
@@ -273,7 +275,7 @@ def test_a_later_try_takes_over_at_once_and_fences_the_earlier_one(tmp_path, cli
     release = tmp_path / "release-try-1"
     first = subprocess.Popen(ingest_cmd(forgetful.controller_uri, scope, tmp_path / "in", *ti, "--try-number", "1"),
                              # Paused until try 2 is done (however loaded the machine), at most 10 minutes.
-                             env={**os.environ, DELAY_ENV: "after_tasks:600", DELAY_RELEASE_ENV: str(release)},
+                             env=fault_env(delay_at="after_tasks", release=release),
                              stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:

@@ -8,7 +8,6 @@ protocol step by its fault-injection hooks."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -38,14 +37,12 @@ from airflow_provider_pravega.client.ingest_resume import (
     written_holds,
 )
 from airflow_provider_pravega.spark.ingest_job import (
-    CRASH_ENV,
-    DELAY_ENV,
-    DELAY_RELEASE_ENV,
     IngestSpec,
     resume_ingest,
     resume_status_of,
     state_location,
 )
+from pravega_testing.faults import fault_env
 
 TI = "dag/ingest/run1/-1"
 
@@ -102,7 +99,7 @@ def test_a_later_try_commits_the_recorded_writes_without_spark_and_fences_the_ea
     release = tmp_path / "release-try-1"
     first = subprocess.Popen(ingest_cmd(client.controller_uri, scope, tmp_path / "in"),
                              # Paused until try 2 is done (however loaded the machine), at most 10 minutes.
-                             env={**os.environ, DELAY_ENV: "after_tasks:600", DELAY_RELEASE_ENV: str(release)},
+                             env=fault_env(delay_at="after_tasks", release=release),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         spec = spec_of(scope)
@@ -142,7 +139,7 @@ def test_a_killed_try_whose_commits_were_acknowledged_is_finished(tmp_path, clie
     scope = unique_name("acked")
     lines = write_files(tmp_path / "in")
     killed = subprocess.run(ingest_cmd(client.controller_uri, scope, tmp_path / "in"),
-                            env={**os.environ, CRASH_ENV: "after_commit_requested"}, capture_output=True, text=True,
+                            env=fault_env(kill_at="after_commit_requested"), capture_output=True, text=True,
                             timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     spec = spec_of(scope)

@@ -11,14 +11,13 @@ the tailing ingest runs against Pravega standalone in tests/ingest/test_ingest_g
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_pravega.spark.ingest_job import DELAY_ENV, DELAY_RELEASE_ENV
+from pravega_testing.faults import fault_env
 
 
 def line(n: int) -> str:
@@ -47,7 +46,7 @@ def test_an_object_replaced_by_a_longer_one_is_tailed_once(tmp_path: Path, objec
     scope = unique_name("s3grow")
     cmd = ingest_cmd(pravega_controller_uri, scope, s3.spark_conf())
     release = tmp_path / "release"
-    env = {**os.environ, DELAY_ENV: "after_listing:600", DELAY_RELEASE_ENV: str(release)}
+    env = fault_env(delay_at="after_listing", release=release)
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as job:
         try:
             for text in job.stderr:  # the job's log: it pauses right after listing the object

@@ -55,6 +55,7 @@ from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngest
 from airflow_provider_pravega.spark import ingest_job
 from airflow_provider_pravega.spark.submit import PASSWORD_FILE, ApplicationRun, SparkApplicationError
 from leftovers import secrets_on_disk
+from pravega_testing.faults import fault_spark_conf
 from pravega_testing.hdfs import HdfsUnavailable
 from pravega_testing.yarn import (Yarn, alive, application_documents, applications, container_processes, list_files,
                                   processes_under, read_file, role, spark_submit_conf, submit_env, write_file,
@@ -276,8 +277,8 @@ def _places_holding(secret: str, yarn: Yarn, application: str) -> list[str]:
 
 def _held_at(step: str, release: Path) -> dict[str, str]:
     """Settings that hold the submitted ingest's driver at ``step`` until ``release`` exists."""
-    return {"spark.yarn.appMasterEnv." + ingest_job.DELAY_ENV: f"{step}:3600",
-            "spark.yarn.appMasterEnv." + ingest_job.DELAY_RELEASE_ENV: str(release)}
+    repo = str(Path(__file__).resolve().parents[2])  # spark_submit_conf's PYTHONPATH of the driver
+    return fault_spark_conf("spark.yarn.appMasterEnv.", repo, delay_at=step, delay_s=3600, release=release)
 
 
 class TryDied(Exception):

@@ -20,7 +20,7 @@ from held_jobs import kill_if_running, release, wait_until_held
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.ingest import open_ingest_state
-from airflow_provider_pravega.spark.datasource import WRITE_HOLD_DIR_ENV, WRITE_HOLD_ENV
+from pravega_testing.faults import fault_env
 
 EVENTS = 600
 
@@ -60,8 +60,7 @@ def test_a_partition_lost_after_the_commit_point_is_written_again_by_the_restart
                 writer.write_event(event.encode(), routing_key=f"k{i % 5}")
             writer.flush()
 
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, WRITE_HOLD_ENV: "after_commit_record",
-               WRITE_HOLD_DIR_ENV: str(held)}
+        env = {**fault_env(hold_at="after_commit_record", hold_dir=held), "PYSPARK_PYTHON": sys.executable}
         first = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  start_new_session=True)
         try:

@@ -39,7 +39,7 @@ from spark_cluster import QUICK_JVM, SparkCluster, start_spark_cluster
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.ingest import apply_update, initial_state, state_location
 from airflow_provider_pravega.client.synchronizer import StateSynchronizer
-from airflow_provider_pravega.spark.datasource import WRITE_HOLD_DIR_ENV, WRITE_HOLD_ENV
+from pravega_testing.faults import fault_env
 
 ROWS, PARTITIONS = 2000, 4
 WRITE_ID = "w1"
@@ -121,7 +121,7 @@ def _run_job(tmp_path: Path, cluster: SparkCluster, uri: str, scope: str, while_
     script, hold, log = tmp_path / "job.py", tmp_path / "hold", tmp_path / "driver.log"
     script.write_text(JOB)
     hold.mkdir()
-    env = {**cluster.env, WRITE_HOLD_ENV: "job_commit", WRITE_HOLD_DIR_ENV: str(hold)}
+    env = fault_env(hold_at="job_commit", hold_dir=hold, base=cluster.env)
     with log.open("w") as out:
         driver = subprocess.Popen([sys.executable, str(script), cluster.master_url, uri, scope, WRITE_ID, str(hold),
                                    "slow" if slow else "-", *conf],

@@ -17,7 +17,7 @@ from held_jobs import wait_until_held
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.ingest import open_ingest_state
-from airflow_provider_pravega.spark.datasource import WRITE_HOLD_DIR_ENV, WRITE_HOLD_ENV
+from pravega_testing.faults import fault_env
 
 ROWS, PARTITIONS = 2000, 4
 
@@ -62,7 +62,7 @@ def test_driver_killed_in_the_commit_loop_then_rerun_with_the_same_write_id_is_e
         held = tmp_path / "held"
         held.mkdir()
         first = _job(tmp_path, pravega_controller_uri, scope,
-                     {WRITE_HOLD_ENV: "after_first_commit", WRITE_HOLD_DIR_ENV: str(held)})
+                     fault_env(hold_at="after_first_commit", hold_dir=held))
         try:
             wait_until_held(first, held, "its commit loop")
         finally:

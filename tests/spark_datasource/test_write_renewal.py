@@ -7,7 +7,6 @@ script); the gap is the data source's hold point at ``job_commit`` (``PRAVEGA_WR
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,7 @@ from held_jobs import kill_if_running, release, wait_until_held
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.ingest import open_ingest_state
-from airflow_provider_pravega.spark.datasource import WRITE_HOLD_DIR_ENV, WRITE_HOLD_ENV
+from pravega_testing.faults import fault_env
 
 ROWS, PARTITIONS, LEASE_MS = 1000, 3, 10_000
 
@@ -62,7 +61,7 @@ def test_a_commit_long_after_the_last_task_is_kept_alive_by_the_registering_proc
     held.mkdir()
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, WRITE_HOLD_ENV: "job_commit", WRITE_HOLD_DIR_ENV: str(held)}
+    env = {**fault_env(hold_at="job_commit", hold_dir=held), "PYSPARK_PYTHON": sys.executable}
     with PravegaClient(pravega_controller_uri) as client:
         client.admin.create_scope(scope)
         client.admin.create_stream(scope, "s", 2)

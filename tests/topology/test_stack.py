@@ -13,7 +13,7 @@ In one stack, in this order:
   runs, the scheduler's whole process group is SIGKILLed (its LocalExecutor workers and the task die
   with it) and restarted; during the second day's ingest, only the task's own process (the pid
   Airflow records for the running try) is SIGKILLed while its transactions are open (the ingest
-  pauses there: ``PRAVEGA_INGEST_DELAY_AT``): the retry resumes the killed try's run from the
+  pauses there: ``pravega_testing.faults.fault_env``): the retry resumes the killed try's run from the
   identity the try kept in Airflow's task state store (durable execution: no Spark, nothing
   written again) and succeeds; the time from the kill to the retry's success is printed
   (docs/benchmarks.md), never asserted;
@@ -61,6 +61,7 @@ from export_files import stable_name
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
 from airflow_provider_pravega.client.streamcut import StreamCut
+from pravega_testing.faults import fault_env
 from pravega_testing.wait import WaitTimeout, wait_until
 from airflow_provider_pravega.triggers.transaction import format_txn_id
 
@@ -117,8 +118,10 @@ def _ui_helpers() -> Any:
 
 
 def _stack(work: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``scripts/stack ARGS``; the components it starts or restarts inherit the test harness's
+    pause of the ingest after its write tasks (see _kill_task_mid_write)."""
     return subprocess.run([sys.executable, str(STACK), "--work-dir", str(work), *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=fault_env(delay_at="after_tasks", delay_s=PAUSE_MID_WRITE_S))
 
 
 def _quote(run_id: str) -> str:
@@ -349,7 +352,6 @@ def stack_work(tmp_path: Path) -> Iterator[tuple[Path, list[str]]]:
                 "--parallelism", "2", "--timeout", "600", "--dags", str(dags),
                 # A retry recovers a crashed ingest run quickly (its driver silent for 5 s: dead).
                 "--env", "PRAVEGA_EXAMPLES_STALE_AFTER_S=5",
-                "--env", f"PRAVEGA_INGEST_DELAY_AT=after_tasks:{PAUSE_MID_WRITE_S}",
                 # Notice the killed scheduler's task soon instead of after the 5-minute defaults.
                 "--env", "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL=15",
                 "--env", "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT=60",
