@@ -37,6 +37,7 @@ __all__ = [
     "Positions",
     "cut_text",
     "find_new_data",
+    "new_data_at",
     "parse_stream_cut",
     "positions_from_json",
     "positions_to_json",
@@ -211,8 +212,15 @@ def find_new_data(client: PravegaClient, scope: str, stream: str, previous: Mapp
     was sealed, and a successor holds only new data; such segments' lengths are read from the
     segment store.
     """
+    return new_data_at(client, scope, stream, previous, client.admin.tail(scope, stream))
+
+
+def new_data_at(client: PravegaClient, scope: str, stream: str, previous: Mapping[int, int],
+                tail: Mapping[int, int]) -> NewData:
+    """:func:`find_new_data` against a ``tail`` already read (one poll shared by several watchers):
+    no call at all unless the stream scaled between ``previous`` and ``tail``."""
     previous = dict(previous)
-    tail = dict(client.admin.tail(scope, stream))
+    tail = dict(tail)
     grown: dict[int, tuple[int, int]] = {}
     if set(tail) == set(previous):
         for segment, end in tail.items():
