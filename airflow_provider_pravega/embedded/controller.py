@@ -33,6 +33,7 @@ gate → transaction lock → ``_lock``.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import threading
@@ -275,6 +276,8 @@ def _rpc(method: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(method)
     def wrapper(self: EmbeddedController, request: Any, context: grpc.ServicerContext) -> T:
+        with self._rpc_lock:
+            self.rpc_calls[name] += 1
         try:
             if self._stopped:
                 raise _Fail(grpc.StatusCode.UNAVAILABLE, "the embedded controller is stopped")
@@ -367,6 +370,9 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         self._authenticator = authenticator  # None: no authentication (every call allowed, tokens "")
         self._tokens = tokens
         self._caller = threading.local()  # the authenticated account of the RPC this thread serves
+        #: RPC name -> calls served (tests and benchmarks count what a client costs the controller).
+        self.rpc_calls: collections.Counter[str] = collections.Counter()
+        self._rpc_lock = threading.Lock()
         self._backend = backend
         self._ss_host = segment_store_host
         self._ss_port = segment_store_port

@@ -18,17 +18,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from airflow_provider_pravega._faults import crash_point
 from airflow_provider_pravega._streams import (
     Batching,
     NewData,
     PendingBatch,
     cut_text,
     find_new_data,
+    new_data_at,
     parse_stream_cut,
     resolve_scope,
 )
@@ -40,7 +43,15 @@ from airflow_provider_pravega.client.errors import (
     StreamNotFoundError,
 )
 
-__all__ = ["PravegaStreamTrigger"]
+try:  # Airflow 3.3: one poll per stream for all its watchers, the cut saved once the event is persisted
+    from airflow.triggers.shared_stream import SharedStreamProducer
+except ImportError:  # Airflow 3.2: each watcher polls on its own (run())
+    SharedStreamProducer = None  # type: ignore[assignment,misc]
+
+__all__ = ["SHARED_STREAMS", "PravegaStreamTrigger", "StreamPoll"]
+
+#: Whether this Airflow runs the watchers of one stream on one shared poll in ack mode.
+SHARED_STREAMS = SharedStreamProducer is not None
 
 #: Key under which an AssetWatcher's trigger keeps its last seen cut in Airflow's asset state store.
 STATE_KEY = "pravega_last_seen_cut"
@@ -89,10 +100,20 @@ class PravegaStreamTrigger(BaseEventTrigger):
     between them), ``tail_positions``, ``grown_segments`` ({segment: [from, to]}), ``new_bytes``
     and, with ``min_events``, ``new_events``.
 
-    Delivery is at least once: after a triggerer crash a range may be announced again, never
-    skipped. The cut is saved only once the triggerer has taken the event (it asked for the next
-    one) and a poll interval has passed (the triggerer stores an event in its database about a
-    second after taking it); a crash before the save repeats the range.
+    Delivery (docs/sensors-triggers.md has the diagram): no range is ever skipped, and the ranges of
+    one watcher's consecutive events are contiguous (each ``previous_cut`` is the last ``cut``).
+
+    * Airflow 3.3 (``SHARED_STREAMS``), under an AssetWatcher: the watchers of one stream (same
+      connection, controller, scope, stream, poll and retry intervals: ``shared_stream_key``) share
+      one poll per interval, each judging the tail against its own last cut with its own batching.
+      A watcher's cut is saved only once the triggerer confirmed its asset event persisted in the
+      metadata database (ack mode): a range is announced again only when the triggerer died before
+      that save, and was persisted only if it died between persisting and saving.
+    * Airflow 3.2 (and a deferring sensor): the trigger polls on its own (``run``), at least once.
+      The cut is saved once the triggerer has taken the event (it asked for the next one) and a poll
+      interval has passed, a guess at when the event is persisted: a crash before the save repeats
+      the range, and on a loaded triggerer the save can come before the persist, so a crash in
+      between loses that range's DAG run.
 
     A DAG that runs when new events arrive::
 
@@ -191,15 +212,7 @@ class PravegaStreamTrigger(BaseEventTrigger):
     async def _store_cut(self, text: str) -> bool:
         """Save ``text`` as the last announced cut (only when run by an AssetWatcher); False if that failed."""
         store = getattr(self, "asset_state_store", None)
-        if store is None:
-            return True
-        try:
-            await store.aset(STATE_KEY, text)
-        except Exception as exc:  # noqa: BLE001 - an unsaved mark repeats an event later; stopping loses all
-            self.log.warning("Cannot save the last seen cut to the asset state store (retrying at the next poll): %s",
-                             exc)
-            return False
-        return True
+        return True if store is None else await _save_cut(store, text, self.log)
 
     def _enter(self, condition: str, level: int, message: str, *args: Any) -> None:
         """Log ``message`` only when the watch's condition changes (not on every retry)."""
@@ -212,8 +225,8 @@ class PravegaStreamTrigger(BaseEventTrigger):
 
     # --------------------------------------------------------------------------------- run
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_provider_pravega.client import PravegaClient
+    async def _connection(self) -> tuple[Any, str]:
+        """(client settings, scope) from the connection, the ``controller`` override and ``scope``."""
         from airflow_provider_pravega.hooks.pravega import PravegaHook
 
         conn = await PravegaHook.aget_connection(self.pravega_conn_id)
@@ -222,6 +235,13 @@ class PravegaStreamTrigger(BaseEventTrigger):
             config = _with_controller(config, self.controller)
         scope = resolve_scope(self.scope, config, self.pravega_conn_id)
         parse_stream_cut(self.after_cut, scope, self.stream, "after_cut")
+        return config, scope
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Airflow 3.2's path (and a deferring sensor's): this trigger's own poll loop."""
+        from airflow_provider_pravega.client import PravegaClient
+
+        config, scope = await self._connection()
         where = f"{scope}/{self.stream}"
         client = PravegaClient(config)
         previous: dict[int, int] | None = None  # the last announced cut
@@ -284,13 +304,160 @@ class PravegaStreamTrigger(BaseEventTrigger):
         finally:
             await asyncio.to_thread(client.close)
 
-    async def _start_positions(self, client: Any, scope: str, start: str) -> dict[int, int]:
+    async def _start_positions(self, client: Any, scope: str, start: str,
+                               tail: dict[int, int] | None = None) -> dict[int, int]:
+        """Where ``start`` is: the head, the tail (``tail`` when a shared poll just read it) or a cut."""
         cut = parse_stream_cut(start, scope, self.stream, "after_cut")
         if cut == "head":
             return dict(await asyncio.to_thread(client.admin.head, scope, self.stream))
         if cut == "tail":
-            return dict(await asyncio.to_thread(client.admin.tail, scope, self.stream))
+            return dict(tail) if tail is not None else dict(await asyncio.to_thread(client.admin.tail, scope,
+                                                                                    self.stream))
         return dict(cut)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ shared stream (Airflow 3.3)
+
+    def shared_stream_key(self) -> Hashable | None:
+        """One poll loop for every watcher of the same stream, on Airflow 3.3 under an AssetWatcher.
+
+        What the shared poll depends on; each watcher's start, batching and samples are its own. A
+        deferring sensor (``end_time``) and Airflow 3.2 keep ``run``.
+        """
+        if not SHARED_STREAMS or self.end_time is not None or getattr(self, "asset_state_store", None) is None:
+            return None
+        return ("pravega-stream", self.pravega_conn_id, self.controller, self.scope, self.stream,
+                self.poll_interval, self.max_retry_interval)
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> Any:
+        """Ack mode: the triggerer saves a watcher's cut (``advance``) once its event is persisted."""
+        return _StreamPoller(cls(**kwargs))
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        """This watcher's events from the shared polls: the data after its own last cut, batched by
+        its own ``min_bytes`` / ``min_events`` / ``max_wait_s`` (``max_wait_s`` is looked at each
+        poll). Each event's cut is put on its poll, which the producer saves once it is persisted."""
+        from airflow_provider_pravega.client import PravegaClient
+
+        config, scope = await self._connection()
+        where = f"{scope}/{self.stream}"
+        client = PravegaClient(config)
+        store = self.asset_state_store
+        previous: dict[int, int] | None = None  # the last announced cut
+        batch = PendingBatch(self.batching, self._clock)
+        try:
+            saved = await self._stored_cut()
+            async for poll in shared_stream:
+                event: dict[str, Any] | None = None
+                try:
+                    if previous is None:  # not started yet: the saved cut, else after_cut
+                        previous = await self._start_positions(client, scope, saved or self.after_cut, poll.tail)
+                        if saved is None:  # pinned, so a restart does not skip what is written meanwhile
+                            await self._store_cut(cut_text(scope, self.stream, previous))
+                    found = await asyncio.to_thread(new_data_at, client, scope, self.stream, previous, poll.tail)
+                    if await asyncio.to_thread(batch.ready, client, found):
+                        event = batch.event(found)
+                        if self.sample_events:
+                            event["sample"] = await asyncio.to_thread(_sample, client, found, self.sample_events)
+                except PravegaTLSError:
+                    raise
+                except _RETRIED as exc:  # judged again at the next poll, from the same cut
+                    condition, reason = _describe(exc, scope, self.stream, config.controller_uri)
+                    self._enter(condition, logging.WARNING, "Cannot judge the new data in %s yet: %s; trying at "
+                                "the next poll", where, reason)
+                    continue
+                self._enter("watching", logging.INFO, "Watching %s (shared poll) for data after %s", where,
+                            cut_text(scope, self.stream, previous))
+                if event is None:
+                    continue
+                self.log.info("New data in %s: %s", where, event["grown_segments"])
+                poll.announced.append((store, event["cut"]))
+                yield TriggerEvent({"status": "success", **event})
+                crash_point("stream_trigger_yielded")
+                previous = found.tail
+                batch.reset()
+        finally:
+            await asyncio.to_thread(client.close)
+
+
+@dataclass
+class StreamPoll:
+    """One shared poll: the stream's tail, and the cuts its watchers announced from it (saved by
+    the producer's ``advance`` once their events are persisted)."""
+
+    scope: str
+    stream: str
+    tail: dict[int, int]
+    announced: list[tuple[Any, str]] = field(default_factory=list)  # (asset state store, cut text)
+
+
+class _StreamPoller(SharedStreamProducer or object):  # type: ignore[misc]
+    """The shared poll of one stream (ack mode): reads the tail once per ``poll_interval`` and yields
+    it to every watcher; ``advance`` saves the cuts announced from a poll once all its watchers are
+    done with it and their events are persisted."""
+
+    def __init__(self, trigger: PravegaStreamTrigger) -> None:
+        self._trigger = trigger
+        self.log = trigger.log
+
+    async def open_stream(self) -> AsyncIterator[tuple[StreamPoll, StreamPoll]]:
+        from airflow_provider_pravega.client import PravegaClient
+
+        trigger = self._trigger
+        config, scope = await trigger._connection()
+        where = f"{scope}/{trigger.stream}"
+        client = PravegaClient(config)
+        failures = 0
+        try:
+            while True:
+                try:
+                    tail = await asyncio.to_thread(client.admin.tail, scope, trigger.stream)
+                except PravegaTLSError:
+                    raise  # a TLS mismatch does not heal by waiting: every watcher of the stream fails
+                except _RETRIED as exc:
+                    failures += 1
+                    condition, reason = _describe(exc, scope, trigger.stream, config.controller_uri)
+                    trigger._enter(condition, logging.WARNING, "Cannot poll %s yet: %s; retrying (at most every "
+                                   "%g s) until it works", where, reason, trigger.max_retry_interval)
+                    await asyncio.sleep(trigger._retry_delay(failures))
+                    continue
+                failures = 0
+                trigger._enter("polling", logging.INFO, "Polling %s for its watchers", where)
+                crash_point("stream_trigger_polled")
+                poll = StreamPoll(scope, trigger.stream, dict(tail))
+                yield poll, poll
+                await asyncio.sleep(trigger.poll_interval)
+        finally:
+            await asyncio.to_thread(client.close)
+
+    async def advance(self, batch: Sequence[Any]) -> None:
+        """Save the cuts announced from these polls, in poll order. A poll a watcher failed on (its
+        event not confirmed persisted in time, or it left before taking the poll) saves nothing: the
+        failed watcher starts again from its saved cut, the others save a later cut with their next
+        event (a restart before that announces their range again)."""
+        for item in batch:
+            poll: StreamPoll = item.broker_payload
+            if not poll.announced:
+                continue
+            if item.outcome.failed or item.outcome.rejected:
+                self.log.warning("Not saving the cuts announced from a poll of %s/%s: %d of its watchers failed "
+                                 "on it; their ranges are announced again", poll.scope, poll.stream,
+                                 item.outcome.failed + item.outcome.rejected)
+                continue
+            crash_point("stream_trigger_persisted")
+            for store, cut in poll.announced:
+                await _save_cut(store, cut, self.log)
+            crash_point("stream_trigger_advanced")
+
+
+async def _save_cut(store: Any, text: str, log: Any) -> bool:
+    """Save ``text`` as a watcher's last announced cut; False (logged) if the store refused."""
+    try:
+        await store.aset(STATE_KEY, text)
+    except Exception as exc:  # noqa: BLE001 - an unsaved mark repeats an event later; stopping loses all
+        log.warning("Cannot save the last seen cut to the asset state store (tried again with the next save): %s", exc)
+        return False
+    return True
 
 
 def _describe(exc: BaseException, scope: str, stream: str, controller_uri: str) -> tuple[str, str]:
