@@ -109,11 +109,12 @@ class PravegaStreamTrigger(BaseEventTrigger):
       A watcher's cut is saved only once the triggerer confirmed its asset event persisted in the
       metadata database (ack mode): a range is announced again only when the triggerer died before
       that save, and was persisted only if it died between persisting and saving.
-    * Airflow 3.2 (and a deferring sensor): the trigger polls on its own (``run``), at least once.
-      The cut is saved once the triggerer has taken the event (it asked for the next one) and a poll
-      interval has passed, a guess at when the event is persisted: a crash before the save repeats
-      the range, and on a loaded triggerer the save can come before the persist, so a crash in
-      between loses that range's DAG run.
+    * Airflow 3.2 (and a deferring sensor): the trigger polls on its own (``run``). Airflow 3.2 has
+      no asset state store: the cut is kept in memory and a restarted triggerer starts at
+      ``after_cut`` again (``"head"``: every range again; ``"tail"``: what was written while it was
+      down is not announced). With a store but no shared stream (``shared_stream_key`` failed),
+      ``run`` saves the cut once the triggerer has taken the event and a poll interval has passed:
+      a guess at when the event is persisted.
 
     A DAG that runs when new events arrive::
 

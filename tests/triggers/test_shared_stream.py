@@ -27,20 +27,6 @@ from airflow_provider_pravega.triggers import PravegaStreamTrigger  # noqa: E402
 from airflow_provider_pravega.triggers.stream import STATE_KEY  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def counted_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """An in-process embedded server: its controller's ``rpc_calls`` counts every call served."""
-    from airflow_provider_pravega.embedded.server import EmbeddedPravega, ServerSettings
-
-    server = EmbeddedPravega(ServerSettings(data_dir=tmp_path_factory.mktemp("counted"), port=0,
-                                            segment_store_port=0, fsync=False))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def stream(counted_server: Any, monkeypatch: pytest.MonkeyPatch, unique_name: Callable[[str], str]
            ) -> Iterator[tuple[str, str, PravegaClient]]:

@@ -1,0 +1,234 @@
+"""Three AssetWatchers of one stream under a real ``airflow triggerer`` on PostgreSQL (the topology
+stack's own ``start_postgres``), the triggerer killed at each fault point of the stream trigger's
+shared poll, then restarted: every range is covered by the persisted asset events, once, or again
+where the kill came between persisting and saving the cut; never skipped.
+
+One poll loop serves the three watchers: the triggerer's log names one producer and three watchers
+of the shared poll (tests/triggers/test_shared_stream.py counts the controller's calls per poll).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow.triggers.shared_stream", reason="shared streams need Airflow 3.3")
+psycopg2 = pytest.importorskip("psycopg2", reason="needs psycopg2 (the postgres extra)")
+
+from airflow_provider_pravega._faults import CRASH_ENV  # noqa: E402
+from airflow_provider_pravega.client import PravegaClient  # noqa: E402
+from airflow_provider_pravega.protocol.streamcut import streamcut_from_text  # noqa: E402
+from pravega_testing.wait import WaitTimeout, wait_until  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+WATCHERS = ("plain", "sampled", "min_bytes")
+#: The fault points in the order a kill leaves something to check: before anything is announced,
+#: after an event left the filter (not yet persisted), after it was persisted (its cut not saved),
+#: after the cut was saved.
+FAULTS = ("stream_trigger_polled", "stream_trigger_yielded", "stream_trigger_persisted", "stream_trigger_advanced")
+
+DAG_FILE = '''
+from airflow.sdk import DAG, Asset, AssetWatcher, task
+from airflow_provider_pravega.triggers import PravegaStreamTrigger
+
+def watched(name, **kwargs):
+    trigger = PravegaStreamTrigger(scope="{scope}", stream="{stream}", after_cut="head", poll_interval=0.5,
+                                   max_retry_interval=1, **kwargs)
+    return Asset(f"watch_{{name}}", watchers=[AssetWatcher(name=f"watch_{{name}}", trigger=trigger)])
+
+for name, kwargs in (("plain", {{}}), ("sampled", {{"sample_events": 1}}), ("min_bytes", {{"min_bytes": 1}})):
+    with DAG(f"on_{{name}}", schedule=[watched(name, **kwargs)], is_paused_upon_creation=False):
+
+        @task
+        def handle():
+            pass
+
+        handle()
+'''
+
+
+def _stack_module() -> Any:
+    spec = importlib.util.spec_from_file_location("pravega_stack_for_tests", REPO / "scripts" / "stack.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private PostgreSQL cluster (as ``scripts/stack up`` starts it); its SQLAlchemy URL."""
+    stack = _stack_module()
+    try:
+        bindir = stack.pg_bindir(None)
+        stack.pg_user()
+    except stack.StackError as exc:
+        pytest.skip(str(exc))
+    work = tmp_path_factory.mktemp("pg")
+    logs = work / "logs"
+    logs.mkdir()
+    component, url = stack.start_postgres(work, logs, dict(os.environ), bindir)
+    try:
+        yield url
+    finally:  # a fast shutdown; the server is this process's child, so it is reaped here
+        os.killpg(component["pgid"], signal.SIGINT)
+        try:
+            wait_until("PostgreSQL to stop", lambda: os.waitpid(component["pid"], os.WNOHANG)[0], 60, poll_s=0.2)
+        except WaitTimeout:
+            os.killpg(component["pgid"], signal.SIGKILL)
+            os.waitpid(component["pid"], 0)
+
+
+def _airflow(env: dict[str, str], *args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, f"airflow {' '.join(args)}: {done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
+class Triggerer:
+    """``airflow triggerer`` in a session of its own (so a kill takes its runner process too)."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, fault: str | None = None) -> None:
+        env = dict(self.env)
+        env.pop(CRASH_ENV, None)
+        if fault:
+            env[CRASH_ENV] = fault
+        with open(self.log, "a") as out:
+            out.write(f"\n===== triggerer start, fault point {fault}\n")
+            out.flush()
+            self.proc = subprocess.Popen([sys.executable, "-m", "airflow", "triggerer", "--skip-serve-logs"], env=env,
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def this_start(self) -> str:
+        """The output since the last start."""
+        return self.output().rsplit("===== triggerer start", 1)[1]
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (the triggerer and its trigger runner)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=60)
+        self.proc = None
+
+
+def _offset(cut: str) -> int:
+    return sum(streamcut_from_text(cut).positions.values())
+
+
+def _recorded(url: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """(asset name -> payloads of its persisted asset events, in order; asset name -> saved cut)."""
+    with psycopg2.connect(url.replace("postgresql+psycopg2", "postgresql")) as conn, conn.cursor() as cur:
+        cur.execute("SELECT a.name, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id")
+        events: dict[str, list[dict[str, Any]]] = {}
+        for name, extra in cur.fetchall():
+            extra = extra if isinstance(extra, dict) else json.loads(extra)
+            events.setdefault(name, []).append(extra["payload"])
+        cur.execute("SELECT a.name, s.value FROM asset_state_store s JOIN asset a ON a.id = s.asset_id "
+                    "WHERE s.key = 'pravega_last_seen_cut'")
+        saved = {name: value if isinstance(value, str) and not value.startswith('"') else json.loads(value)
+                 for name, value in cur.fetchall()}
+    return events, saved
+
+
+def test_three_watchers_share_one_poll_and_no_range_is_skipped_whatever_point_the_triggerer_is_killed_at(
+    tmp_path: Path, postgres: str, counted_server: Any, unique_name: Callable[[str], str],
+) -> None:
+    host, port = counted_server.controller_uri.rsplit("//", 1)[1].rsplit(":", 1)
+    scope, stream = unique_name("shr"), unique_name("s")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "watchers.py").write_text(textwrap.dedent(DAG_FILE.format(scope=scope, stream=stream)))
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
+               AIRFLOW__CORE__DAGS_FOLDER=str(dags), AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=postgres,
+               AIRFLOW_CONN_PRAVEGA_DEFAULT=json.dumps({"conn_type": "pravega", "host": host, "port": int(port)}))
+    _airflow(env, "db", "migrate")
+    _airflow(env, "dags", "reserialize")
+    names = [f"watch_{w}" for w in WATCHERS]
+    triggerer = Triggerer(env, tmp_path / "triggerer.log")
+
+    with PravegaClient(counted_server.controller_uri) as client:
+        client.admin.create_scope(scope)
+        client.admin.create_stream(scope, stream, 1)
+
+        def write(count: int) -> None:
+            with client.event_writer(scope, stream) as writer:
+                writer.write_events([f"event-{i}".encode() for i in range(count)])
+                writer.flush()
+
+        def tail() -> int:
+            return sum(client.admin.tail(scope, stream).values())
+
+        def settled() -> bool:
+            """Every watcher's saved cut is the stream's tail, and so is its last persisted event's cut."""
+            events, saved = _recorded(postgres)
+            end = tail()
+            return all(n in saved and _offset(saved[n]) == end and events.get(n)
+                       and _offset(events[n][-1]["cut"]) == end for n in names)
+
+        killed: dict[str, str] = {}
+        try:
+            for fault in FAULTS:
+                write(2)
+                triggerer.start(fault)
+                # The runner kills itself at the fault point (the supervisor reports its SIGKILL);
+                # the test then kills what is left.
+                wait_until(f"the triggerer's runner to be killed at {fault}",
+                           lambda: "signal_name=SIGKILL" in triggerer.this_start(), 180, poll_s=0.5)
+                killed[fault] = triggerer.this_start()
+                triggerer.kill()
+            write(3)
+            triggerer.start()
+            wait_until("every watcher's cut saved at the tail", settled, 180, poll_s=0.5)
+            # One poll loop for the three watchers: the shared producer says so once, each watcher once.
+            started = triggerer.this_start()
+            assert started.count("Polling ") == 1 and started.count("(shared poll)") == len(WATCHERS), started[-4000:]
+        finally:
+            triggerer.kill()
+    # Where each kill came: after the first poll nothing was announced yet (the runner's own log
+    # line of that kill may not leave it before it dies); the others say where they fired.
+    assert "Trigger fired event" not in killed["stream_trigger_polled"], killed["stream_trigger_polled"][-4000:]
+    for fault in FAULTS[1:]:
+        assert f"fault injection: SIGKILL at {fault}" in killed[fault], f"{fault} did not fire:\n{killed[fault][-4000:]}"
+
+    events, saved = _recorded(postgres)
+    end = _offset(saved[names[0]])
+    for name in names:
+        payloads = events[name]
+        assert _offset(payloads[0]["previous_cut"]) == 0, f"{name}: does not start at the head"
+        seen_cuts = {payloads[0]["previous_cut"]}
+        again = 0
+        for before, event in zip(payloads, payloads[1:]):
+            assert event["previous_cut"] in seen_cuts | {before["cut"]}, f"{name}: a range skipped: {payloads}"
+            if event["previous_cut"] != before["cut"]:
+                again += 1
+                assert event["previous_cut"] == before["previous_cut"], payloads
+            seen_cuts.add(event["cut"])
+        # Announced again only where the kill came after persisting and before the save.
+        assert again == 1, f"{name}: {again} ranges announced again: {payloads}"
+        assert _offset(payloads[-1]["cut"]) == end == _offset(saved[name])
+    final = triggerer.this_start()
+    assert "Traceback" not in final, final[-4000:]  # the kills' broken pipes aside, no error
