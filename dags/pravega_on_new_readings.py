@@ -18,7 +18,10 @@ from airflow_provider_pravega.hooks.pravega import PravegaHook
 # MessageQueueTrigger with this provider's `pravega` scheme (a PravegaStreamTrigger underneath). It
 # starts at the stream's head, so readings written before the triggerer first saw the stream (or
 # before the stream existed: it waits for it) are announced too; then it resumes from the last cut
-# it reported. Needs apache-airflow-providers-common-messaging (the provider's `messaging` extra).
+# it reported. On Airflow 3.3 it runs on the triggerer's shared stream: every watcher of iot/readings
+# shares one poll, and the cut is saved only once the asset event is stored (a range is repeated
+# only if the triggerer dies in between, never skipped; docs/sensors-triggers.md, "Delivery").
+# Needs apache-airflow-providers-common-messaging (the provider's `messaging` extra).
 readings = Asset(
     PravegaHook.asset_uri(SCOPE, STREAM),
     watchers=[AssetWatcher(name="iot_readings_tail",
