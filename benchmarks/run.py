@@ -2,7 +2,7 @@
 
 Run: ``make bench`` (full) or ``make bench-quick``, i.e.
 ``.venv/bin/python benchmarks/run.py [quick|full] [--only server,ingest] [--repeat N] [--events N]``
-(default: server, ingest, export, txn_writer, event_writer, ingest_state, lake; ``--only batch_read`` adds the batch readers).
+(default: server, ingest, export, txn_writer, event_writer, ingest_state, lake, per_run, watchers; ``--only batch_read`` adds the batch readers).
 
 Each benchmark (``benchmarks/bench_<name>.py``) runs as its own subprocess with sizes from the
 profile and ``--json``; its output is streamed, prefixed with its name. Then one table: figure,
@@ -55,6 +55,9 @@ BENCHMARKS: dict[str, dict[str, Any]] = {
     # through a warm local stock Spark Connect server (started once by the benchmark), and nothing new
     # without a JVM against the same run listed by Spark ("events" is the day's readings).
     "per_run": {"script": HERE / "bench_per_run.py", "events": "--events", "repeat": "--repeat"},
+    # Controller calls per minute of 1 vs 10 AssetWatchers of one stream ("events" is the watcher count).
+    "watchers": {"script": HERE / "bench_watchers.py", "events": "--watchers", "repeat": "--repeat",
+                 "own_size": True},  # --events (a data size) does not set the watcher count
     # Not one of the figures (our batch readers vs the official reader): only with --only.
     "batch_read": {"script": HERE / "bench_batch_read.py", "events": "--events", "repeat": "--rounds", "default": False},
 }
@@ -72,6 +75,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "ingest_state": {"events": 100_000, "repeat": 5, "extra": []},  # samples are cheap, load is not
         "lake": {"events": 100_000, "repeat": 1, "extra": ["--small-mb", "20", "--large-mb", "200"]},
         "per_run": {"events": 10_000, "repeat": 2, "extra": ["--backfill-days", "5", "--busy", "1"]},
+        "watchers": {"events": 10, "repeat": 1, "extra": ["--seconds", "15"]},
     },
     "full": {
         "server": {"events": 1_000_000, "repeat": 3, "extra": ["--hold-gb", "5"]},
@@ -83,6 +87,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "lake": {"events": 300_000, "repeat": 2, "extra": ["--small-mb", "100", "--large-mb", "2000"]},
         # the day: 10,000 readings; its backfill: 30 days
         "per_run": {"events": 10_000, "repeat": 3, "extra": ["--backfill-days", "30", "--busy", "1"]},
+        "watchers": {"events": 10, "repeat": 2, "extra": ["--seconds", "30"]},
     },
 }
 
@@ -300,7 +305,7 @@ def main(argv: list[str] | None = None, registry: dict[str, dict[str, Any]] | No
     with tempfile.TemporaryDirectory(prefix="bench-results-") as tmp:
         for bench in names:
             sizes = dict(PROFILES[args.profile].get(bench, {"events": 100_000, "repeat": 3, "extra": []}))
-            if args.events:
+            if args.events and not registry[bench].get("own_size"):
                 sizes["events"] = args.events
             if args.repeat:
                 sizes["repeat"] = args.repeat

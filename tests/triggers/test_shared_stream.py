@@ -1,10 +1,8 @@
 """The stream trigger on Airflow 3.3's shared streams, driven by Airflow's own ``SharedStreamManager``
 (the triggerer's part that fans one poll out and gates the producer's ``advance`` on persisted
-events) against an in-process embedded server whose controller counts the calls it serves.
-
-What the triggerer's supervisor does is done by the test: it takes each event and, when the test
-says so, confirms it persisted (``confirm_persisted``, as the supervisor does once the event is in
-the metadata database). A crash is the manager stopped without that confirmation.
+events, ``pravega_testing/shared_streams.py``) against an in-process embedded server whose
+controller counts the calls it serves. The test confirms events stored when it says so, as the
+triggerer's supervisor does; a crash is the manager stopped without that confirmation.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import pytest
 
 pytest.importorskip("airflow.triggers.shared_stream", reason="shared streams need Airflow 3.3")
 
-from airflow.triggers.shared_stream import SharedStreamManager  # noqa: E402
+from pravega_testing.shared_streams import SharedStreamTriggerer, StateStore  # noqa: E402
 
 from airflow_provider_pravega.client import PravegaClient  # noqa: E402
 from airflow_provider_pravega.protocol.streamcut import streamcut_from_text  # noqa: E402
@@ -50,64 +48,6 @@ def write(client: PravegaClient, scope: str, stream: str, count: int) -> int:
     return sum(8 + len(p) for p in payloads)
 
 
-class StateStore:
-    """An asset's state store as the triggerer injects it (the real one talks to the supervisor)."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-
-    async def aget(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
-
-    async def aset(self, key: str, value: Any) -> None:
-        self.values[key] = value
-
-
-class Triggerer:
-    """The triggerer's shared-stream side: Airflow's ``SharedStreamManager``, each watcher's filter
-    driven as ``TriggerRunner.run_trigger`` drives it (bind each event as it leaves the filter);
-    ``persist`` stands for the supervisor confirming events stored."""
-
-    def __init__(self) -> None:
-        self.manager = SharedStreamManager()
-        self.events: list[tuple[int, dict[str, Any], int | None]] = []  # (watcher, payload, persist seq)
-        self._tasks: list[asyncio.Task] = []
-
-    def watch(self, watcher: int, trigger: PravegaStreamTrigger) -> None:
-        key = trigger.shared_stream_key()
-        assert key is not None
-
-        async def run() -> None:
-            shared = self.manager.subscribe(trigger_id=watcher, trigger=trigger, key=key)
-            try:
-                async for event in trigger.filter_shared_stream(shared):
-                    seq = self.manager.bind_pending_event(trigger_id=watcher, key=key)
-                    self.events.append((watcher, event.payload, seq))
-            finally:
-                await self.manager.unsubscribe(watcher, key)
-
-        self._tasks.append(asyncio.create_task(run()))
-
-    def of(self, watcher: int) -> list[dict[str, Any]]:
-        return [payload for w, payload, _ in self.events if w == watcher]
-
-    def persist(self, watcher: int) -> None:
-        """Confirm every event of ``watcher`` taken so far as persisted."""
-        self.manager.confirm_persisted([seq for w, _, seq in self.events if w == watcher and seq is not None])
-
-    async def crash(self) -> None:
-        """Stop without confirming anything more (what survives is what the stores hold)."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.manager.stop_all()
-
-    def polls(self) -> int:
-        """Polls fanned out so far by the (single) group."""
-        (group,) = self.manager._groups.values()
-        return group._next_event_id
-
-
 def watcher(scope: str, stream: str, store: StateStore, **kwargs: Any) -> PravegaStreamTrigger:
     trigger = PravegaStreamTrigger(stream=stream, scope=scope, after_cut="head", poll_interval=0.05, **kwargs)
     trigger.asset_state_store = store
@@ -133,7 +73,7 @@ def test_watchers_of_one_stream_share_one_poll_and_save_cuts_only_once_their_eve
     calls = counted_server.controller.rpc_calls
 
     async def scenario() -> None:
-        triggerer = Triggerer()
+        triggerer = SharedStreamTriggerer()
         for n, store in enumerate(stores):
             triggerer.watch(n, watcher(scope, name, store))
         await until(lambda: all(STATE_KEY in s.values for s in stores), "every watcher pinned its start")
@@ -175,7 +115,7 @@ def test_a_range_whose_event_was_not_persisted_is_announced_again_and_the_next_i
     store = StateStore()
 
     async def life(persist: bool) -> dict[str, Any]:
-        triggerer = Triggerer()
+        triggerer = SharedStreamTriggerer()
         triggerer.watch(0, watcher(scope, name, store))
         await until(lambda: triggerer.of(0), "an event")
         (event,) = triggerer.of(0)
@@ -206,7 +146,7 @@ def test_watchers_with_different_batching_share_one_poll(stream: tuple[str, str,
     waiting._clock = lambda: now[0]
 
     async def scenario() -> None:
-        triggerer = Triggerer()
+        triggerer = SharedStreamTriggerer()
         triggerer.watch(0, watcher(scope, name, stores[0]))
         triggerer.watch(1, watcher(scope, name, stores[1], min_events=5))
         triggerer.watch(2, waiting)

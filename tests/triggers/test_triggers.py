@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from pravega_clients import stream_writer
 
+from pravega_testing.shared_streams import StateStore
+
 from airflow_provider_pravega._streams import find_new_data
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.controller import ControllerClient
@@ -284,21 +286,6 @@ def test_new_data_is_found_across_scaling(
     lengths = sum(b - a for a, b in found.grown.values())
     sealed_length = client.segments.get_segment_info(qualified_segment_name(scope, stream, grown_segment)).length
     assert lengths == total_after + sealed_length
-
-
-class StateStore:
-    """Airflow's asset state store as the triggerer injects it into an AssetWatcher's trigger. The
-    real one talks to the triggerer's supervisor, which a test has not got; this one keeps values
-    in a dict behind the same async ``aget``/``aset`` methods."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-
-    async def aget(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
-
-    async def aset(self, key: str, value: Any) -> None:
-        self.values[key] = value
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
