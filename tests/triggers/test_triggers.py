@@ -610,3 +610,24 @@ def test_stream_trigger_refuses_a_bad_start_when_built() -> None:
     ):
         with pytest.raises(error, match=message):
             PravegaStreamTrigger(scope="iot", stream="readings", **bad)
+
+
+def test_stream_trigger_on_an_airflow_without_shared_streams_keeps_its_own_poll() -> None:
+    """Airflow 3.2 has no ``airflow.triggers.shared_stream``: the trigger imports, says so, and runs
+    ``run`` (no shared_stream_key) even under an AssetWatcher; the real module blocked in a fresh
+    interpreter stands for 3.2's."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["airflow.triggers.shared_stream"] = None  # ImportError, as on Airflow 3.2
+        from airflow_provider_pravega.triggers import stream
+        trigger = stream.PravegaStreamTrigger(stream="readings", scope="iot")
+        trigger.asset_state_store = object()
+        print(stream.SHARED_STREAMS, trigger.shared_stream_key(), stream._StreamPoller.__mro__[1].__name__)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", "None", "object"], done.stdout
