@@ -30,10 +30,11 @@ class StateStore:
 class SharedStreamTriggerer:
     """Watchers on Airflow's ``SharedStreamManager`` (Airflow 3.3), in the running event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, **manager: Any) -> None:
+        """``manager``: ``SharedStreamManager`` settings (``ack_timeout=`` ...)."""
         from airflow.triggers.shared_stream import SharedStreamManager
 
-        self.manager = SharedStreamManager()
+        self.manager = SharedStreamManager(**manager)
         self.events: list[tuple[int, dict[str, Any], int | None]] = []  # (watcher, payload, persist seq)
         self._tasks: list[asyncio.Task] = []
 
@@ -52,6 +53,13 @@ class SharedStreamTriggerer:
                 await self.manager.unsubscribe(watcher, key)
 
         self._tasks.append(asyncio.create_task(run()))
+
+    def failed(self, watcher: int) -> BaseException | None:
+        """What ended ``watcher``'s run (None while it runs or if it was cancelled)."""
+        task = self._tasks[watcher]
+        if task.done() and not task.cancelled():
+            return task.exception()
+        return None
 
     def of(self, watcher: int) -> list[dict[str, Any]]:
         """The payloads ``watcher`` fired, in order."""

@@ -205,3 +205,38 @@ def test_the_pravega_message_queue_trigger_runs_as_the_shared_stream_trigger() -
     assert stored.shared_stream_key() == watcher("iot", "readings", StateStore()).shared_stream_key()
     assert "create_shared_stream_producer" in vars(type(stored))  # ack mode
 
+
+
+def test_a_poll_a_watcher_failed_on_saves_no_cut_and_the_others_save_with_their_next_event(
+    stream: tuple[str, str, PravegaClient],
+) -> None:
+    """Watcher 1's event is never confirmed stored: Airflow's ack timeout fails it, and the poll
+    both announced from saves neither cut; watcher 0's next event (contiguous with its first)
+    saves its cut, watcher 1's store still holds its start, where a restart of it begins."""
+    from airflow.triggers.shared_stream import AckTimeout
+
+    scope, name, client = stream
+    stores = [StateStore(), StateStore()]
+
+    async def scenario() -> None:
+        triggerer = SharedStreamTriggerer(ack_timeout=1.0)
+        triggerer.watch(0, watcher(scope, name, stores[0]))
+        triggerer.watch(1, watcher(scope, name, stores[1], sample_events=1))
+        await until(lambda: all(STATE_KEY in s.values for s in stores), "both watchers pinned their start")
+        head = stores[0].values[STATE_KEY]
+        write(client, scope, name, 2)
+        await until(lambda: triggerer.of(0) and triggerer.of(1), "both events")
+        triggerer.persist(0)
+        await until(lambda: triggerer.failed(1) is not None, "watcher 1 failed by the ack timeout")
+        assert isinstance(triggerer.failed(1), AckTimeout)
+        assert [s.values[STATE_KEY] for s in stores] == [head, head]
+        write(client, scope, name, 1)
+        await until(lambda: len(triggerer.of(0)) == 2, "watcher 0's next event")
+        first, second = triggerer.of(0)
+        assert second["previous_cut"] == first["cut"]
+        triggerer.persist(0)
+        await until(lambda: stores[0].values[STATE_KEY] == second["cut"], "watcher 0's cut saved")
+        assert stores[1].values[STATE_KEY] == head
+        await triggerer.crash()
+
+    asyncio.run(scenario())
