@@ -24,7 +24,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from airflow_provider_pravega._faults import crash_point
+from airflow_provider_pravega.fault_points import reached as crash_point
 from airflow_provider_pravega._streams import (
     Batching,
     NewData,

@@ -25,9 +25,9 @@ import pytest
 pytest.importorskip("airflow.triggers.shared_stream", reason="shared streams need Airflow 3.3")
 psycopg2 = pytest.importorskip("psycopg2", reason="needs psycopg2 (the postgres extra)")
 
-from airflow_provider_pravega._faults import CRASH_ENV  # noqa: E402
 from airflow_provider_pravega.client import PravegaClient  # noqa: E402
 from airflow_provider_pravega.protocol.streamcut import streamcut_from_text  # noqa: E402
+from pravega_testing.faults import fault_env  # noqa: E402
 from pravega_testing.wait import WaitTimeout, wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,10 +103,7 @@ class Triggerer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, fault: str | None = None) -> None:
-        env = dict(self.env)
-        env.pop(CRASH_ENV, None)
-        if fault:
-            env[CRASH_ENV] = fault
+        env = fault_env(kill_at=fault, base=self.env) if fault else dict(self.env)
         with open(self.log, "a") as out:
             out.write(f"\n===== triggerer start, fault point {fault}\n")
             out.flush()
