@@ -170,7 +170,7 @@ def pytest_configure(config: pytest.Config) -> None:
 #: Heavy scenarios with their own servers that run in part 2 of ``scripts/test`` (beside part 1).
 SECOND_PART = ("tests/topology/", "tests/lake/", "tests/test_demo.py",
                "tests/dags/test_example_dags.py::test_delta_export_dag", "tests/export/test_stream_into_delta.py",
-               "tests/export/test_export_delta_bad_input.py")
+               "tests/export/test_export_delta_bad_input.py", "tests/triggers/test_shared_stream_triggerer.py")
 
 
 def _in_second_part(item: pytest.Item) -> bool:
