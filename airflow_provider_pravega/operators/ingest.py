@@ -36,7 +36,8 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         written in file order by one task, so readers see them in source order.
     :param payload_field: Write only this field's value instead of the whole record.
     :param ingest_id: Identity of this ingest's progress record (default ``dag_id.task_id``).
-    :param mode: ``exactly_once`` or ``at_least_once`` (plain writer, faster, may duplicate on retry).
+    :param mode: ``exactly_once`` or ``at_least_once`` (the same write path without the commit point: a driver
+        killed among its commits leaves its files to be written again, so records may be duplicated).
     :param create_stream: Create the scope/stream when missing (otherwise that is an error).
     :param stream_segments: Segments of a stream created by this operator.
     :param on_empty: ``fail`` (default) or ``succeed`` when the source matches no file.
