@@ -67,7 +67,8 @@ def default_install_venv(where: Path | None = None) -> ClientVenv:
 
 
 #: What the provider's code needs in a Spark Connect server's Python workers (the data source).
-SERVER_WORKER_REQUIREMENTS = ("pyarrow>=15", "pandas>=2.2,<3", "grpcio>=1.85.1", "protobuf>=7.35.1,<8", "PyYAML>=6")
+SERVER_WORKER_REQUIREMENTS = (
+    "pyarrow>=15", "pandas>=2.2,<3", "grpcio>=1.85.1", "protobuf>=7.35.1,<8", "PyYAML>=6", "msgspec>=0.18")
 
 
 def spark_server_venv(pyspark_version: str, where: Path | None = None) -> ClientVenv:

@@ -75,6 +75,9 @@ def test_transaction_sensor_modes(
     txns.abort(scope, stream, aborted)
     unknown = (random.getrandbits(64) << 32) | 7  # epoch 0, never begun
     still_open = txns.begin(scope, stream, lease_ms=110_000).txn_id
+    # Kept open however long the DAG takes on a loaded machine (its lease lapsed once in CI's tier).
+    keeper = client.lease_keeper(10.0)
+    keeper.add(scope, stream, still_open)
     late_commit = txns.begin(scope, stream, lease_ms=110_000).txn_id
     late_abort = txns.begin(scope, stream, lease_ms=110_000).txn_id
 
@@ -162,6 +165,7 @@ def test_transaction_sensor_modes(
     # Failures are immediate: each failed with the transaction's state (asserted above), not with the
     # sensor's 30-second timeout (only the 2-second one times out).
     assert txns.status(scope, stream, still_open).value == "OPEN"
+    keeper.close()
     txns.abort(scope, stream, still_open)
 
 
