@@ -4,28 +4,16 @@ timed assertions (figures on a shared machine vary)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from tiny_bench import run_benchmark
 
 
 def test_watchers_benchmark_runs_on_tiny_sizes(tmp_path: Path) -> None:
     pytest.importorskip("airflow.triggers.shared_stream", reason="shared streams need Airflow 3.3")
-    out = tmp_path / "result.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_watchers.py"), "--watchers", "3", "--seconds", "2",
-         "--repeat", "1", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, env=env,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "3 shared" in proc.stdout and "3 own polls" in proc.stdout, proc.stdout
-    figures = json.loads(out.read_text())["figures"]
+    stdout, figures = run_benchmark(tmp_path, "bench_watchers.py", "--watchers", "3", "--seconds", "2",
+                                    "--repeat", "1")
+    assert "3 shared" in stdout and "3 own polls" in stdout, stdout
     assert [f["target_ratio"] for f in figures] == [1.5, None]
     assert all(len(f["samples"]) == 1 and len(f["baseline"]["samples"]) == 1 for f in figures)
