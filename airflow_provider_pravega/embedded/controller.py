@@ -34,13 +34,11 @@ gate → transaction lock → ``_lock``.
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,6 +51,8 @@ from airflow_provider_pravega.embedded.auth import (
     TokenAuthority,
 )
 from airflow_provider_pravega.embedded.backend import SegmentBackend
+from airflow_provider_pravega.embedded.controller_access import ControllerAccess, RpcFailure, rpc
+from airflow_provider_pravega.embedded.controller_config import ControllerConfig
 from airflow_provider_pravega.embedded.controller_log import MetadataLog
 from airflow_provider_pravega.embedded.controller_state import (
     ABORTED,
@@ -112,199 +112,11 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass(frozen=True, slots=True)
-class ControllerConfig:
-    """Tunables of the embedded controller.
-
-    ``lease_cap_ms``: when set, the lease of createTransaction/pingTransaction is
-    ``min(requested, lease_cap_ms)`` and no request is refused as too large or too small — how
-    tests get short leases although the official client always asks for 90 s. Without it, leases
-    outside ``min_lease_ms``..``max_lease_ms`` are refused, as Pravega's controller does (its
-    ``minLeaseValue`` is 10 s by default).
-    """
-
-    max_lease_ms: int = 120_000
-    min_lease_ms: int = 10_000
-    lease_cap_ms: int | None = None
-    lease_check_interval_s: float = 0.25
-    max_execution_time_ms: int = 24 * 3600 * 1000
-    snapshot_every: int = 1000
-    list_page_size: int = 1000
-    finished_txn_limit: int = 10_000
-    finished_txn_retention_ms: int = 24 * 3600 * 1000
-    # With authentication: grant delegation tokens exactly as Pravega 0.13 does (the official client
-    # then needs READ_UPDATE for any token, so read-only users are refused) instead of granting the
-    # caller's own permission.
-    pravega_token_rules: bool = False
-    # The retention service (Pravega's retention.frequency.minutes, default 30): how often it runs
-    # over the streams with a retention policy, and how far apart the stream cuts it records are.
-    retention_interval_s: float = 1800.0
-    # Auto-scaling: how long a scale-down request's cold marker stays valid (Pravega's
-    # REQUEST_VALIDITY_PERIOD, 10 minutes; the server passes its auto-scaler's mute time).
-    cold_marker_ms: int = 600_000
-
-    def __post_init__(self) -> None:
-        if self.max_lease_ms <= 0:
-            raise ValueError(f"max_lease_ms must be positive, got {self.max_lease_ms}")
-        if not 0 < self.min_lease_ms <= self.max_lease_ms:
-            raise ValueError(f"min_lease_ms must be within 1..max_lease_ms, got {self.min_lease_ms}")
-        if self.lease_cap_ms is not None and self.lease_cap_ms <= 0:
-            raise ValueError(f"lease_cap_ms must be positive or None, got {self.lease_cap_ms}")
-        if not 0.05 <= self.lease_check_interval_s <= 1.0:
-            raise ValueError(f"lease_check_interval_s must be within 0.05..1 s, got {self.lease_check_interval_s}")
-        if self.max_execution_time_ms <= 0:
-            raise ValueError(f"max_execution_time_ms must be positive, got {self.max_execution_time_ms}")
-        if self.snapshot_every < 1:
-            raise ValueError(f"snapshot_every must be at least 1, got {self.snapshot_every}")
-        if self.list_page_size < 1:
-            raise ValueError(f"list_page_size must be at least 1, got {self.list_page_size}")
-        if self.finished_txn_limit < 1:
-            raise ValueError(f"finished_txn_limit must be at least 1, got {self.finished_txn_limit}")
-        if self.finished_txn_retention_ms < 0:
-            raise ValueError(f"finished_txn_retention_ms must not be negative, got {self.finished_txn_retention_ms}")
-        if not self.retention_interval_s > 0:
-            raise ValueError(f"retention_interval_s must be positive, got {self.retention_interval_s}")
-
-
-class _Fail(Exception):
-    """Raised inside an RPC body to end the call with a gRPC status (never reaches grpcio)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-# ---------------------------------------------------------------------------------- access rules
-#
-# What each RPC needs when authentication is on, in Pravega 0.13's terms (ControllerServiceImpl):
-# a resource, the permission required on it, and the stream whose delegation token a reply's
-# ``delegationToken`` field carries. ``None`` as resource: authentication only (the body filters
-# or decides itself). The one place every RPC passes through is ``_rpc`` below.
-
-
-@dataclass(frozen=True, slots=True)
-class _Access:
-    resource: str | None
-    needed: Permission
-    stream: tuple[str, str] | None = None
-
-
-def _stream_info(request: Any) -> pb.StreamInfo:
-    return request if isinstance(request, pb.StreamInfo) else request.streamInfo
-
-
-def _on_stream(needed: Permission) -> Callable[[Any], _Access]:
-    def rule(request: Any) -> _Access:
-        info = _stream_info(request)
-        return _Access(auth.stream_auth_resource(info.scope, info.stream), needed, (info.scope, info.stream))
-
-    return rule
-
-
-def _create_stream_rule(request: pb.StreamConfig) -> _Access:
-    info = request.streamInfo
-    # Pravega lets a reader create its reader group's state stream (and a stream's watermark
-    # stream) with READ on the scope (rgWritesWithReadPermissions, on by default).
-    needed = Permission.READ if auth.is_reader_group_or_mark_stream(info.stream) else Permission.READ_UPDATE
-    return _Access(auth.scope_resource(info.scope), needed, (info.scope, info.stream))
-
-
-def _authenticated_only(_request: Any) -> _Access:
-    return _Access(None, Permission.NONE)
-
-
-_READ, _UPDATE = Permission.READ, Permission.READ_UPDATE
-_ACCESS_RULES: dict[str, Callable[[Any], _Access]] = {
-    "getControllerServerList": _authenticated_only,
-    "getDelegationToken": _authenticated_only,  # decides in its body (depends on the caller's permission)
-    "getURI": _on_stream(_READ),
-    "createScope": lambda r: _Access(auth.ROOT_RESOURCE, _UPDATE),
-    "deleteScope": lambda r: _Access(auth.ROOT_RESOURCE, _UPDATE),
-    "listScopes": _authenticated_only,  # lists only the scopes the caller may read
-    "checkScopeExists": lambda r: _Access(auth.scope_resource(r.scope), _READ),
-    "createStream": _create_stream_rule,
-    "updateStream": _on_stream(_UPDATE),
-    "getStreamConfiguration": _on_stream(_READ),
-    "sealStream": _on_stream(_UPDATE),
-    "deleteStream": _on_stream(_UPDATE),
-    "truncateStream": _on_stream(_UPDATE),
-    "listStreamsInScope": _authenticated_only,  # lists only the streams the caller may read
-    "listStreamsInScopeForTag": _authenticated_only,
-    "checkStreamExists": _on_stream(_READ),
-    "getCurrentSegments": _on_stream(_READ),
-    "getEpochSegments": _on_stream(_READ),
-    "getSegments": _on_stream(_READ),
-    "getSegmentsImmediatelyFollowing": _on_stream(_READ),
-    "getSegmentsBetween": _on_stream(_READ),
-    "isSegmentValid": _on_stream(_READ),
-    "isStreamCutValid": _on_stream(_READ),
-    "scale": _on_stream(_UPDATE),
-    "checkScale": _on_stream(_READ),
-    "createTransaction": _on_stream(_UPDATE),
-    "commitTransaction": _on_stream(_UPDATE),
-    "abortTransaction": _on_stream(_UPDATE),
-    "pingTransaction": _on_stream(_UPDATE),
-    "checkTransactionState": _on_stream(_READ),
-}
-
-
-def _authorization_header(context: grpc.ServicerContext) -> str | None:
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
-            return value if isinstance(value, str) else value.decode("latin-1")
-    return None
-
-
 def _txn_failure(action: str, scope: str, name: str, txn_id: int, why: str) -> pb.TxnStatus:
     """Pravega 0.13's controller answers every refused commit or abort with FAILURE (its reason
     goes to its log only); so does this one."""
     log.info("%s of transaction %032x on %s/%s refused: %s", action, txn_id, scope, name, why)
     return pb.TxnStatus(status=pb.TxnStatus.FAILURE)
-
-
-def _rpc(method: Callable[..., T]) -> Callable[..., T]:
-    """Turn failures into gRPC statuses: definite ones as raised, anything else as INTERNAL.
-
-    With authentication on, every call is first authenticated and authorized here (never data for a
-    refused caller) and a reply's ``delegationToken`` is filled for the caller.
-    """
-    name = method.__name__
-    if name not in _ACCESS_RULES:
-        raise AssertionError(f"controller RPC {name} has no access rule")  # fail closed, at import
-    rule = _ACCESS_RULES[name]
-
-    @functools.wraps(method)
-    def wrapper(self: EmbeddedController, request: Any, context: grpc.ServicerContext) -> T:
-        with self._rpc_lock:
-            self.rpc_calls[name] += 1
-        try:
-            if self._stopped:
-                raise _Fail(grpc.StatusCode.UNAVAILABLE, "the embedded controller is stopped")
-            if self._log_failure is not None:
-                raise _Fail(grpc.StatusCode.UNAVAILABLE,
-                            f"the embedded controller's metadata log failed ({self._log_failure}); restart it")
-            if self._authenticator is None:
-                return method(self, request, context)
-            access = rule(request)
-            account = self._admit(name, access, context)
-            self._caller.account = account
-            try:
-                reply = method(self, request, context)
-            finally:
-                self._caller.account = None
-            if access.stream is not None and "delegationToken" in type(reply).DESCRIPTOR.fields_by_name:
-                reply.delegationToken = self._token_for(account, *access.stream)
-            return reply
-        except _Fail as exc:
-            failure = exc
-        except Exception as exc:  # a backend or state error: report it, let the client retry
-            log.exception("controller RPC %s failed", method.__name__)
-            failure = _Fail(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(exc).__name__}: {exc}")
-        context.abort(failure.code, failure.message)
-        raise AssertionError("context.abort returned")  # pragma: no cover
-
-    return wrapper
 
 
 class _Gate:
@@ -367,9 +179,10 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
     ) -> None:
         if (authenticator is None) != (tokens is None):
             raise ValueError("authentication needs both an authenticator and a token authority")
-        self._authenticator = authenticator  # None: no authentication (every call allowed, tokens "")
-        self._tokens = tokens
-        self._caller = threading.local()  # the authenticated account of the RPC this thread serves
+        config = config or ControllerConfig()
+        self._access: ControllerAccess | None = None  # None: no authentication (every call allowed, tokens "")
+        if authenticator is not None and tokens is not None:
+            self._access = ControllerAccess(authenticator, tokens, pravega_token_rules=config.pravega_token_rules)
         #: RPC name -> calls served (tests and benchmarks count what a client costs the controller).
         self.rpc_calls: collections.Counter[str] = collections.Counter()
         self._rpc_lock = threading.Lock()
@@ -379,7 +192,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         #: ``locate(qualified segment name) -> (host, port)`` of the store owning the segment's
         #: container (a cluster); None: every segment is on the one segment store.
         self._locate = locate
-        self._config = config or ControllerConfig()
+        self._config = config
         self._dir = Path(data_dir) / "controller"
         self._log = MetadataLog(self._dir, snapshot_every=self._config.snapshot_every)
         self._state = ControllerState(
@@ -550,7 +363,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
     @staticmethod
     def _names(info: pb.StreamInfo) -> tuple[str, str]:
         if not info.scope or not info.stream:
-            raise _Fail(
+            raise RpcFailure(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"streamInfo must name a scope and a stream, got scope={info.scope!r} stream={info.stream!r}",
             )
@@ -560,80 +373,16 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         stream = self._state.stream(scope, name)
         if stream is None:
             where = "" if scope in self._state.scopes else f" (scope {scope} does not exist)"
-            raise _Fail(grpc.StatusCode.NOT_FOUND, f"stream {scope}/{name} does not exist{where}")
+            raise RpcFailure(grpc.StatusCode.NOT_FOUND, f"stream {scope}/{name} does not exist{where}")
         return stream
 
     @staticmethod
     def _info(scope: str, name: str) -> pb.StreamInfo:
         return pb.StreamInfo(scope=scope, stream=name)
 
-    # ------------------------------------------------------------------ authentication
-
-    def _admit(self, rpc: str, access: _Access, context: grpc.ServicerContext) -> auth.Account:
-        """Authenticate the caller (UNAUTHENTICATED) and check the rule's permission (PERMISSION_DENIED)."""
-        assert self._authenticator is not None
-        try:
-            account = self._authenticator.authenticate(_authorization_header(context))
-        except auth.AuthenticationFailed as exc:
-            log.warning("controller %s refused: %s", rpc, exc)
-            raise _Fail(grpc.StatusCode.UNAUTHENTICATED, f"authentication failed: {exc}") from None
-        if access.resource is not None and account.permission(access.resource) < access.needed:
-            log.warning("controller %s refused: user %s lacks %s on %s", rpc, account.username,
-                        access.needed.name, access.resource)
-            raise _Fail(grpc.StatusCode.PERMISSION_DENIED,
-                        f"user {account.username!r} is not allowed {access.needed.name} on {access.resource}")
-        return account
-
     def _may(self, resource: str, needed: Permission) -> bool:
         """Whether the caller of the current RPC has ``needed`` on ``resource`` (always, without auth)."""
-        account: auth.Account | None = getattr(self._caller, "account", None)
-        return self._authenticator is None or (account is not None and account.permission(resource) >= needed)
-
-    def _token_permission(self, account: auth.Account, scope: str, stream: str,
-                          requested: int = pb.StreamInfo.UNSPECIFIED) -> Permission:
-        """What a delegation token for ``scope/stream`` grants ``account`` (NONE: refuse).
-
-        Pravega 0.13 grants what was asked; the official Rust client always asks UNSPECIFIED, which
-        Pravega treats as READ_UPDATE and refuses to a read-only user. Here UNSPECIFIED/ANY grant the
-        caller's own permission, so a read-only user can read with the official client.
-        Reader-group and watermark streams are writable with READ (Pravega's default).
-        """
-        if self._config.pravega_token_rules:
-            return self._pravega_token_permission(account, scope, stream, requested)
-        have = account.permission(auth.stream_auth_resource(scope, stream))
-        if have == Permission.NONE:
-            return Permission.NONE
-        internal = auth.is_reader_group_or_mark_stream(stream)
-        if requested in (pb.StreamInfo.WRITE, pb.StreamInfo.READ_WRITE):
-            return Permission.READ_UPDATE if internal or have >= Permission.READ_UPDATE else Permission.NONE
-        if requested in (pb.StreamInfo.READ, pb.StreamInfo.NONE):
-            return Permission.READ
-        return Permission.READ_UPDATE if internal else have
-
-    @staticmethod
-    def _pravega_token_permission(account: auth.Account, scope: str, stream: str, requested: int) -> Permission:
-        """Pravega 0.13's delegationTokenSupplier: UNSPECIFIED (what the official client sends)
-        needs and grants READ_UPDATE; READ needs READ; WRITE/READ_WRITE need READ_UPDATE, except on
-        ``_RG``/``_MARK`` streams (READ). The client's ``<group>_kvtable`` is an ordinary stream there."""
-        resource = auth.stream_auth_resource(scope, stream, kvtable_is_reader_group=False)
-        have = account.permission(resource)
-        internal = stream.startswith(("_RG", "_MARK"))
-        if requested in (pb.StreamInfo.READ, pb.StreamInfo.NONE):
-            needed, granted = Permission.READ, Permission.READ
-        elif requested in (pb.StreamInfo.WRITE, pb.StreamInfo.READ_WRITE):
-            needed, granted = (Permission.READ if internal else Permission.READ_UPDATE), Permission.READ_UPDATE
-        else:
-            needed, granted = Permission.READ_UPDATE, Permission.READ_UPDATE
-        return granted if have >= needed else Permission.NONE
-
-    def _token_for(self, account: auth.Account, scope: str, stream: str,
-                   requested: int = pb.StreamInfo.UNSPECIFIED) -> str:
-        """A delegation token naming ``scope/stream`` ("" when the caller may not have one)."""
-        assert self._tokens is not None
-        permission = self._token_permission(account, scope, stream, requested)
-        if permission == Permission.NONE:
-            return ""
-        return self._tokens.issue(account.username, auth.stream_resource(scope, stream), permission)
+        return self._access is None or self._access.may(resource, needed)
 
     def _range(self, stream: StreamRecord, segment_id: int) -> pb.SegmentRange:
         seg = stream.segments[segment_id]
@@ -653,17 +402,17 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
     @staticmethod
     def _txn_id(request: pb.TxnRequest | pb.PingTxnRequest) -> int:
         if not request.HasField("txnId"):
-            raise _Fail(grpc.StatusCode.INVALID_ARGUMENT, "txnId is required")
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "txnId is required")
         return bits_to_txn_id(request.txnId.highBits, request.txnId.lowBits)
 
     def _effective_lease(self, lease: int) -> int | None:
         """The lease to grant, or None when it exceeds max_lease_ms (and no cap is configured)."""
         if lease <= 0:
-            raise _Fail(grpc.StatusCode.INVALID_ARGUMENT, f"lease must be a positive number of ms, got {lease}")
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"lease must be a positive number of ms, got {lease}")
         if self._config.lease_cap_ms is not None:
             return min(lease, self._config.lease_cap_ms)
         if lease < self._config.min_lease_ms:  # Pravega's words and status (an IllegalArgumentException)
-            raise _Fail(grpc.StatusCode.UNKNOWN, "lease should be greater than minimum lease")
+            raise RpcFailure(grpc.StatusCode.UNKNOWN, "lease should be greater than minimum lease")
         if lease > self._config.max_lease_ms:
             return None
         return lease
@@ -672,7 +421,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
     def _page(names: list[str], token: str, size: int) -> tuple[list[str], str]:
         """One page of sorted ``names`` after ``token``, and the token for the next page."""
         if token and not token.startswith(_TOKEN_PREFIX):
-            raise _Fail(grpc.StatusCode.INVALID_ARGUMENT, f"unknown continuation token {token!r}")
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"unknown continuation token {token!r}")
         after = token[len(_TOKEN_PREFIX) :] if token else None
         rest = [n for n in names if after is None or n > after]
         page = rest[:size]
@@ -682,30 +431,29 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
     # ------------------------------------------------------------------ cluster
 
-    @_rpc
+    @rpc
     def getControllerServerList(self, request: pb.ServerRequest, context: grpc.ServicerContext) -> pb.ServerResponse:
         endpoint = self._controller_endpoint
         if endpoint is None:
             return pb.ServerResponse()
         return pb.ServerResponse(nodeURI=[pb.NodeUri(endpoint=endpoint[0], port=endpoint[1])])
 
-    @_rpc
+    @rpc
     def getDelegationToken(self, request: pb.StreamInfo, context: grpc.ServicerContext) -> pb.DelegationToken:
-        if self._authenticator is None:
+        if self._access is None:
             return pb.DelegationToken(delegationToken="")  # no authentication: tokens are empty
         scope, name = self._names(request)
-        account = self._caller.account
-        permission = self._token_permission(account, scope, name, request.accessOperation)
+        account = self._access.caller
+        permission = self._access.token_permission(account, scope, name, request.accessOperation)
         if permission == Permission.NONE:
             wanted = pb.StreamInfo.AccessOperation.Name(request.accessOperation)
-            raise _Fail(grpc.StatusCode.PERMISSION_DENIED,
-                        f"user {account.username!r} may not have a delegation token for {scope}/{name} "
-                        f"(access {wanted}, resource {auth.stream_auth_resource(scope, name)})")
-        assert self._tokens is not None
-        token = self._tokens.issue(account.username, auth.stream_resource(scope, name), permission)
+            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED,
+                             f"user {account.username!r} may not have a delegation token for {scope}/{name} "
+                             f"(access {wanted}, resource {auth.stream_auth_resource(scope, name)})")
+        token = self._access.issue(account, scope, name, permission)
         return pb.DelegationToken(delegationToken=token)
 
-    @_rpc
+    @rpc
     def getURI(self, request: pb.SegmentId, context: grpc.ServicerContext) -> pb.NodeUri:
         # One store: every segment of every stream (reader-group table streams included) lives there.
         # A cluster: the store that owns the segment's container now.
@@ -717,7 +465,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
     # ------------------------------------------------------------------ scopes
 
-    @_rpc
+    @rpc
     def createScope(self, request: pb.ScopeInfo, context: grpc.ServicerContext) -> pb.CreateScopeStatus:
         scope = request.scope
         if not valid_name(scope, "scope"):
@@ -729,7 +477,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         self._durable(seq)
         return pb.CreateScopeStatus(status=pb.CreateScopeStatus.SUCCESS)
 
-    @_rpc
+    @rpc
     def deleteScope(self, request: pb.ScopeInfo, context: grpc.ServicerContext) -> pb.DeleteScopeStatus:
         scope = request.scope
         with self._lock:
@@ -741,7 +489,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         self._durable(seq)
         return pb.DeleteScopeStatus(status=pb.DeleteScopeStatus.SUCCESS)
 
-    @_rpc
+    @rpc
     def listScopes(self, request: pb.ScopesRequest, context: grpc.ServicerContext) -> pb.ScopesResponse:
         names = self._read(lambda: sorted(self._state.scopes))
         if not self._may(auth.ROOT_RESOURCE, Permission.READ):
@@ -749,7 +497,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         page, token = self._page(names, request.continuationToken.token, self._config.list_page_size)
         return pb.ScopesResponse(scopes=page, continuationToken=pb.ContinuationToken(token=token))
 
-    @_rpc
+    @rpc
     def checkScopeExists(self, request: pb.ScopeInfo, context: grpc.ServicerContext) -> pb.ExistsResponse:
         return pb.ExistsResponse(exists=self._read(lambda: request.scope in self._state.scopes))
 
@@ -757,12 +505,12 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
     def _config_record(self, request: pb.StreamConfig) -> StreamConfigRecord:
         if not request.HasField("scalingPolicy"):
-            raise _Fail(grpc.StatusCode.INVALID_ARGUMENT, "scalingPolicy is required")
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "scalingPolicy is required")
         sp = request.scalingPolicy
         if sp.scaleType not in pb.ScalingPolicy.ScalingPolicyType.values():
-            raise _Fail(grpc.StatusCode.INVALID_ARGUMENT, f"unknown scaleType {sp.scaleType}")
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"unknown scaleType {sp.scaleType}")
         if not 1 <= sp.minNumSegments <= MAX_SEGMENTS_PER_EPOCH:
-            raise _Fail(
+            raise RpcFailure(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"minNumSegments must be within 1..{MAX_SEGMENTS_PER_EPOCH}, got {sp.minNumSegments}",
             )
@@ -770,9 +518,9 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         if request.HasField("retentionPolicy"):
             rp = request.retentionPolicy
             if rp.retentionType not in pb.RetentionPolicy.RetentionPolicyType.values():
-                raise _Fail(grpc.StatusCode.INVALID_ARGUMENT, f"unknown retentionType {rp.retentionType}")
+                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"unknown retentionType {rp.retentionType}")
             if rp.retentionParam < 0:
-                raise _Fail(
+                raise RpcFailure(
                     grpc.StatusCode.INVALID_ARGUMENT, f"retentionParam must not be negative, got {rp.retentionParam}"
                 )
             # Like Pravega: a policy of type UNKNOWN (the official client's StreamRetentionPolicy.none())
@@ -804,7 +552,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         msg.tags.CopyFrom(pb.Tags(tag=list(c.tags or ())))
         return msg
 
-    @_rpc
+    @rpc
     def createStream(self, request: pb.StreamConfig, context: grpc.ServicerContext) -> pb.CreateStreamStatus:
         info = request.streamInfo
         if not valid_name(info.stream):
@@ -850,7 +598,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         # Pravega 0.13 looks the stream up only: a missing scope is STREAM_NOT_FOUND too.
         return pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.STREAM_NOT_FOUND)
 
-    @_rpc
+    @rpc
     def updateStream(self, request: pb.StreamConfig, context: grpc.ServicerContext) -> pb.UpdateStreamStatus:
         scope, name = self._names(request.streamInfo)
         config = self._config_record(request)
@@ -883,12 +631,12 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
                     return
             self._scale_locked(scope, name, active, [(i / n, (i + 1) / n) for i in range(n)])
 
-    @_rpc
+    @rpc
     def getStreamConfiguration(self, request: pb.StreamInfo, context: grpc.ServicerContext) -> pb.StreamConfig:
         scope, name = self._names(request)
         return self._read(lambda: self._config_message(self._stream_or_fail(scope, name)))
 
-    @_rpc
+    @rpc
     def sealStream(self, request: pb.StreamInfo, context: grpc.ServicerContext) -> pb.UpdateStreamStatus:
         scope, name = self._names(request)
         with self._gate(scope, name).exclusive():
@@ -923,7 +671,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
                 self._backend.seal_segment(qualified_segment_name(scope, name, sid))
         return pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.SUCCESS)
 
-    @_rpc
+    @rpc
     def deleteStream(self, request: pb.StreamInfo, context: grpc.ServicerContext) -> pb.DeleteStreamStatus:
         scope, name = self._names(request)
         with self._gate(scope, name).exclusive():
@@ -953,7 +701,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             seq = self._persist({"op": "stream_deleted", "scope": scope, "stream": name, "ts": _now_ms()})
         self._durable(seq)
 
-    @_rpc
+    @rpc
     def truncateStream(self, request: pb.StreamCut, context: grpc.ServicerContext) -> pb.UpdateStreamStatus:
         """Like Pravega 0.13: a sealed stream answers STREAM_SEALED; a cut that is not valid, or lies
         (on any segment) before the current truncation point, answers FAILURE. Deliberate
@@ -1046,19 +794,19 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             status=pb.StreamsInScopeResponse.SUCCESS,
         )
 
-    @_rpc
+    @rpc
     def listStreamsInScope(
         self, request: pb.StreamsInScopeRequest, context: grpc.ServicerContext
     ) -> pb.StreamsInScopeResponse:
         return self._list_streams(request.scope.scope, request.continuationToken.token, None)
 
-    @_rpc
+    @rpc
     def listStreamsInScopeForTag(
         self, request: pb.StreamsInScopeWithTagRequest, context: grpc.ServicerContext
     ) -> pb.StreamsInScopeResponse:
         return self._list_streams(request.scope.scope, request.continuationToken.token, request.tag)
 
-    @_rpc
+    @rpc
     def checkStreamExists(self, request: pb.StreamInfo, context: grpc.ServicerContext) -> pb.ExistsResponse:
         return pb.ExistsResponse(
             exists=self._read(lambda: self._state.stream(request.scope, request.stream) is not None)
@@ -1066,7 +814,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
     # ------------------------------------------------------------------ segments
 
-    @_rpc
+    @rpc
     def getCurrentSegments(self, request: pb.StreamInfo, context: grpc.ServicerContext) -> pb.SegmentRanges:
         scope, name = self._names(request)
 
@@ -1080,7 +828,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
         return self._read(ranges)
 
-    @_rpc
+    @rpc
     def getEpochSegments(self, request: pb.GetEpochSegmentsRequest, context: grpc.ServicerContext) -> pb.SegmentRanges:
         scope, name = self._names(request.streamInfo)
         epoch = request.epoch
@@ -1088,7 +836,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         def ranges() -> pb.SegmentRanges:
             stream = self._stream_or_fail(scope, name)
             if not 0 <= epoch < len(stream.epochs):
-                raise _Fail(
+                raise RpcFailure(
                     grpc.StatusCode.NOT_FOUND,
                     f"stream {scope}/{name} has epochs 0..{len(stream.epochs) - 1}, not {epoch}",
                 )
@@ -1096,7 +844,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
         return self._read(ranges)
 
-    @_rpc
+    @rpc
     def getSegments(self, request: pb.GetSegmentsRequest, context: grpc.ServicerContext) -> pb.SegmentsAtTime:
         scope, name = self._names(request.streamInfo)
         timestamp = request.timestamp
@@ -1128,7 +876,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
         return self._read(at_time)
 
-    @_rpc
+    @rpc
     def getSegmentsImmediatelyFollowing(
         self, request: pb.SegmentId, context: grpc.ServicerContext
     ) -> pb.SuccessorResponse:
@@ -1148,7 +896,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
         return self._read(successors)
 
-    @_rpc
+    @rpc
     def getSegmentsBetween(
         self, request: pb.StreamCutRange, context: grpc.ServicerContext
     ) -> pb.StreamCutRangeResponse:
@@ -1162,11 +910,11 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
                 if cut:
                     problem = stream.cut_problem(cut)
                     if problem is not None:
-                        raise _Fail(grpc.StatusCode.INVALID_ARGUMENT, f"invalid '{label}' stream cut: {problem}")
+                        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"invalid '{label}' stream cut: {problem}")
             for f, f_off in start.items():
                 for t, t_off in to_cut.items():
                     if stream.is_before(t, f) or (f == t and t_off < f_off):
-                        raise _Fail(
+                        raise RpcFailure(
                             grpc.StatusCode.INVALID_ARGUMENT,
                             f"the 'from' stream cut is after the 'to' stream cut (segment {f} vs {t})",
                         )
@@ -1196,7 +944,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             queue.extend(succ.segment_id for succ, _ in stream.successors(sid))
         return found
 
-    @_rpc
+    @rpc
     def isSegmentValid(self, request: pb.SegmentId, context: grpc.ServicerContext) -> pb.SegmentValidityResponse:
         def valid() -> bool:
             stream = self._state.stream(request.streamInfo.scope, request.streamInfo.stream)
@@ -1204,7 +952,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
         return pb.SegmentValidityResponse(response=self._read(valid))
 
-    @_rpc
+    @rpc
     def isStreamCutValid(self, request: pb.StreamCut, context: grpc.ServicerContext) -> pb.StreamCutValidityResponse:
         def valid() -> bool:
             stream = self._state.stream(request.streamInfo.scope, request.streamInfo.stream)
@@ -1214,7 +962,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
 
     # ------------------------------------------------------------------ scaling
 
-    @_rpc
+    @rpc
     def scale(self, request: pb.ScaleRequest, context: grpc.ServicerContext) -> pb.ScaleResponse:
         scope, name = self._names(request.streamInfo)
         with self._gate(scope, name).exclusive():
@@ -1321,7 +1069,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             return precondition, f"{after} segments would be fewer than the scaling policy's minimum {minimum}"
         return None
 
-    @_rpc
+    @rpc
     def checkScale(self, request: pb.ScaleStatusRequest, context: grpc.ServicerContext) -> pb.ScaleStatusResponse:
         scope, name = self._names(request.streamInfo)
         epoch = request.epoch
@@ -1344,17 +1092,17 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
     def _txn_record(op: str, scope: str, name: str, txn_id: int, **fields: Any) -> dict[str, Any]:
         return {"op": op, "scope": scope, "stream": name, "txn": format(txn_id, "032x"), "ts": _now_ms(), **fields}
 
-    @_rpc
+    @rpc
     def createTransaction(self, request: pb.CreateTxnRequest, context: grpc.ServicerContext) -> pb.CreateTxnResponse:
         scope, name = self._names(request.streamInfo)
         lease = self._effective_lease(request.lease)
         if lease is None:
-            raise _Fail(
+            raise RpcFailure(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"lease {request.lease} ms exceeds the maximum of {self._config.max_lease_ms} ms",
             )
         if lease > self._config.max_execution_time_ms:
-            raise _Fail(
+            raise RpcFailure(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"lease {lease} ms exceeds the maximum execution time of {self._config.max_execution_time_ms} ms",
             )
@@ -1362,7 +1110,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             with self._lock:
                 stream = self._stream_or_fail(scope, name)
                 if stream.state != ACTIVE:
-                    raise _Fail(
+                    raise RpcFailure(
                         grpc.StatusCode.INVALID_ARGUMENT, f"stream {scope}/{name} is sealed; no new transactions"
                     )
                 epoch = len(stream.epochs) - 1
@@ -1401,7 +1149,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             ),
         )
 
-    @_rpc
+    @rpc
     def commitTransaction(self, request: pb.TxnRequest, context: grpc.ServicerContext) -> pb.TxnStatus:
         scope, name = self._names(request.streamInfo)
         txn_id = self._txn_id(request)
@@ -1513,7 +1261,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
         with self._gate(scope, name).shared(), self._txn_lock(scope, name, txn_id):
             return self._abort_expired_locked(scope, name, txn_id)
 
-    @_rpc
+    @rpc
     def abortTransaction(self, request: pb.TxnRequest, context: grpc.ServicerContext) -> pb.TxnStatus:
         scope, name = self._names(request.streamInfo)
         txn_id = self._txn_id(request)
@@ -1539,7 +1287,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             self._complete_abort(scope, name, txn_id)
         return pb.TxnStatus(status=pb.TxnStatus.SUCCESS)
 
-    @_rpc
+    @rpc
     def pingTransaction(self, request: pb.PingTxnRequest, context: grpc.ServicerContext) -> pb.PingTxnStatus:
         scope, name = self._names(request.streamInfo)
         txn_id = self._txn_id(request)
@@ -1600,7 +1348,7 @@ class EmbeddedController(pb_grpc.ControllerServiceServicer):
             return pb.PingTxnStatus(status=mapping[value])
         return pb.TxnState(state=pb.TxnState.UNKNOWN if value is None else pb.TxnState.State.Value(value))
 
-    @_rpc
+    @rpc
     def checkTransactionState(self, request: pb.TxnRequest, context: grpc.ServicerContext) -> pb.TxnState:
         scope, name = self._names(request.streamInfo)
         return self._txn_state_message(scope, name, self._txn_id(request))

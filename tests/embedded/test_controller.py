@@ -34,7 +34,8 @@ from hang_guard import HANG_GUARD_S
 from pravega_clients import OFFICIAL_CLIENT_REASON, official_client_installed
 
 from airflow_provider_pravega.embedded.backend import SegmentInfo
-from airflow_provider_pravega.embedded.controller import ControllerConfig, EmbeddedController
+from airflow_provider_pravega.embedded.controller import EmbeddedController
+from airflow_provider_pravega.embedded.controller_config import ControllerConfig
 from airflow_provider_pravega.embedded.controller_log import CorruptMetadataError
 from airflow_provider_pravega.protocol import controller_pb2 as pb
 from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
@@ -1058,7 +1059,8 @@ _SERVER_SCRIPT = r"""
 import sys, threading, time, pathlib
 from concurrent import futures
 import grpc
-from airflow_provider_pravega.embedded.controller import EmbeddedController, ControllerConfig
+from airflow_provider_pravega.embedded.controller import EmbeddedController
+from airflow_provider_pravega.embedded.controller_config import ControllerConfig
 from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
 
 class Backend:  # forgets everything on kill -9: this test is about the controller's own log
