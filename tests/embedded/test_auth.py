@@ -80,7 +80,10 @@ def test_auth_file_problems_are_named(line, message):
 
 def test_every_rpc_has_an_access_rule():
     rpcs = {m.name for m in pb.DESCRIPTOR.services_by_name["ControllerService"].methods}
-    implemented = {name for name in rpcs if name in vars(EmbeddedController)}
+    # The RPCs live in EmbeddedController's parts (its bases); the generated servicer only refuses.
+    parts = [k for k in EmbeddedController.__mro__ if k is not pb_grpc.ControllerServiceServicer]
+    implemented = {name for name in rpcs if any(name in vars(part) for part in parts)}
+    assert implemented, "no RPC found on EmbeddedController's parts"
     assert implemented <= set(ACCESS_RULES), implemented - set(ACCESS_RULES)
 
 

@@ -35,6 +35,7 @@ from pravega_clients import OFFICIAL_CLIENT_REASON, official_client_installed
 
 from airflow_provider_pravega.embedded.backend import SegmentInfo
 from airflow_provider_pravega.embedded.controller import EmbeddedController
+from airflow_provider_pravega.embedded.controller_base import ControllerBase
 from airflow_provider_pravega.embedded.controller_config import ControllerConfig
 from airflow_provider_pravega.embedded.controller_log import CorruptMetadataError
 from airflow_provider_pravega.protocol import controller_pb2 as pb
@@ -599,7 +600,6 @@ def test_transaction_abort_and_unknown(ctl: Running) -> None:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch):
     """The controller's wall clock, stepped by the test: lease timing without sleeps or load races."""
-    from airflow_provider_pravega.embedded import controller as controller_module
 
     class SteppedClock:
         now_ms = int(time.time() * 1000)
@@ -608,7 +608,7 @@ def clock(monkeypatch: pytest.MonkeyPatch):
             self.now_ms += ms
 
     stepped = SteppedClock()
-    monkeypatch.setattr(controller_module, "_now_ms", lambda: stepped.now_ms)
+    monkeypatch.setattr(ControllerBase, "_now_ms", lambda self: stepped.now_ms)
     return stepped
 
 
