@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from airflow_provider_pravega.client.connection import SegmentStoreClient
-from airflow_provider_pravega.client.controller import (
-    ControllerClient,
+from airflow_provider_pravega.client.controller import ControllerClient
+from airflow_provider_pravega.client.controller_types import (
     RetentionPolicy,
     ScalingPolicy,
     SegmentRange,

@@ -35,8 +35,9 @@ from airflow_provider_pravega.client.connection import (
     next_request_id,
     raise_for_reply,
 )
-from airflow_provider_pravega.client.controller import ControllerClient, Endpoint
-from airflow_provider_pravega.client.controller import SegmentRange as KeyRange
+from airflow_provider_pravega.client.controller import ControllerClient
+from airflow_provider_pravega.client.controller_types import Endpoint
+from airflow_provider_pravega.client.controller_types import SegmentRange as KeyRange
 from airflow_provider_pravega.client.errors import (
     ControllerError,
     InvalidStreamCutError,

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Self
 
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
-from airflow_provider_pravega.client.controller import ControllerClient, Endpoint
+from airflow_provider_pravega.client.controller import ControllerClient
+from airflow_provider_pravega.client.controller_types import Endpoint
 from airflow_provider_pravega.client.errors import (
     AuthenticationError,
     ConditionalAppendFailedError,

@@ -1644,7 +1644,7 @@ def _state_name(status: Any) -> str:
 
 
 def _final_states() -> Any:
-    from airflow_provider_pravega.client.controller import TxnStatus
+    from airflow_provider_pravega.client.controller_types import TxnStatus
 
     # Waited for only after the commit requests were acknowledged and recorded: a transaction the
     # controller forgot since (UNKNOWN) was committed.

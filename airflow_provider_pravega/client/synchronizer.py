@@ -42,7 +42,7 @@ from airflow_provider_pravega.client.connection import (
     next_request_id,
     raise_for_reply,
 )
-from airflow_provider_pravega.client.controller import ScalingPolicy
+from airflow_provider_pravega.client.controller_types import ScalingPolicy
 from airflow_provider_pravega.client.errors import (
     ControllerUnreachableError,
     InvalidStreamCutError,

@@ -21,12 +21,8 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any, Self
 
 from airflow_provider_pravega.client.connection import SegmentStoreClient
-from airflow_provider_pravega.client.controller import (
-    ControllerClient,
-    TransactionInfo,
-    TxnStatus,
-    parse_txn_id,
-)
+from airflow_provider_pravega.client.controller import ControllerClient
+from airflow_provider_pravega.client.controller_types import TransactionInfo, TxnStatus, parse_txn_id
 from airflow_provider_pravega.client.errors import (
     PravegaError,
     TransactionAbortedError,

@@ -22,7 +22,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from airflow_provider_pravega.client.connection import AppendSession, FlushOnExit, SegmentStoreClient
-from airflow_provider_pravega.client.controller import ControllerClient, SegmentRange
+from airflow_provider_pravega.client.controller import ControllerClient
+from airflow_provider_pravega.client.controller_types import SegmentRange
 from airflow_provider_pravega.client.errors import (
     NoSuchSegmentError,
     PravegaError,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
-from airflow_provider_pravega.client.controller import TxnStatus
+from airflow_provider_pravega.client.controller_types import TxnStatus
 from airflow_provider_pravega.sensors._base import PravegaSensorBase
 from airflow_provider_pravega.triggers.transaction import (
     _FAILED_DETAIL,

@@ -16,7 +16,7 @@ from airflow_provider_pravega.client.connection import (
     ConnectionPool,
     SegmentStoreConnection,
 )
-from airflow_provider_pravega.client.controller import Endpoint
+from airflow_provider_pravega.client.controller_types import Endpoint
 from airflow_provider_pravega.client.errors import SegmentStoreError
 from airflow_provider_pravega.protocol import naming, wire
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.controller import TxnStatus
+from airflow_provider_pravega.client.controller_types import TxnStatus
 from airflow_provider_pravega.client.errors import TransactionTimeoutError
 from airflow_provider_pravega.embedded import server as server_module
 from airflow_provider_pravega.embedded.controller import EmbeddedController

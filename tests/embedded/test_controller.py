@@ -1178,7 +1178,8 @@ class _StillCreating(EmbeddedController):
 def test_the_client_waits_for_a_stream_another_process_is_still_creating(tmp_path: Path) -> None:
     """Seen in CI against Pravega 0.13: checkStreamExists says yes while the creator is still at
     work, and getCurrentSegments then answers INTERNAL "State: CREATING". The client waits for it."""
-    from airflow_provider_pravega.client.controller import ControllerClient, ScalingPolicy
+    from airflow_provider_pravega.client.controller import ControllerClient
+    from airflow_provider_pravega.client.controller_types import ScalingPolicy
 
     running = start_controller(tmp_path, MemoryBackend(), kind=_StillCreating)
     controller = running.controller
@@ -1206,7 +1207,7 @@ def test_the_client_waits_for_a_stream_another_process_is_still_creating(tmp_pat
 
 def test_a_stream_that_stays_in_creation_fails_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_provider_pravega.client import controller as controller_module
-    from airflow_provider_pravega.client.controller import ScalingPolicy
+    from airflow_provider_pravega.client.controller_types import ScalingPolicy
     from airflow_provider_pravega.client.errors import ControllerError
 
     monkeypatch.setattr(controller_module, "STREAM_CREATING_WAIT_S", 0.5)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.controller import TxnStatus
+from airflow_provider_pravega.client.controller_types import TxnStatus
 from airflow_provider_pravega.client.ingest import (
     REQUESTED,
     IngestError,

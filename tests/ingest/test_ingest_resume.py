@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pravega.client.controller import TxnStatus
+from airflow_provider_pravega.client.controller_types import TxnStatus
 from airflow_provider_pravega.client.ingest import (
     COMMITTING,
     REQUESTED,

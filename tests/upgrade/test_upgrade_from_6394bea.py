@@ -30,7 +30,7 @@ from bad_input_doc import check_section
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.committed_files import files_table_name
-from airflow_provider_pravega.client.controller import ScalingPolicy
+from airflow_provider_pravega.client.controller_types import ScalingPolicy
 from airflow_provider_pravega.client.streamcut import segments_of
 from airflow_provider_pravega.client.synchronizer import _ConditionalAppender
 from airflow_provider_pravega.client.tables import UNCONDITIONAL, TableSegment
