@@ -228,16 +228,6 @@ class TxnStatus(str, enum.Enum):
         return self.value
 
 
-_TXN_STATES = {
-    pb.TxnState.OPEN: TxnStatus.OPEN,
-    pb.TxnState.COMMITTING: TxnStatus.COMMITTING,
-    pb.TxnState.COMMITTED: TxnStatus.COMMITTED,
-    pb.TxnState.ABORTING: TxnStatus.ABORTING,
-    pb.TxnState.ABORTED: TxnStatus.ABORTED,
-    pb.TxnState.UNKNOWN: TxnStatus.UNKNOWN,
-}
-
-
 @dataclass(frozen=True, slots=True)
 class TransactionInfo:
     """An open transaction: its 128-bit id and the segments (with key ranges) of its epoch.
