@@ -58,6 +58,7 @@ from airflow_provider_pravega.client.errors import (
 from airflow_provider_pravega.protocol import naming, wire
 
 __all__ = [
+    "AppendConnection",
     "AppendSession",
     "ConnectionPool",
     "Failover",
@@ -68,6 +69,7 @@ __all__ = [
     "access_of",
     "next_request_id",
     "raise_for_reply",
+    "set_up_appends",
 ]
 
 log = logging.getLogger(__name__)
@@ -853,6 +855,54 @@ class _Block:
         self.parts = parts
 
 
+@dataclass(frozen=True, slots=True)
+class AppendConnection:
+    """A connection on which one writer id's SetupAppend was answered with AppendSetup."""
+
+    conn: SegmentStoreConnection
+    endpoint: Endpoint
+    #: The delegation token the appends were set up with.
+    token: str
+    #: The writer id's last durable event number on the segment (wire.NO_EVENT_NUMBER: none yet).
+    last_event_number: int
+
+
+def set_up_appends(segments: SegmentStoreClient, segment: str, writer_id: int) -> AppendConnection:
+    """Connect to the segment's current owner and SetupAppend as ``writer_id``: the handshake of
+    every appender (append sessions, the synchronizer's conditional appends).
+
+    A ``WrongHost`` answer forgets the cached owner and raises SegmentStoreUnreachableError, so the
+    caller's :class:`Failover` asks the controller again; any other error reply raises as
+    :func:`raise_for_reply` says. The connection is closed on every error.
+    """
+    endpoint = segments.endpoint_for(segment)
+    conn = segments.pool.connect(endpoint)
+    try:
+        token = segments.token_for(segment, "write")  # cached; renewed near expiry
+        request = wire.SetupAppend(next_request_id(), writer_id, segment, token)
+        reply = conn.call(request)
+        if isinstance(reply, wire.WrongHost):
+            segments.forget_endpoint(segment)
+            raise SegmentStoreUnreachableError(
+                f"segment store {endpoint} does not own segment {segment} (it points at {reply.correct_host!r})",
+                segment=segment,
+                endpoint=str(endpoint),
+            )
+        raise_for_reply(
+            reply, endpoint=endpoint, segment=segment, request=request, user=segments.controller.username,
+        )
+        if not isinstance(reply, wire.AppendSetup):
+            raise SegmentStoreError(
+                f"segment store {endpoint} answered SetupAppend for {segment} with {type(reply).__name__}",
+                segment=segment,
+                endpoint=str(endpoint),
+            )
+    except BaseException:
+        conn.close()
+        raise
+    return AppendConnection(conn, endpoint, token, reply.last_event_number)
+
+
 class FlushOnExit:
     """``with`` for writers: flush when the block ends normally, close in every case (an error
     abandons what was not flushed rather than waiting on it)."""
@@ -954,27 +1004,9 @@ class AppendSession(FlushOnExit):
         return self
 
     def _connect_once(self) -> int:
-        endpoint = self.segments.endpoint_for(self.segment)
-        conn = self.segments.pool.connect(endpoint)
-        try:
-            self._token = self.segments.token_for(self.segment, "write")  # cached; renewed near expiry
-            request = wire.SetupAppend(next_request_id(), self.writer_id, self.segment, self._token)
-            reply = conn.call(request)
-            if isinstance(reply, wire.WrongHost):
-                self.segments.forget_endpoint(self.segment)
-            raise_for_reply(
-                reply, endpoint=endpoint, segment=self.segment, request=request,
-                user=self.segments.controller.username,
-            )
-            if not isinstance(reply, wire.AppendSetup):
-                raise SegmentStoreError(
-                    f"segment store {endpoint} answered SetupAppend for {self.segment} with {type(reply).__name__}",
-                    segment=self.segment,
-                    endpoint=str(endpoint),
-                )
-        except BaseException:
-            conn.close()
-            raise
+        setup = set_up_appends(self.segments, self.segment, self.writer_id)
+        conn, endpoint = setup.conn, setup.endpoint
+        self._token = setup.token
         self._conn = conn
         self.endpoint = endpoint
         # Appends wait on acks in the reader thread; a long socket timeout only bounds a stuck send.
@@ -986,7 +1018,7 @@ class AppendSession(FlushOnExit):
             daemon=True,
         )
         self._reader.start()
-        return reply.last_event_number
+        return setup.last_event_number
 
     def _connect_with_retries(self, failover: Failover | None = None) -> int:
         """Set up on the segment's current owner, following it (:class:`Failover`, bounded by
