@@ -31,18 +31,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from airflow_provider_pravega.client.appends import set_up_appends
 from airflow_provider_pravega.client.batch import (
     SegmentRange,
     SegmentRangeTruncatedError,
     read_segment_range,
 )
-from airflow_provider_pravega.client.connection import (
-    SegmentStoreClient,
-    SegmentStoreConnection,
-    next_request_id,
-    raise_for_reply,
-    set_up_appends,
-)
+from airflow_provider_pravega.client.connection import SegmentStoreConnection, next_request_id
 from airflow_provider_pravega.client.controller_types import ScalingPolicy
 from airflow_provider_pravega.client.errors import (
     ControllerUnreachableError,
@@ -57,6 +52,8 @@ from airflow_provider_pravega.client.errors import (
     SegmentTruncatedError,
     TruncatedStreamCutError,
 )
+from airflow_provider_pravega.client.segment_client import SegmentStoreClient
+from airflow_provider_pravega.client.segment_replies import raise_for_reply
 from airflow_provider_pravega.client.streamcut import controller_of, segments_of
 from airflow_provider_pravega.protocol import naming, wire
 
