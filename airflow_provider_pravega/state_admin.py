@@ -74,7 +74,7 @@ def ingest_state(client: Any, scope: str, name: str) -> dict[str, Any]:
 def export_state(client: Any, scope: str, name: str) -> Any:
     """The recorded cuts of an export (``ExportState``)."""
     from airflow_provider_pravega.client.synchronizer import StateSynchronizer
-    from airflow_provider_pravega.spark.export_job import ExportState, apply_update
+    from airflow_provider_pravega.spark.export_state import ExportState, apply_update
 
     with StateSynchronizer(client, scope, name, ExportState(), apply_update, create=False) as sync:
         return sync.fetch()
@@ -147,8 +147,8 @@ def expected_states(dags: Iterable[Any], default_scope: str | None = None) -> tu
     from airflow_provider_pravega.client.ingest import state_location as ingest_location
     from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator
     from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
-    from airflow_provider_pravega.spark.export_job import ExportSpec
-    from airflow_provider_pravega.spark.export_job import state_location as export_location
+    from airflow_provider_pravega.spark.export_spec import ExportSpec
+    from airflow_provider_pravega.spark.export_state import state_location as export_location
 
     found: list[ExpectedState] = []
     unknown: list[str] = []
