@@ -108,7 +108,7 @@ def profile_task(uri: str, ranges: list, text: bool) -> None:
     from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
-    from airflow_provider_pravega.spark.datasource import Decoding, _read_partition
+    from airflow_provider_pravega.spark.datasource_read import Decoding, _read_partition
 
     host, _, port = uri.split("//", 1)[1].rpartition(":")
     config = PravegaConnectionConfig.from_connection_fields(host=host, port=int(port))

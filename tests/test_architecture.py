@@ -84,7 +84,7 @@ def test_every_exactly_once_write_goes_through_the_one_transactional_stage() -> 
                 committers.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
     assert committers == []
     stage = {"register_txn", "IngestCoordinator"}
-    for rel in ("airflow_provider_pravega/spark/ingest_job.py", "airflow_provider_pravega/spark/datasource.py"):
+    for rel in ("airflow_provider_pravega/spark/ingest_job.py", "airflow_provider_pravega/spark/datasource_write.py"):
         tree = ast.parse((REPO / rel).read_text())
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                     and node.module == "airflow_provider_pravega.client.ingest" for alias in node.names}

@@ -376,14 +376,16 @@ def test_a_read_of_the_callers_plan_keeps_its_partitions_order_and_columns(regis
          .load().collect())
 
 
-def test_a_worker_interpreter_without_the_providers_dependencies_is_told_what_to_install():
-    """Spark imports the data source in its Python workers: one whose interpreter lacks grpc (a
-    cluster host without the provider) gets the remedy, not just "No module named 'grpc'"."""
+@pytest.mark.parametrize("module", ["datasource", "datasource_options", "datasource_read", "datasource_write"])
+def test_a_worker_interpreter_without_the_providers_dependencies_is_told_what_to_install(module):
+    """Spark imports the data source's modules in its Python workers (each reader or writer from
+    its own module): one whose interpreter lacks grpc (a cluster host without the provider) gets
+    the remedy, not just "No module named 'grpc'"."""
     import subprocess
     import sys
 
     probe = ("import sys; sys.modules['grpc'] = None\n"
-             "import airflow_provider_pravega.spark.datasource")
+             f"import airflow_provider_pravega.spark.{module}")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode != 0
