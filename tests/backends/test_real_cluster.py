@@ -248,7 +248,8 @@ def test_ingest_export_and_streaming_read_each_survive_a_segment_store_killed_mi
     from airflow_provider_pravega.spark import export_job
     from airflow_provider_pravega.spark.datasource import register
     from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
-    from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+    from airflow_provider_pravega.spark.ingest_job import run_ingest
+    from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 
     scope, stream = f"cl-{uuid.uuid4().hex[:8]}", "ingested"
     lines = _source(tmp_path / "in")

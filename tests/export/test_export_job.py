@@ -290,7 +290,8 @@ def test_plain_previous_continues_and_a_failed_run_is_redone_with_its_cuts(tmp_p
 
 
 def test_cuts_from_an_ingest_bound_the_export(tmp_path, client, spark, pravega_controller_uri, unique_name):
-    from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+    from airflow_provider_pravega.spark.ingest_job import run_ingest
+    from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 
     scope = unique_name("ingcut")
     batches = []

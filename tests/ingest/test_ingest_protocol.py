@@ -30,7 +30,8 @@ from airflow_provider_pravega.client.ingest import (
     open_state_store,
 )
 from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
-from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest, state_location
+from airflow_provider_pravega.spark.ingest_job import run_ingest, state_location
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 from pravega_testing.faults import fault_env
 
 

@@ -36,12 +36,8 @@ from airflow_provider_pravega.client.ingest_resume import (
     run_identity,
     written_holds,
 )
-from airflow_provider_pravega.spark.ingest_job import (
-    IngestSpec,
-    resume_ingest,
-    resume_status_of,
-    state_location,
-)
+from airflow_provider_pravega.spark.ingest_job import resume_ingest, resume_status_of, state_location
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 from pravega_testing.faults import fault_env
 
 TI = "dag/ingest/run1/-1"

@@ -38,7 +38,8 @@ from airflow_provider_pravega.protocol import naming
 from airflow_provider_pravega.spark import export_claims, export_output
 from airflow_provider_pravega.spark.export_job import ExportSpec, OutputPathError, run_export
 from airflow_provider_pravega.spark.export_state import ExportState, open_export_state
-from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+from airflow_provider_pravega.spark.ingest_job import run_ingest
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "6394bea"
 STREAM = "readings"
