@@ -16,8 +16,10 @@ import pytest
 from bad_input_doc import check_section
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.ingest import IngestCoordinator, IngestError, open_ingest_state
-from airflow_provider_pravega.client.ingest import state_location as ingest_location
+from airflow_provider_pravega.client.ingest import IngestCoordinator
+from airflow_provider_pravega.client.ingest_errors import IngestError
+from airflow_provider_pravega.client.ingest_location import open_ingest_state
+from airflow_provider_pravega.client.ingest_location import state_location as ingest_location
 from airflow_provider_pravega.spark.export_spec import ExportSpec
 from airflow_provider_pravega.spark.export_state import check_export_origin, open_export_state
 from airflow_provider_pravega.spark.export_state import state_location as export_location

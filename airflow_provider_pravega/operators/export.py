@@ -300,7 +300,7 @@ def _check_literal_target(format: Any, output_path: Any, table: Any) -> None:
 def _check_literal_state_scopes(**options: Any) -> None:
     """A bad literal state scope fails when the DAG is parsed, naming the option; a templated one
     is checked at execute (by ExportSpec)."""
-    from airflow_provider_pravega.client.ingest import check_state_scope
+    from airflow_provider_pravega.client.ingest_location import check_state_scope
 
     for option, value in options.items():
         if not _templated(value):

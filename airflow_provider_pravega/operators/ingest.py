@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_pravega.client.ingest import check_state_scope
+from airflow_provider_pravega.client.ingest_location import check_state_scope
 from airflow_provider_pravega.hooks.pravega import PravegaHook
 from airflow_provider_pravega.spark.ingest_spec import IngestResult, IngestSpec, check_options
 

@@ -32,19 +32,11 @@ from typing import Any
 from airflow_provider_pravega import fault_points
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import PravegaError, ScopeNotFoundError, StreamNotFoundError
-from airflow_provider_pravega.client.ingest import (
-    FilePlan,
-    IngestCoordinator,
-    IngestError,
-    WriteResult,
-    check_timing,
-    check_write_access,
-    file_identity,
-    needs_fingerprint,
-    open_ingest_state,
-    open_state_store,
-)
-from airflow_provider_pravega.client.ingest import state_location as _state_location
+from airflow_provider_pravega.client.ingest import IngestCoordinator, WriteResult, check_timing
+from airflow_provider_pravega.client.ingest_errors import IngestError
+from airflow_provider_pravega.client.ingest_location import check_write_access, open_ingest_state, open_state_store
+from airflow_provider_pravega.client.ingest_plan import FilePlan, file_identity, needs_fingerprint
+from airflow_provider_pravega.client.ingest_location import state_location as _state_location
 from airflow_provider_pravega.client.ingest_resume import (
     RESUMABLE,
     is_identity,

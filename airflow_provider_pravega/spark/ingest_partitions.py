@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from airflow_provider_pravega.client.ingest import IngestError
+from airflow_provider_pravega.client.ingest_errors import IngestError
 from airflow_provider_pravega.spark.ingest_sources import key_of
 from airflow_provider_pravega.spark.ingest_spec import LINE_FORMATS, IngestSpec
 

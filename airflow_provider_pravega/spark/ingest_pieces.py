@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from airflow_provider_pravega.client.ingest import committed_end, known_files, same_file
+from airflow_provider_pravega.client.ingest_plan import committed_end, known_files, same_file
 from airflow_provider_pravega.spark.ingest_sources import SourceFile, file_contents, file_gone, key_of, local_bytes
 from airflow_provider_pravega.spark.worker_heap import prepare_worker_heap
 

@@ -8,7 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from airflow_provider_pravega.client.ingest import MIN_STALE_AFTER_S, UNKNOWN_COMMITS, IngestError, check_state_scope
+from airflow_provider_pravega.client.ingest import MIN_STALE_AFTER_S, UNKNOWN_COMMITS
+from airflow_provider_pravega.client.ingest_errors import IngestError
+from airflow_provider_pravega.client.ingest_location import check_state_scope
 
 
 FORMATS = ("jsonl", "csv", "parquet", "text")

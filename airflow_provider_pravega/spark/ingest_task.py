@@ -10,7 +10,9 @@ from typing import Any
 
 from airflow_provider_pravega import fault_points
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
-from airflow_provider_pravega.client.ingest import FencedError, open_state_store, register_txn
+from airflow_provider_pravega.client.ingest import register_txn
+from airflow_provider_pravega.client.ingest_errors import FencedError
+from airflow_provider_pravega.client.ingest_location import open_state_store
 from airflow_provider_pravega.client.ingest_resume import record_written
 from airflow_provider_pravega.spark.ingest_sources import key_of
 from airflow_provider_pravega.spark.ingest_spec import IngestSpec

@@ -12,7 +12,7 @@ from hang_guard import HANG_GUARD_S
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.errors import ControllerUnreachableError, StreamNotFoundError
-from airflow_provider_pravega.client.ingest import ChangedFileError
+from airflow_provider_pravega.client.ingest_errors import ChangedFileError
 from airflow_provider_pravega.spark.ingest_job import run_ingest
 from airflow_provider_pravega.spark.ingest_spec import BadRecordError, IngestSpec, SourceError
 
@@ -199,7 +199,7 @@ def test_write_labels_follow_sparks_hash_partitioner(spark):
     of two groups (a Spark that partitions otherwise) fails the run before its commit point."""
     from pyspark.sql import functions as F
 
-    from airflow_provider_pravega.client.ingest import IngestError
+    from airflow_provider_pravega.client.ingest_errors import IngestError
     from airflow_provider_pravega.spark.ingest_partitions import check_file_groups, spark_hash_long
 
     ids = [0, 1, 2, 7, 42, 63, 64, 1000, 2**31 - 1, 2**31, 2**32 + 5, 2**40 + 3, 2**62, -1, -2**63]

@@ -346,7 +346,7 @@ def test_a_state_scope_the_user_cannot_create_is_named(pravega_secure_embedded: 
     from airflow_provider_pravega.client import PravegaClient
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
     from airflow_provider_pravega.client.errors import PravegaPermissionError
-    from airflow_provider_pravega.client.ingest import open_ingest_state, state_location
+    from airflow_provider_pravega.client.ingest_location import open_ingest_state, state_location
 
     server = pravega_secure_embedded
     stream, state_scope = unique_name("stated"), unique_name("iot-state")

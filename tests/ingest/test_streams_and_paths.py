@@ -16,7 +16,8 @@ import pytest
 from bad_input_doc import check_section
 
 from airflow_provider_pravega.client.errors import InvalidStreamCutError
-from airflow_provider_pravega.client.ingest import RecreatedStreamError, reset_ingest_state
+from airflow_provider_pravega.client.ingest import reset_ingest_state
+from airflow_provider_pravega.client.ingest_errors import RecreatedStreamError
 from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.spark.export_job import ExportError, ExportSpec, reset_export_state, run_export
 from airflow_provider_pravega.spark.ingest_job import run_ingest

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.ingest import ChangedFileError
+from airflow_provider_pravega.client.ingest_errors import ChangedFileError
 from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
 from airflow_provider_pravega.spark.ingest_job import run_ingest

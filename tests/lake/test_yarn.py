@@ -47,7 +47,8 @@ from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.job_results import JobResults
-from airflow_provider_pravega.client.ingest import COMMITTING, open_state_store, state_location
+from airflow_provider_pravega.client.ingest_location import open_state_store, state_location
+from airflow_provider_pravega.client.ingest_state import COMMITTING
 from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.embedded.pytest_plugin import _start_secure
 from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator

@@ -399,7 +399,7 @@ def test_a_write_keeps_its_record_in_the_state_scope(registered, client, pravega
     and a rerun with the same write_id finds it (nothing written twice); a bad one is refused."""
     from pyspark.errors import PySparkException
 
-    from airflow_provider_pravega.client.ingest import state_location
+    from airflow_provider_pravega.client.ingest_location import state_location
 
     scope, state_scope = unique_name("ds-user"), unique_name("ds-state")
     frame = registered.range(0, 60, 1, 3).selectExpr("cast(id as string) as event")

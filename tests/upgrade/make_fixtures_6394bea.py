@@ -58,7 +58,7 @@ def main(out: Path) -> None:
     from airflow_provider_pravega.client import PravegaClient
     from airflow_provider_pravega.client.batch import SegmentRange, read_segment_range
     from airflow_provider_pravega.client.committed_files import CommittedFiles, files_table_name
-    from airflow_provider_pravega.client.ingest import open_state_store
+    from airflow_provider_pravega.client.ingest_location import open_state_store
     from airflow_provider_pravega.client.synchronizer import StateSynchronizer
     from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
     from airflow_provider_pravega.spark.export_job import ExportSpec, ExportState, apply_update, run_export
