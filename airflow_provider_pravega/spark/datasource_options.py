@@ -111,7 +111,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def _state_scope(text: str) -> str:
-    from airflow_provider_pravega.client.ingest import check_state_scope
+    from airflow_provider_pravega.client.ingest_location import check_state_scope
 
     return check_state_scope(text) or text  # never empty: an empty option is an absent one
 

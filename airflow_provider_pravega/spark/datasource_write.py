@@ -103,7 +103,7 @@ class _TaskWrites:
             return self._write_at_least_once(iterator)
         from pyspark import TaskContext
 
-        from airflow_provider_pravega.client.ingest import known_files
+        from airflow_provider_pravega.client.ingest_plan import known_files
 
         if self.run_id is None:
             return self._write_micro_batch(iterator)
@@ -205,7 +205,7 @@ class _TaskWrites:
         return PravegaCommitMessage(self.scope, self.stream, txn_id, count, unit)
 
     def _stream_state(self, client: Any) -> Any:
-        from airflow_provider_pravega.client.ingest import open_ingest_state
+        from airflow_provider_pravega.client.ingest_location import open_ingest_state
 
         return open_ingest_state(client, self.scope, self.stream, f"spark-stream:{self.writer_id}",
                                  stale_after_s=self.stale_after_s, state_scope=self.state_scope)
@@ -270,7 +270,8 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
             return
         import uuid
 
-        from airflow_provider_pravega.client.ingest import IngestError, check_timing
+        from airflow_provider_pravega.client.ingest import check_timing
+        from airflow_provider_pravega.client.ingest_errors import IngestError
 
         try:
             check_timing(self.stale_after_s, self.config.transaction_lease_ms)
@@ -387,7 +388,8 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
         self.stale_after_s = _value(options, "stale_after_s")
         self.owner = f"spark-stream:{self.writer_id}"  # every attempt of the query: a batch's run has one owner
         if self.mode == "exactly_once":
-            from airflow_provider_pravega.client.ingest import IngestError, check_timing
+            from airflow_provider_pravega.client.ingest import check_timing
+            from airflow_provider_pravega.client.ingest_errors import IngestError
 
             try:
                 check_timing(self.stale_after_s, self.config.transaction_lease_ms)
@@ -455,7 +457,7 @@ def micro_batch_run(batch_id: int) -> str:
 def _committed_before(store: Any, batch_id: int) -> bool:
     """Versions before 0.4 recorded a streaming write's micro-batch as one "file": a replay of a
     batch they committed is skipped whole."""
-    from airflow_provider_pravega.client.ingest import known_files
+    from airflow_provider_pravega.client.ingest_plan import known_files
 
     old = known_files(store, store.fetch(), ["micro-batch"]).get("micro-batch")
     return old is not None and int(old.get("fp") or -1) >= batch_id
@@ -470,7 +472,7 @@ def _write_state(client: Any, scope: str, stream: str, write_id: str | None, sta
     """The state of batch writes into ``scope/stream`` (kept in ``state_scope``; default: the
     stream's scope): one per ``write_id``, one shared by writes without one (independent runs:
     their units are never recorded)."""
-    from airflow_provider_pravega.client.ingest import open_ingest_state, open_state_store, state_location
+    from airflow_provider_pravega.client.ingest_location import open_ingest_state, open_state_store, state_location
 
     ingest_id = f"spark-write:{write_id}" if write_id is not None else "spark-write"
     if create:

@@ -14,8 +14,9 @@ from typing import Any
 
 from airflow_provider_pravega.client.batch import SegmentRange, plan_segment_ranges
 from airflow_provider_pravega.client.errors import InvalidStreamCutError, SegmentStoreError, TruncatedStreamCutError
-from airflow_provider_pravega.client.ingest import check_stream_origin, interval_pieces, open_state_store
-from airflow_provider_pravega.client.ingest import state_location as ingest_state_location
+from airflow_provider_pravega.client.ingest_location import check_stream_origin, open_state_store
+from airflow_provider_pravega.client.ingest_state import interval_pieces
+from airflow_provider_pravega.client.ingest_location import state_location as ingest_state_location
 from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.spark.export_spec import ExportError, ExportSpec, IntervalNotIngestedError
 from airflow_provider_pravega.spark.export_state import ExportState

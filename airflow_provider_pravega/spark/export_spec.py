@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_provider_pravega.client.errors import InvalidStreamCutError, PravegaError
-from airflow_provider_pravega.client.ingest import check_state_scope
+from airflow_provider_pravega.client.ingest_location import check_state_scope
 from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut, StreamCutMismatchError
 
 __all__ = [

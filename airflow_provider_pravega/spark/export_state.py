@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_pravega.client.ingest import state_scope_access
+from airflow_provider_pravega.client.ingest_location import state_scope_access
 from airflow_provider_pravega.client.synchronizer import StateSynchronizer
 from airflow_provider_pravega.spark.export_spec import ExportError, ExportSpec
 

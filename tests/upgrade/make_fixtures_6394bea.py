@@ -58,12 +58,11 @@ def main(out: Path) -> None:
     from airflow_provider_pravega.client import PravegaClient
     from airflow_provider_pravega.client.batch import SegmentRange, read_segment_range
     from airflow_provider_pravega.client.committed_files import CommittedFiles, files_table_name
-    from airflow_provider_pravega.client.ingest_location import open_state_store
+    from airflow_provider_pravega.client.ingest import open_state_store
     from airflow_provider_pravega.client.synchronizer import StateSynchronizer
     from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
     from airflow_provider_pravega.spark.export_job import ExportSpec, ExportState, apply_update, run_export
-    from airflow_provider_pravega.spark.ingest_job import run_ingest
-    from airflow_provider_pravega.spark.ingest_spec import IngestSpec
+    from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
     from airflow_provider_pravega.spark.session import get_spark_session
 
     base = Path(tempfile.mkdtemp(prefix="pravega-upgrade-6394bea-"))
