@@ -1,4 +1,5 @@
-"""The benchmark result file (``--json PATH``) and the table every benchmark and the harness print.
+"""The benchmark result file (``--json PATH``), the table every benchmark and the harness print, and
+the readings of /proc (CPU and memory of processes) the benchmarks share.
 
 One schema for every ``benchmarks/bench_*.py`` so that ``benchmarks/run.py`` can gather them::
 
@@ -17,6 +18,7 @@ here, from medians, so every consumer computes them the same way.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import threading
 import time
@@ -175,6 +177,22 @@ def format_peaks(results: list[dict[str, Any]]) -> str:
         if peaks:
             parts.append(f"{res['benchmark']}: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in peaks.items()))
     return "peak RSS per process kind - " + "; ".join(parts) if parts else "peak RSS: not reported"
+
+
+# ------------------------------------------------------------------ CPU of processes and of the machine
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """user + system CPU-seconds of ``pid`` itself (not its children), from /proc/<pid>/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_cpu_s() -> float:
+    """CPU-seconds the whole machine has spent busy since boot (``/proc/stat``: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 # ------------------------------------------------------------------ memory of processes
