@@ -182,11 +182,31 @@ def format_peaks(results: list[dict[str, Any]]) -> str:
 # ------------------------------------------------------------------ CPU of processes and of the machine
 
 
-def proc_cpu_seconds(pid: int) -> float:
-    """user + system CPU-seconds of ``pid`` itself (not its children), from /proc/<pid>/stat."""
+def proc_cpu_seconds(pid: int, waited_children: bool = False) -> float:
+    """user + system CPU-seconds of ``pid`` itself, from /proc/<pid>/stat; with ``waited_children``
+    also those of its children that ended and that it waited for (they leave /proc then)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if waited_children else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(root: int, kind: Callable[[int], str | None]) -> dict[str, float]:
+    """CPU-seconds of ``root`` and every descendant, summed by ``kind`` (None: "other").
+
+    Each process counts with the children it waited for, so the difference of two readings keeps
+    what a process that ended in between used (a Spark Python worker, a spawned client) as long as
+    a process of the tree reaped it; its time then moves to the kind of the process that reaped it.
+    """
+    out: dict[str, float] = {}
+    for pid in [root, *children(root)]:
+        try:
+            seconds = proc_cpu_seconds(pid, waited_children=True)
+        except (FileNotFoundError, ProcessLookupError):  # reaped in between: its parent holds its time now
+            continue
+        name = kind(pid) or "other"
+        out[name] = out.get(name, 0.0) + seconds
+    return out
 
 
 def machine_busy_cpu_s() -> float:
