@@ -74,6 +74,18 @@ def plan_files(
     skipped: list[str] = []
     for path, ident in identities.items():
         before = committed.get(path)
+        if is_line_request(ident):  # a line file whose next piece its write task measures
+            listed = {"size": ident["size"], "mtime": ident.get("mtime"), "tail": ident["tail"]}
+            request = line_request(listed, before)  # from the committed record as it is now
+            if request is None:
+                skipped.append(path)  # committed as listed meanwhile, by another copy of the ingest
+                continue
+            forgotten = state.get("forgotten_before_ms")
+            if (before is None and forgotten is not None and ident.get("mtime") is not None
+                    and ident["mtime"] < forgotten and not allow_changed_files):
+                raise ForgottenFileError(path, ident, forgotten)
+            to_ingest[path] = request
+            continue
         if "end" in ident and ident.get("base", 0) != (0 if before is None or ident.get("changed") else
                                                        committed_end(before)):
             if before is not None and before.get("fp") == ident["fp"] and committed_end(before) == ident["end"]:
@@ -103,6 +115,29 @@ def plan_files(
         else:
             raise ChangedFileError(path, before, ident)
     return FilePlan(to_ingest, skipped)
+
+
+def line_request(listed: Mapping[str, Any], before: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What a write task needs to take a listed line file's next piece (``listed``: its size,
+    modification time and ``tail``, whether it has settled; nothing of its content), given its committed record
+    (``before``): where the committed bytes end (``base``), their fingerprint, and whether the last
+    committed line was left open. None when the file is listed exactly as committed and holds
+    nothing more to take."""
+    if before is not None and same_file(before, listed) and not (
+            listed["tail"] and committed_end(before) < before["size"]):
+        return None
+    request = {"size": listed["size"], "mtime": listed.get("mtime"), "tail": listed["tail"],
+               "base": 0 if before is None else committed_end(before),
+               "fp": None if before is None else before.get("fp"),
+               # unknown (None) for a record from before pieces: the task measures it
+               "open": False if before is None else bool(before.get("open")) if "end" in before else None}
+    return request
+
+
+def is_line_request(ident: Mapping[str, Any]) -> bool:
+    """Whether a planned identity is a line file's request (see ``spark/ingest_pieces.py``
+    ``line_requests``): its piece is measured by the task that writes it and recorded then."""
+    return "tail" in ident and "end" not in ident
 
 
 def _recorded(ident: Mapping[str, Any]) -> dict[str, Any]:

@@ -54,11 +54,12 @@ def is_identity(value: Any) -> bool:
 
 
 def record_written(store: Any, run_id: str, hex_id: str, units: Iterable[str], events: int, size: int,
-                   owner: str | None) -> None:
-    """Called by a write task once its transaction is flushed: what it holds (whole files) and
-    its counters. Fenced like registration (``register_txn``): refused once the run passed its
-    commit point or (with ``owner``) was taken over, so a later try never counts a write it did not
-    see recorded before its takeover."""
+                   owner: str | None, *, pieces: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Called by a write task once its transaction is flushed: what it holds (whole files), its
+    counters, and (``pieces``) what it measured of each line file it wrote, which the run's done
+    record takes as the files' committed records. Fenced like registration (``register_txn``):
+    refused once the run passed its commit point or (with ``owner``) was taken over, so a later try
+    never counts a write it did not see recorded before its takeover."""
     units = sorted(set(units))
 
     def fn(state: dict[str, Any]) -> dict:
@@ -66,8 +67,11 @@ def record_written(store: Any, run_id: str, hex_id: str, units: Iterable[str], e
         if run is None or run["phase"] != WRITING or hex_id not in run["txns"] or (
                 owner is not None and run["owner"] != owner):
             raise FencedError(run_id, "the run was taken over, recovered or reached its commit point")
-        return {"op": "written", "run": run_id, "txn": hex_id, "events": int(events), "bytes": int(size),
-                "holds": encode_holds({hex_id: units}, run["files"])[hex_id]}
+        op = {"op": "written", "run": run_id, "txn": hex_id, "events": int(events), "bytes": int(size),
+              "holds": encode_holds({hex_id: units}, run["files"])[hex_id]}
+        if pieces is not None:  # in the order of the units (sorted)
+            op["pieces"] = [dict(pieces[u]) for u in units]
+        return op
 
     store.update(fn)
 

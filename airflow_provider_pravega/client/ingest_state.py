@@ -102,8 +102,10 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
             run["txns"].append(op["txn"])
     elif kind == "written":  # a write task flushed its transaction: what it holds (client/ingest_resume.py)
         if op["txn"] in run["txns"] and run["phase"] == WRITING:
-            run.setdefault("written", {})[op["txn"]] = {"holds": op["holds"], "events": op["events"],
-                                                        "bytes": op["bytes"]}
+            written = run.setdefault("written", {})[op["txn"]] = {"holds": op["holds"], "events": op["events"],
+                                                                  "bytes": op["bytes"]}
+            if op.get("pieces") is not None:  # what the task measured of each line file it wrote
+                written["pieces"] = op["pieces"]
     elif kind == "heartbeat":
         run["heartbeat_ms"] = max(run["heartbeat_ms"], op["ts"])
     elif kind == "committing":
@@ -156,13 +158,20 @@ def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]
 def _run_units(run: Mapping[str, Any]) -> dict[str, Any]:
     """What a done run committed: its files, plus the units its committed transactions hold that
     were not planned up front (a data-source write's input partitions, see encode_holds), with
-    what the commit point recorded of them (``units``)."""
+    what the commit point recorded of them (``units``). A line file is recorded as the piece its
+    write task measured while writing it (the ``pieces`` of the transaction's ``written`` record):
+    the plan knew only what to ask for."""
     files = dict(run["files"])
     holds = run.get("holds") or {}
     units = run.get("units") or {}
+    written = run.get("written") or {}
     for txn in run["commit"]:
         for unit in holds.get(txn, ()):
             files.setdefault(unit, dict(units.get(unit, {})))
+        pieces = (written.get(txn) or {}).get("pieces")
+        if pieces is not None:
+            held = sorted(decode_holds({txn: written[txn]["holds"]}, run["files"])[txn])
+            files.update(zip(held, (dict(p) for p in pieces)))
     return files
 
 

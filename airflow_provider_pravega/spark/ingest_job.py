@@ -33,9 +33,9 @@ from airflow_provider_pravega import fault_points
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import PravegaError, ScopeNotFoundError, StreamNotFoundError
 from airflow_provider_pravega.client.ingest import IngestCoordinator, WriteResult, check_timing
-from airflow_provider_pravega.client.ingest_errors import IngestError
+from airflow_provider_pravega.client.ingest_errors import ChangedFileError, IngestError
 from airflow_provider_pravega.client.ingest_location import check_write_access, open_ingest_state, open_state_store
-from airflow_provider_pravega.client.ingest_plan import FilePlan, file_identity, needs_fingerprint
+from airflow_provider_pravega.client.ingest_plan import FilePlan, file_identity, known_files, needs_fingerprint
 from airflow_provider_pravega.client.ingest_location import state_location as _state_location
 from airflow_provider_pravega.client.ingest_resume import (
     RESUMABLE,
@@ -51,16 +51,16 @@ from airflow_provider_pravega.spark.connection_args import (
     run_job_command,
     spark_settings,
 )
-from airflow_provider_pravega.spark.ingest_frames import bad_record_error, lines_read_here, record_frame
-from airflow_provider_pravega.spark.ingest_partitions import (
-    check_file_groups,
-    partition_for_writing,
-    whole_file_holds,
-    writer_labels,
-    writers_of,
+from airflow_provider_pravega.spark.ingest_frames import (
+    bad_record_error,
+    file_frame,
+    files_read_here,
+    first_bad_record,
+    record_frame,
 )
-from airflow_provider_pravega.spark.ingest_pieces import fingerprint_files, line_pieces
-from airflow_provider_pravega.spark.ingest_sources import EMPTY_FILE, list_sources, precheck_sources
+from airflow_provider_pravega.spark.ingest_partitions import groups_kept_apart, whole_file_holds, writers_of
+from airflow_provider_pravega.spark.ingest_pieces import fingerprint_files, line_requests
+from airflow_provider_pravega.spark.ingest_sources import EMPTY_FILE, file_gone, list_sources, precheck_sources
 from airflow_provider_pravega.spark.ingest_spec import (
     FORMATS,
     LINE_FORMATS,
@@ -70,7 +70,7 @@ from airflow_provider_pravega.spark.ingest_spec import (
     SourceError,
     source_items,
 )
-from airflow_provider_pravega.spark.ingest_task import RESULT_SCHEMA, TaskContext, make_writer
+from airflow_provider_pravega.spark.ingest_task import RESULT_SCHEMA, TaskContext, make_line_writer, make_writer
 from airflow_provider_pravega.spark.session import started_on_first_use
 
 log = logging.getLogger(__name__)
@@ -128,16 +128,16 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
     identities = {f.key: file_identity(f.size, f.mtime_ms) for f in listed}
     early: tuple[list[str], list[str]] = ([], [])
     if spec.format in LINE_FORMATS:
-        # Earlier runs are finished or rolled back first, so pieces are measured against what is committed.
+        # Earlier runs are finished or rolled back first, so pieces are asked against what is committed.
         early = coord.recover()
-        identities.update(line_pieces(get_spark, store, listed, identities, listed_at_ms,
-                                       local=precheck.files is not None))
+        identities.update(line_requests(store, listed, identities, listed_at_ms))
     else:
         unsure = needs_fingerprint(store.fetch(), identities, store)
         if unsure:  # recorded with a content fingerprint only (older states): compare contents
             log.info("fingerprinting %d file(s) in Spark tasks", len(unsure))
             for key, fp in fingerprint_files(get_spark(), unsure).items():
                 identities[key]["fp"] = fp
+    nothing_new: set[str] = set()  # line files their task found no new whole line in
 
     def write(run_id: str, plan: FilePlan) -> WriteResult:
         log.info("run %s: ingesting %d file(s) (%d already ingested)", run_id, len(plan.to_ingest),
@@ -147,17 +147,23 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
                                 state_scope=state_scope, state_stream=state_stream, run_id=run_id, owner=coord.owner))
         ctx = TaskContext(config_of(client), spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
         spark = get_spark()
-        here = spec.format in LINE_FORMATS and lines_read_here(plan.to_ingest, precheck.files is not None)
         writers = writers_of(spark, spec, plan.to_ingest)
-        labels = writer_labels(plan.to_ingest, spec, writers, here)
-        records = record_frame(spark, plan.to_ingest, spec, labels, here)
-        frame = partition_for_writing(records, spec, writers, labels)
-        rows = frame.mapInArrow(make_writer(ctx), RESULT_SCHEMA).collect()
-        bad = [r for r in rows if r["error"]]
-        if bad:
-            raise bad_record_error(spark, bad[0]["bad_file"], spec, plan.to_ingest, here)
+        if spec.format in LINE_FORMATS:
+            here = files_read_here(plan.to_ingest, precheck.files is not None)
+            frame = file_frame(spark, plan.to_ingest, spec, writers, here)
+            task = make_line_writer(ctx, plan.to_ingest)
+        else:
+            frame, task = record_frame(spark, plan.to_ingest, spec, writers), make_writer(ctx)
+        with groups_kept_apart(spark):
+            rows = frame.mapInArrow(task, RESULT_SCHEMA).collect()
+        failed = sorted((r for r in rows if r["error"]), key=lambda r: r["bad_file"] or "")
+        if failed:
+            raise _task_error(spark, failed[0], spec, store, plan)
         holds = whole_file_holds({r["txn"]: r["files"] or () for r in rows if r["txn"]})
-        check_file_groups(labels, holds)
+        missing = sorted(set(plan.to_ingest) - {f for held in holds.values() for f in held})
+        if missing:  # binaryFile leaves out a file deleted since it was listed
+            raise file_gone(missing[0])
+        nothing_new.update(f for r in rows for f in r["empty"] or ())
         # Committed in path order of their files: with a routing key, a key's events keep source order.
         txns = sorted(holds, key=lambda t: (holds[t][:1], t))
         return WriteResult(txns, sum(r["events"] for r in rows), sum(r["bytes"] for r in rows), holds)
@@ -165,7 +171,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
     outcome = coord.run(identities, write, allow_changed_files=spec.allow_changed_files,
                         wait_for_commit=spec.wait_for_commit, transactional=spec.mode == "exactly_once",
                         interval=spec.interval_key)
-    ingested = set(outcome.plan.to_ingest) - set(outcome.returned)
+    ingested = set(outcome.plan.to_ingest) - set(outcome.returned) - nothing_new
     for _again in range(RETURNED_RUNS):
         if not outcome.returned:
             break
@@ -180,13 +186,13 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
         outcome.finished = earlier.finished + outcome.finished
         outcome.events += earlier.events
         outcome.bytes += earlier.bytes
-        ingested |= set(outcome.plan.to_ingest) - set(outcome.returned)
+        ingested |= set(outcome.plan.to_ingest) - set(outcome.returned) - nothing_new
     if outcome.returned:
         raise IngestError(f"the transactions of {len(outcome.returned)} file(s) lapsed after the commit point "
                           f"{RETURNED_RUNS + 1} times in a row ({', '.join(outcome.returned[:3])}...): the driver "
                           f"stalls longer than the transaction lease; they stay uncommitted, the next run writes them")
     result = IngestResult(
-        run_id=outcome.run_id, files_skipped=sorted(outcome.plan.skipped), recovered_runs=early[0] + outcome.recovered,
+        run_id=outcome.run_id, files_skipped=sorted(set(outcome.plan.skipped) | nothing_new), recovered_runs=early[0] + outcome.recovered,
         finished_runs=early[1] + outcome.finished, state_scope=state_scope, state_stream=state_stream,
         events=outcome.events, bytes=outcome.bytes,
         transactions=[{"id": t, "status": outcome.status} for t in outcome.txns],
@@ -203,6 +209,20 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
     log.info("run %s: %d events (%d bytes) from %d file(s) in %.1f s (%.0f events/s)", outcome.run_id,
              result.events, result.bytes, len(result.files_ingested), result.seconds, result.events_per_second)
     return result
+
+
+def _task_error(spark: Any, row: Any, spec: IngestSpec, store: Any, plan: FilePlan) -> IngestError:
+    """The error a failed write task reported: a changed file (its committed bytes are not those
+    committed) or the first bad record of a file; nothing of the run was committed."""
+    key = row["bad_file"]
+    if row["error"] == "changed":
+        before = known_files(store, store.fetch(), [key])[key]
+        listed = plan.to_ingest[key]
+        return ChangedFileError(key, before, {"size": listed["size"], "mtime": listed.get("mtime"),
+                                              "changed": row["reason"]})
+    if spec.format in LINE_FORMATS:
+        return bad_record_error(key, spec, row["line"], row["reason"])
+    return first_bad_record(spark, key, spec)
 
 
 RETURNED_RUNS = 3  # runs again at once for files whose transactions lapsed after the commit point

@@ -1,15 +1,16 @@
-"""Which write task (transaction) writes which files: whole files, consecutive in path order,
-placed on Spark's hash partitions by labels computed here, and checked afterwards."""
+"""Which write task (transaction) writes which files: whole files, consecutive in path order, each
+group read on its own into one partition (no shuffle), and checked afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from airflow_provider_pravega.client.ingest_errors import IngestError
 from airflow_provider_pravega.spark.ingest_sources import key_of
-from airflow_provider_pravega.spark.ingest_spec import LINE_FORMATS, IngestSpec
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 
 
 CONNECT_DEFAULT_WRITERS = 8  # writers on Spark Connect when its configuration does not say
@@ -48,14 +49,6 @@ def _parallelism(spark: Any) -> int:
     return CONNECT_DEFAULT_WRITERS  # not the SQL shuffle default (200 transactions per run)
 
 
-def needs_labels(spec: IngestSpec, here: bool = False) -> bool:
-    """Whether files must be assigned to write tasks explicitly: a line file read in Spark tasks is
-    one task's input whole (``binaryFile``), so merging input partitions keeps it whole; lines read
-    here (``here``: a local relation, cut into partitions by rows) and a CSV or Parquet file may be
-    split between input partitions, and a routing key would spread every file over all tasks."""
-    return bool(spec.routing_key_field) or spec.format not in LINE_FORMATS or here
-
-
 def file_groups(files: Mapping[str, Mapping[str, Any]], writers: int) -> dict[str, int]:
     """Each file's write task (0..n-1): whole files, consecutive in path order, about the same
     bytes per task. Whole: a transaction lost after the commit point costs a rewrite of exactly its
@@ -72,82 +65,51 @@ def file_groups(files: Mapping[str, Mapping[str, Any]], writers: int) -> dict[st
     return groups
 
 
+def write_groups(files: Mapping[str, Mapping[str, Any]], writers: int) -> list[list[str]]:
+    """The files of each write task, in path order (:func:`file_groups`)."""
+    groups: dict[int, list[str]] = {}
+    for key, group in file_groups(files, writers).items():
+        groups.setdefault(group, []).append(key)
+    return [sorted(keys) for _group, keys in sorted(groups.items())]
+
+
+def one_task_per_group(parts: Sequence[Any], order: Sequence[str] = ()) -> Any:
+    """The union of each write group's own read (``parts``, in group order), each coalesced into one
+    partition: task *i* writes group *i*, and no shuffle moves the data (run it under
+    :func:`groups_kept_apart`). ``order``: the columns sorting the rows within each task (with a
+    routing key, its events in source order)."""
+    frame = parts[0].coalesce(1)
+    for part in parts[1:]:
+        frame = frame.union(part.coalesce(1))
+    return frame.sortWithinPartitions(*order) if order else frame
+
+
+#: Spark 4.1+ merges the i-th partitions of a union's children when they all have the same
+#: partitioning (one partition each, here): every group would land in one task. Whole files in
+#: path order either way (correct, only without parallelism); off while the write job is planned.
+_UNION_PARTITIONING = "spark.sql.unionOutputPartitioning"
+
+
+@contextlib.contextmanager
+def groups_kept_apart(spark: Any) -> Iterator[None]:
+    """While the write job is planned and run: a union of the groups' one-partition reads keeps
+    one partition per group (see :data:`_UNION_PARTITIONING`); the session's setting is restored
+    after."""
+    conf = spark.conf
+    before = conf.get(_UNION_PARTITIONING, None)
+    conf.set(_UNION_PARTITIONING, "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            conf.unset(_UNION_PARTITIONING)
+        else:
+            conf.set(_UNION_PARTITIONING, before)
+
+
 def _planned_bytes(ident: Mapping[str, Any]) -> int:
-    if ident.get("end") is not None:
-        return int(ident["end"]) - int(ident.get("start") or 0)
-    return int(ident.get("size") or 0)
-
-
-def spark_hash_long(value: int) -> int:
-    """Spark's ``hash(value)`` of a bigint: Murmur3 x86 32-bit, seed 42, the hash of its hash
-    partitioning (``HashPartitioning`` is ``pmod(hash(cols), n)``) since Spark 2.0. The write
-    checks the outcome (:func:`check_file_groups`), so a Spark that partitions otherwise fails the
-    run before its commit point instead of mixing the groups."""
-    mask = 0xFFFFFFFF
-
-    def rotl(x: int, r: int) -> int:
-        return ((x << r) | (x >> (32 - r))) & mask
-
-    def mix(h1: int, k1: int) -> int:
-        k1 = rotl((k1 * 0xCC9E2D51) & mask, 15) * 0x1B873593 & mask
-        return (rotl(h1 ^ k1, 13) * 5 + 0xE6546B64) & mask
-
-    value &= 0xFFFFFFFFFFFFFFFF
-    h1 = mix(mix(42, value & mask), value >> 32)
-    h1 ^= 8
-    h1 ^= h1 >> 16
-    h1 = (h1 * 0x85EBCA6B) & mask
-    h1 ^= h1 >> 13
-    h1 = (h1 * 0xC2B2AE35) & mask
-    h1 ^= h1 >> 16
-    return h1 - (1 << 32) if h1 & 0x80000000 else h1
-
-
-def writer_labels(files: Mapping[str, Mapping[str, Any]], spec: IngestSpec, writers: int,
-                  here: bool = False) -> dict[str, int] | None:
-    """File key -> a label whose hash partition (``repartition(n, "w")``) is the file's write task
-    (:func:`file_groups`), so that task *i* gets exactly group *i*; None where files stay whole
-    without it (:func:`needs_labels`). The labels are the smallest ids that Spark's hash
-    partitioner sends to each task (:func:`spark_hash_long`: computed here, not in a Spark job of
-    its own; :func:`check_file_groups` checks what the tasks got)."""
-    if not needs_labels(spec, here):
-        return None
-    groups = file_groups(files, writers)
-    n = max(groups.values()) + 1
-    label: dict[int, int] = {}
-    for i in range(64 * n):
-        label.setdefault(spark_hash_long(i) % n, i)
-    fallback = [i for i in range(n) if i not in label]  # a task no label reached: share one (still whole files)
-    for i in fallback:
-        label[i] = label[min(label)]
-    return {key: label[g] for key, g in groups.items()}
-
-
-def check_file_groups(labels: Mapping[str, int] | None, holds: Mapping[str, Sequence[str]]) -> None:
-    """Each transaction holds the files of one label (one group of :func:`file_groups`), as the
-    labels meant: else the partitioner is not the one :func:`spark_hash_long` computes, and with a
-    routing key the commit order would no longer follow the files' order. Raised before the
-    commit point: nothing of the run is committed."""
-    if labels is None:
-        return
-    for txn, keys in holds.items():
-        found = {labels[k] for k in keys if k in labels}
-        if len(found) > 1:
-            raise IngestError(f"transaction {txn} holds files of {len(found)} write groups ({', '.join(keys[:3])}): "
-                              f"this Spark does not partition as spark_hash_long computes. Nothing of this run was "
-                              f"committed; this is a bug of the provider's partitioning: please report it")
-
-
-def partition_for_writing(df: Any, spec: IngestSpec, writers: int, labels: Mapping[str, int] | None = None) -> Any:
-    """One partition per write task (at most ``writers``), each holding whole files (see
-    :func:`file_groups`); with a routing key, every key's events in source order within each file,
-    as are labelled lines without one (read here, :func:`needs_labels`: a file's lines may come
-    from several input partitions)."""
-    if labels is None:
-        return df.coalesce(writers)  # line files stay whole (coalesce only merges partitions)
-    tasks = len(set(labels.values()))
-    df = df.repartition(tasks, "w")
-    return df.sortWithinPartitions("f", "b", "m") if spec.routing_key_field or spec.format in LINE_FORMATS else df
+    """What a file's task reads anew: a line file its bytes after its committed end."""
+    return int(ident.get("size") or 0) - int(ident.get("base") or 0)
 
 
 def whole_file_holds(reported: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:

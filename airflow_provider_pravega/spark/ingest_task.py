@@ -1,25 +1,28 @@
-"""The ingest's write task: what runs in each Spark partition (one transaction per task attempt,
-flushed before the task succeeds) and the one-row answer it returns to the driver."""
+"""The ingest's write tasks: what runs in each Spark partition (one transaction per task attempt,
+through the task side of the transactional stage, client/task_stage.py) and the one-row answer each
+returns to the driver. A line file's task reads its bytes once: measures its next piece, splits,
+checks and writes its lines, and records the piece with its transaction."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_pravega import fault_points
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
-from airflow_provider_pravega.client.ingest import register_txn
-from airflow_provider_pravega.client.ingest_errors import FencedError
 from airflow_provider_pravega.client.ingest_location import open_state_store
-from airflow_provider_pravega.client.ingest_resume import record_written
+from airflow_provider_pravega.client.task_stage import TaskTransaction
+from airflow_provider_pravega.spark.ingest_pieces import next_piece
 from airflow_provider_pravega.spark.ingest_sources import key_of
 from airflow_provider_pravega.spark.ingest_spec import IngestSpec
+from airflow_provider_pravega.spark.line_events import FieldReader, piece_events
 from airflow_provider_pravega.spark.worker_heap import prepare_worker_heap
 
 
-RESULT_SCHEMA = "txn string, events long, bytes long, error string, bad_file string, files array<string>"
+RESULT_SCHEMA = ("txn string, events long, bytes long, error string, bad_file string, line long, reason string, "
+                 "files array<string>, empty array<string>")
 
 
 _WORKER_CLIENTS: dict[tuple[int, PravegaConnectionConfig], Any] = {}
@@ -53,17 +56,91 @@ class TaskContext:
 
 
 def task_result(txn: str | None, events: int, size: int, error: str | None = None, bad_file: str | None = None,
-                files: Iterable[str] = ()) -> Any:
-    """A write task's one-row answer (:data:`RESULT_SCHEMA`): its transaction, what it wrote, or
-    the file of the bad record that stopped it."""
+                files: Iterable[str] = (), line: int | None = None, reason: str | None = None,
+                empty: Iterable[str] = ()) -> Any:
+    """A write task's one-row answer (:data:`RESULT_SCHEMA`): its transaction and what it wrote
+    (``files``; ``empty``: those of them that held no new whole line), or what stopped it
+    (``error``: the file, and for a line file the line and the reason)."""
     from airflow_provider_pravega.spark.arrow_columns import record_batch, schema_of
 
     return record_batch({"txn": [txn], "events": [events], "bytes": [size], "error": [error], "bad_file": [bad_file],
-                         "files": [sorted(files)]}, schema_of(RESULT_SCHEMA))
+                         "line": [line], "reason": [reason], "files": [sorted(files)], "empty": [sorted(empty)]},
+                        schema_of(RESULT_SCHEMA))
+
+
+def _task_transaction(ctx: TaskContext, client: Any, store: Any) -> TaskTransaction:
+    spec = ctx.spec
+    return TaskTransaction(client, store, scope=spec.scope, stream=spec.stream, run_id=ctx.run_id, owner=ctx.owner,
+                           lease_ms=ctx.lease_ms)
+
+
+def _write(writer: Any, payloads: list[bytes], keys: list[str] | None) -> None:
+    if keys is None:
+        writer.write_events(payloads)
+        return
+    write = writer.write_event
+    for payload, key in zip(payloads, keys):
+        write(payload, key)
+
+
+def make_line_writer(ctx: TaskContext, requests: Mapping[str, Mapping[str, Any]]):
+    """The function ``mapInArrow`` runs on each partition of line files (rows ``(path, content)``,
+    whole files, in path order with a routing key): one pass over each file's bytes. Its next piece
+    is measured (:func:`~airflow_provider_pravega.spark.ingest_pieces.next_piece`: the committed
+    prefix checked against its fingerprint where the bytes are read anyway), its lines split,
+    checked and written, and the pieces recorded with the transaction (``written``), from where the
+    commit point takes them. ``requests``: each planned file's request (what the plan knows)."""
+
+    def write_partition(batches: Iterator[Any]) -> Iterator[Any]:
+        prepare_worker_heap()
+        files = _file_rows(batches)
+        first = next(files, None)
+        if first is None:
+            return
+        spec = ctx.spec
+        reader = FieldReader(spec.routing_key_field, spec.payload_field) if spec.format == "jsonl" else None
+        client = _worker_client(ctx.config)
+        store = open_state_store(client, ctx.state_scope, ctx.state_stream, create=False)
+        events = size = 0
+        pieces: dict[str, dict[str, Any]] = {}
+        with _task_transaction(ctx, client, store) as txn:
+            for path, content in _chain(first, files):
+                key = key_of(path)
+                piece = next_piece(content, requests[key])
+                if piece.get("changed") and requests[key]["base"] and not spec.allow_changed_files:
+                    yield task_result(txn.hex_id, events, size, "changed", key, reason=piece["changed"])
+                    return  # aborted: nothing of this transaction will be committed
+                if piece["end"] > piece["start"]:
+                    found = piece_events(memoryview(content)[piece["start"]:piece["end"]], piece["line"], reader)
+                    if found.bad is not None:
+                        yield task_result(txn.hex_id, events, size, "bad record", key, line=found.bad[0],
+                                          reason=found.bad[1])
+                        return
+                    _write(txn.writer, found.payloads, found.keys)
+                    events += len(found.payloads)
+                    size += sum(map(len, found.payloads))
+                    if events:
+                        fault_points.reached("task_mid_write")
+                piece.pop("changed", None)
+                pieces[key] = piece
+            txn.finish(pieces, events, size, pieces=pieces)
+        yield task_result(txn.hex_id, events, size, files=pieces,
+                          empty=[k for k, p in pieces.items() if p["end"] <= p["start"]])
+
+    return write_partition
+
+
+def _file_rows(batches: Iterator[Any]) -> Iterator[tuple[str, bytes]]:
+    """(path, content) of each file row, one file's bytes at a time."""
+    for batch in batches:
+        paths, contents = batch.column("path"), batch.column("content")
+        for i in range(batch.num_rows):
+            yield paths[i].as_py(), contents[i].as_py()
 
 
 def make_writer(ctx: TaskContext):
-    """The function ``mapInArrow`` runs on each partition: one transaction per task attempt."""
+    """The function ``mapInArrow`` runs on each partition of CSV or Parquet records (see
+    ``record_frame``): one transaction per task attempt."""
 
     def write_partition(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow.compute as pc
@@ -75,56 +152,26 @@ def make_writer(ctx: TaskContext):
         if first is None or first.num_rows == 0 and _all_empty(batches):
             return  # an empty partition writes nothing and opens no transaction
         client = _worker_client(ctx.config)
-        spec = ctx.spec
-        txns = client.transactions
-        info = txns.begin(spec.scope, spec.stream, ctx.lease_ms)
-        hex_id = f"{info.txn_id:032x}"
         store = open_state_store(client, ctx.state_scope, ctx.state_stream, create=False)
-        try:
-            register_txn(store, ctx.run_id, hex_id, ctx.owner)
-        except FencedError:
-            txns.abort(spec.scope, spec.stream, info.txn_id)
-            raise
-        keeper = client.lease_keeper(max(1.0, ctx.lease_ms / 3000))
-        keeper.add(spec.scope, spec.stream, info.txn_id)
         events = size = 0
-        held: set[str] = set()  # the files this transaction holds (whole: see file_groups)
-        try:
-            writer = txns.writer(spec.scope, spec.stream, info, check_open=False)
-            try:
-                for batch in _chain(first, batches):
-                    held.update(pc.unique(batch.column("f")).to_pylist())
-                    bad_file = _first_bad_file(batch)
-                    if bad_file is not None:  # nothing of this transaction will be committed
-                        txns.abort(spec.scope, spec.stream, info.txn_id)
-                        yield task_result(hex_id, events, size, "bad record", bad_file)
-                        return
-                    payloads = batch.column("payload").to_pylist()
-                    if spec.routing_key_field:
-                        write = writer.write_event
-                        for payload, key in zip(payloads, batch.column("k").to_pylist()):
-                            write(payload, key)
-                    else:
-                        writer.write_events(payloads)
-                    events += len(payloads)
-                    size += sum(map(len, payloads))
-                    if events:
-                        fault_points.reached("task_mid_write")
-                writer.flush()  # pre-commit: every event acknowledged, transaction still open
-            finally:
-                writer.close()
-        finally:
-            keeper.close()
-        try:  # what a later try needs to commit this transaction without its driver
-            record_written(store, ctx.run_id, hex_id, (key_of(f) for f in held), events, size, ctx.owner)
-        except FencedError:
-            txns.abort(spec.scope, spec.stream, info.txn_id)
-            raise
-        yield task_result(hex_id, events, size, files=held)
+        held: set[str] = set()  # the files this transaction holds (whole: see write_groups)
+        with _task_transaction(ctx, client, store) as txn:
+            for batch in _chain(first, batches):
+                held.update(pc.unique(batch.column("f")).to_pylist())
+                bad_file = _first_bad_file(batch)
+                if bad_file is not None:  # aborted: nothing of this transaction will be committed
+                    yield task_result(txn.hex_id, events, size, "bad record", bad_file)
+                    return
+                payloads = batch.column("payload").to_pylist()
+                _write(txn.writer, payloads, batch.column("k").to_pylist() if ctx.spec.routing_key_field else None)
+                events += len(payloads)
+                size += sum(map(len, payloads))
+                if events:
+                    fault_points.reached("task_mid_write")
+            txn.finish((key_of(f) for f in held), events, size)  # what a later try needs to commit it
+        yield task_result(txn.hex_id, events, size, files=held)
 
     return write_partition
-
-
 def _first_bad_file(batch: Any) -> str | None:
     """The file of the batch's first bad record (see record_frame), or None: the one check both
     modes make before writing a batch."""

@@ -20,10 +20,9 @@ from airflow_provider_pravega.client.ingest import IngestCoordinator
 from airflow_provider_pravega.client.ingest_errors import ChangedFileError
 from airflow_provider_pravega.client.ingest_location import open_state_store
 from airflow_provider_pravega.client.streamcut import StreamCut
-from airflow_provider_pravega.spark import ingest_frames, ingest_pieces, ingest_sources
+from airflow_provider_pravega.spark import ingest_frames, ingest_partitions, ingest_pieces, ingest_sources
 from airflow_provider_pravega.spark.ingest_job import run_ingest, state_location
-from airflow_provider_pravega.spark.ingest_frames import line_frame, lines_read_here
-from airflow_provider_pravega.spark.ingest_pieces import TAIL_SETTLE_S, measure_local_pieces, measure_pieces
+from airflow_provider_pravega.spark.ingest_pieces import TAIL_SETTLE_S, next_piece
 from airflow_provider_pravega.spark.ingest_sources import key_of, local_path
 from airflow_provider_pravega.spark.ingest_spec import BadRecordError, IngestSpec, SourceError
 from pravega_testing.faults import installed_for_test
@@ -108,6 +107,10 @@ def test_a_last_line_without_line_end_waits_until_the_file_settles(tmp_path, cli
     append(path, "\nfour\n")  # the line end of "three", then a new line
     assert run_ingest(client, spark, spec).events == 1
     append(path, "five")
+    # Grown by a line still being written: its task reads it (one pass: nothing is read before the
+    # run) and finds no new whole line; the size is recorded, so the next run does not read it again.
+    grown = run_ingest(client, spark, spec)
+    assert (grown.events, grown.files_ingested, grown.files_skipped) == (0, [], [str(path)])
     assert run_ingest(client, spark, spec).run_id is None
     got = read_stream(pravega_controller_uri, scope, "s")
     assert Counter(got) == Counter([b"one", b"two", b"three", b"four"])
@@ -249,10 +252,10 @@ def test_a_file_replaced_whole_by_a_longer_one_is_tailed_if_it_starts_with_what_
     assert Counter(e.decode() for e in got) == Counter(line(n) for n in range(1, 16))
 
 
-def test_local_files_are_measured_in_the_task_exactly_as_in_spark_tasks(tmp_path, spark):
-    """Small local line files are measured in the task's process (no Spark job: a small daily run's
-    fixed cost), larger or remote ones in Spark tasks: both apply one rule (measure_file), so every
-    case of it gives the same piece either way; a listed file gone before it is read is named."""
+def test_the_write_task_takes_each_piece_from_the_bytes_it_reads(tmp_path):
+    """One pass: a line file's next piece is decided from the bytes its write task reads anyway
+    (next_piece), the committed prefix checked against its fingerprint there: a grown file
+    continues at its committed end, a rewritten, shrunk or extended one is marked changed."""
     import hashlib
 
     head = "".join(line(n) + "\n" for n in range(3)).encode()
@@ -269,99 +272,113 @@ def test_local_files_are_measured_in_the_task_exactly_as_in_spark_tasks(tmp_path
         "open-ended": (head + b"\nnext\n", {"base": len(head), "fp": fp, "open": True, "tail": False}),
         "old-record": (head + head, {"base": len(head), "fp": fp, "open": None, "tail": False}),
     }
+    pieces = {name: next_piece(content, {"size": len(content), "mtime": 1, **req})
+              for name, (content, req) in files.items()}
+    assert {k for k, p in pieces.items() if p.get("changed")} == {"rewritten", "shrunk", "no-fingerprint",
+                                                                   "open-extended"}
+    assert (pieces["grown"]["start"], pieces["grown"]["end"], pieces["grown"]["line"]) == (len(head), 2 * len(head), 4)
+    assert pieces["grown"]["fp"] == hashlib.blake2b(head + head, digest_size=20).hexdigest()  # of [0, end)
+    assert (pieces["new"]["end"], pieces["new"]["open"]) == (len(head), False)  # the unsettled last line waits
+    assert pieces["new-settled"]["open"] and pieces["new-settled"]["end"] == len(files["new-settled"][0])
+    assert pieces["open-ended"]["start"] == len(head) + 1  # after the line end that closed the open line
+    # A file cut after it was listed is measured as it is read, and said so.
+    assert "cut to 10 bytes" in next_piece(head[:10], {"size": len(head), "base": 0, "fp": None, "open": False,
+                                                        "tail": False})["changed"]
+
+
+def test_line_files_read_here_or_by_spark_reach_their_tasks_alike(tmp_path, spark):
+    """The bytes a line file's write task gets: read by Spark tasks (binaryFile), one partition per
+    write group, or by the task's process (small local files, sent in the query as one task's
+    input); whole files in path order, each up to its listed size, the same bytes either way. A
+    file gone before it is read is named."""
     requests = {}
-    for name, (content, req) in files.items():
-        path = tmp_path / f"{name}.jsonl"
-        path.write_bytes(content)
-        requests[key_of(path.resolve().as_uri())] = {"size": len(content), "mtime": 1, **req}
-    in_task = measure_local_pieces(requests)
-    assert in_task == measure_pieces(spark, requests)
-    changed = {Path(k).stem: p.get("changed") for k, p in in_task.items()}
-    assert {k for k, why in changed.items() if why} == {"rewritten", "shrunk", "no-fingerprint", "open-extended"}
-    assert in_task[key_of((tmp_path / "grown.jsonl").resolve().as_uri())]["start"] == len(head)
-    gone = next(iter(requests))
-    os.remove(local_path(gone))
+    for i in range(5):
+        path = tmp_path / f"f{i}.jsonl"
+        path.write_text("".join(line(n) + "\n" for n in range(10 * (i + 1))))
+        requests[ingest_sources.key_of(path.resolve().as_uri())] = {
+            "size": path.stat().st_size - 3 * (i == 2), "mtime": 1, "tail": False, "base": 0, "fp": None, "open": False}
+    spec = IngestSpec(scope="s", stream="s", source=str(tmp_path), routing_key_field="k")
+    groups = ingest_partitions.write_groups(requests, 2)
+    assert len(groups) == 2 and groups[0] + groups[1] == sorted(requests)
+    def tasks(batches):  # what each write task gets, seen from inside the task (as the writer sees it)
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({
+                "path": batch.column("path").to_pylist(), "content": batch.column("content").to_pylist(),
+                "p": pa.array([TaskContext.get().partitionId()] * batch.num_rows, pa.int32())})
+
+    seen = []
+    for here in (True, False):
+        frame = ingest_frames.file_frame(spark, requests, spec, 2, here=here)
+        with ingest_partitions.groups_kept_apart(spark):
+            rows = frame.mapInArrow(tasks, "path string, content binary, p int").collect()
+        if here:  # read no further than the listed size (Spark's reader reads the file whole; the task cuts it)
+            assert all(len(r["content"]) == requests[ingest_sources.key_of(r["path"])]["size"] for r in rows)
+        seen.append(sorted((key, bytes(r["content"])[:requests[key]["size"]])
+                           for r in rows for key in [ingest_sources.key_of(r["path"])]))
+        by_task: dict[int, list[str]] = {}
+        for r in rows:
+            by_task.setdefault(r["p"], []).append(ingest_sources.key_of(r["path"]))
+        # Read by Spark: group i is task i; read here (a few small files): one task. In path order.
+        assert [by_task[p] for p in sorted(by_task)] == ([sorted(requests)] if here else groups)
+    assert seen[0] == seen[1]
+    assert ingest_frames.files_read_here(requests, listed_here=True)
+    assert not ingest_frames.files_read_here(requests, listed_here=False)  # listed by Spark: not on this disk
+    os.remove(sorted(requests)[0])
     with pytest.raises(SourceError, match="was listed but is gone"):
-        measure_local_pieces(requests)
+        ingest_frames.file_frame(spark, requests, spec, 2, here=True)
 
 
-def test_small_local_files_are_read_in_the_task_exactly_as_in_spark_tasks(tmp_path, spark):
-    """Small local line files are read in the task's process and their lines go to Spark inside the
-    query (no Spark job reads them, and a Spark Connect server elsewhere needs no access to the
-    task's disk); larger or remote ones are read in Spark tasks: both cut lines by one rule
-    (piece_lines), so every piece gives the same rows either way, and a file changed or gone since
-    it was measured is refused either way."""
-    import hashlib
-
-    head = "".join(line(n) + "\n" for n in range(3)).encode()
-    files = {
-        "crlf": ("".join(line(n) + "\r\n" for n in range(4)).encode(), {"base": 0, "fp": None}),
-        "open-last-line": (head + b'{"k": "k1", "n": 9}', {"base": 0, "fp": None, "tail": True}),
-        "grown": (head + b"\n" + head, {"base": len(head), "fp": hashlib.blake2b(head, digest_size=20).hexdigest()}),
-    }
-    requests = {}
-    for name, (content, req) in files.items():
-        path = tmp_path / f"{name}.jsonl"
-        path.write_bytes(content)
-        requests[key_of(path.resolve().as_uri())] = {
-            "size": len(content), "mtime": 1, "open": False, "tail": False, **req}
-    pieces = measure_local_pieces(requests)
-    labels = {key: 7 + i for i, key in enumerate(sorted(pieces))}
-    for with_labels in (None, labels):
-        here = line_frame(spark, pieces, with_labels, here=True).collect()
-        there = line_frame(spark, pieces, with_labels).collect()
-        assert sorted(map(tuple, here)) == sorted(map(tuple, there))
-    rows = {(Path(key_of(r["f"])).stem, r["b"]): r["value"]
-            for r in line_frame(spark, pieces, here=True).collect()}
-    assert rows[("crlf", 4)] == line(3)  # CR LF cut, numbered from 1 in the whole file
-    assert rows[("open-last-line", 4)] == '{"k": "k1", "n": 9}'  # settled: the unterminated line too
-    assert {b for name, b in rows if name == "grown"} == {4, 5, 6, 7}  # only the piece after the committed head
-    assert rows[("grown", 4)] == ""  # an empty line is a line (record_frame drops it)
-
-    assert lines_read_here(pieces, listed_here=True)
-    assert not lines_read_here(pieces, listed_here=False)  # listed by Spark: not on this disk
-    total = sum(p["end"] for p in pieces.values())
-    assert not lines_read_here({**pieces, "big": {"start": 0, "end": ingest_frames.LOCAL_LINES_MAX_BYTES
-                                                             - total + 1}}, listed_here=True)
-
-    grown = tmp_path / "grown.jsonl"
-    grown.write_bytes(b"X" + (head + b"\n" + head)[1:])  # rewritten since it was measured
-    with pytest.raises(SourceError, match="grown.jsonl changed while the ingest read it"):
-        line_frame(spark, pieces, here=True)
-    with pytest.raises(Exception, match="grown.jsonl changed while the ingest read it"):
-        line_frame(spark, pieces).collect()
-    grown.unlink()
-    with pytest.raises(SourceError, match="grown.jsonl was listed but is gone"):
-        line_frame(spark, pieces, here=True)
-
-
-def test_a_run_of_small_local_files_reads_them_in_the_task_and_larger_ones_in_spark_tasks(
+def test_a_run_reads_each_line_file_once_here_or_in_spark_tasks(
         tmp_path, client, spark, read_stream, unique_name, pravega_controller_uri, monkeypatch):
-    """The run's wiring: a day of small local files is read by the task, with no Spark job reading
-    files (one Python worker stage less); past LOCAL_LINES_MAX_BYTES the same run reads them in Spark
-    tasks. Both commit every line once."""
+    """One pass: a run reads each line file's bytes once, in the job that writes them, and starts
+    no other Spark job (no measuring pass). A day of small local files is read by the task's
+    process and sent in the query; past LOCAL_LINES_MAX_BYTES the same run reads them in Spark tasks.
+    Both commit every line once; a grown file's committed prefix is checked in that same read."""
     scope = unique_name("readhere")
     day = tmp_path / "day"
     day.mkdir()
     for i in range(2):
         (day / f"part-{i}.jsonl").write_text("".join(line(n) + "\n" for n in range(i * 50, i * 50 + 50)))
-    read_by_spark = []
-    real_file_contents = ingest_sources.file_contents
+    read_by_spark, read_here = [], []
+    real_file_contents, real_local_bytes = ingest_sources.file_contents, ingest_sources.local_bytes
 
     def file_contents(spark_, keys):
         read_by_spark.append(sorted(keys))
         return real_file_contents(spark_, keys)
 
-    for reader in (ingest_pieces, ingest_frames):  # the modules that read files through Spark
-        monkeypatch.setattr(reader, "file_contents", file_contents)
+    def local_bytes(key, upto=-1):
+        read_here.append(key)
+        return real_local_bytes(key, upto)
+
+    for reader in (ingest_pieces, ingest_frames):  # the modules that read files
+        monkeypatch.setattr(reader, "file_contents", file_contents, raising=False)
+    monkeypatch.setattr(ingest_frames, "local_bytes", local_bytes)
+    tracker = spark.sparkContext.statusTracker()
+
+    runs = []
+
+    def run() -> tuple[int, int]:
+        runs.append(None)
+        group = f"one-pass-{scope}-{len(runs)}"
+        spark.sparkContext.setJobGroup(group, "one pass")
+        try:
+            events = run_ingest(client, spark, spec).events
+        finally:
+            spark.sparkContext.setJobGroup("", "")
+        return events, len(tracker.getJobIdsForGroup(group))
+
     spec = IngestSpec(scope=scope, stream="s", source=str(day / "*.jsonl"), routing_key_field="k",
                       create_stream=True)
-    assert run_ingest(client, spark, spec).events == 100
-    assert read_by_spark == []
+    assert run() == (100, 1)  # one Spark job: the write
+    assert read_by_spark == [] and sorted(read_here) == sorted(str(p) for p in day.glob("*.jsonl"))
     for i in range(2):
         append(day / f"part-{i}.jsonl", "".join(line(n) + "\n" for n in range(100 + i * 50, 150 + i * 50)))
     monkeypatch.setattr(ingest_frames, "LOCAL_LINES_MAX_BYTES", 100)
-    assert run_ingest(client, spark, spec).events == 100
-    assert read_by_spark == [sorted(str(p) for p in day.glob("*.jsonl"))]
+    read_here.clear()
+    assert run() == (100, 1)
+    assert read_by_spark == [sorted(str(p) for p in day.glob("*.jsonl"))] and read_here == []
     got = read_stream(pravega_controller_uri, scope, "s")
     assert Counter(e.decode() for e in got) == Counter(line(n) for n in range(200))

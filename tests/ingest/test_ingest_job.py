@@ -193,27 +193,6 @@ def test_unreachable_controller_fails_within_seconds(tmp_path, spark):
     assert time.monotonic() - started < HANG_GUARD_S
 
 
-def test_write_labels_follow_sparks_hash_partitioner(spark):
-    """The write labels are computed without a Spark job (spark_hash_long is Spark's Murmur3 hash
-    of a bigint): the same as Spark's own hash() and hash partitioner; a transaction holding files
-    of two groups (a Spark that partitions otherwise) fails the run before its commit point."""
-    from pyspark.sql import functions as F
-
-    from airflow_provider_pravega.client.ingest_errors import IngestError
-    from airflow_provider_pravega.spark.ingest_partitions import check_file_groups, spark_hash_long
-
-    ids = [0, 1, 2, 7, 42, 63, 64, 1000, 2**31 - 1, 2**31, 2**32 + 5, 2**40 + 3, 2**62, -1, -2**63]
-    got = {r["id"]: r["h"] for r in spark.createDataFrame([(i,) for i in ids], "id long")
-           .select("id", F.hash("id").alias("h")).collect()}
-    assert got == {i: spark_hash_long(i) for i in ids}
-    for n in (1, 2, 3, 5, 8):
-        rows = spark.range(64 * n).repartition(n, "id").select("id", F.spark_partition_id().alias("p")).collect()
-        assert all(spark_hash_long(r["id"]) % n == r["p"] for r in rows)
-    check_file_groups({"a": 7, "b": 7, "c": 9}, {"t1": ["a", "b"], "t2": ["c"]})
-    with pytest.raises(IngestError, match="2 write groups"):
-        check_file_groups({"a": 7, "b": 7, "c": 9}, {"t1": ["a", "c"], "t2": ["b"]})
-
-
 def test_a_small_run_is_one_write_task_and_a_large_one_spreads_over_the_cores(tmp_path, client, spark, unique_name):
     """A write task per 16 MiB planned, up to Spark's parallelism (each task of a scheduled run
     starts a new Python worker); num_writers overrides it."""

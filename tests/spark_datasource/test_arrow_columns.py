@@ -66,7 +66,7 @@ import json, pickle, sys
 import pyspark.daemon, pyarrow as pa
 from airflow_provider_pravega.spark.datasource_options import connection_config
 from airflow_provider_pravega.spark.datasource_read import Decoding, _read_partition
-from airflow_provider_pravega.spark.ingest_frames import piece_lines
+from airflow_provider_pravega.spark.line_events import FieldReader, piece_events
 from airflow_provider_pravega.spark.ingest_pieces import _DIGEST_SCHEMA
 from airflow_provider_pravega.spark.ingest_task import task_result
 from airflow_provider_pravega.spark.arrow_columns import record_batch, schema_of
@@ -78,9 +78,9 @@ text = Decoding("text", pa.schema([("event", pa.string()), ("scope", pa.string()
 rows = [r for b in _read_partition(config, ranges, text) for r in b.to_pylist()]
 parsed = Decoding("json", pa.schema([("n", pa.int64()), ("offset", pa.int64())]), ("n",))
 numbers = [r["n"] for b in _read_partition(config, ranges, parsed) for r in b.to_pylist()]
-content = b"one\\r\\ntwo\\n\\nthree\\n"
-lines = [dict(r, value=r["value"].decode()) for b in piece_lines("/in/a.jsonl", content, (0, len(content), 0, None), 7)
-         for r in b.to_pylist()]
+content = b'{"k": "a"}\\r\\n{"k": 2}\\n\\n{"k": "c"}\\n'
+events = piece_events(content, 7, FieldReader("k", None))
+lines = {"payloads": [p.decode() for p in events.payloads], "keys": events.keys, "bad": events.bad}
 answer = task_result("00ff", 3, 9, files=["b", "a"]).to_pylist()
 digest = record_batch({"path": ["p"], "fp": ["f"]}, schema_of(_DIGEST_SCHEMA)).to_pylist()
 print(json.dumps({"pandas": "pandas" in sys.modules, "rows": len(rows), "scopes": sorted({r["scope"] for r in rows}),
@@ -109,8 +109,8 @@ def test_what_spark_workers_run_imports_no_pandas(client, pravega_controller_uri
     assert got["pandas"] is False
     assert got["rows"] == 50 and got["scopes"] == [scope] and got["offsets_rise"]
     assert got["numbers"] == list(range(50))
-    assert got["lines"] == [{"f": "/in/a.jsonl", "b": b, "value": v, "j": None, "w": 7}
-                            for b, v in enumerate(["one", "two", "", "three"])]
+    assert got["lines"] == {"payloads": ['{"k": "a"}', '{"k": 2}', '{"k": "c"}'], "keys": ["a", "2", "c"],
+                            "bad": None}
     assert got["answer"] == [{"txn": "00ff", "events": 3, "bytes": 9, "error": None, "bad_file": None,
-                              "files": ["a", "b"]}]
+                              "line": None, "reason": None, "files": ["a", "b"], "empty": []}]
     assert got["digest"] == [{"path": "p", "fp": "f"}]
