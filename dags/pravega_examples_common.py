@@ -39,6 +39,45 @@ def spark_conn_id() -> str:
     return os.environ.get("PRAVEGA_EXAMPLES_SPARK_CONN") or "spark_default"
 
 
+def new_readings_asset() -> Any:
+    """The asset of :data:`SCOPE`/:data:`STREAM` with its watcher, for the event-driven examples.
+
+    One definition, so every DAG scheduled on it has the same watcher. The watcher is
+    common.messaging's ``MessageQueueTrigger`` with this provider's ``pravega`` scheme (a ``PravegaStreamTrigger``
+    underneath); its asset URI names the controller of the ``pravega_default`` connection. It
+    starts at the stream's head, so readings written before the triggerer first saw the stream (or
+    before the stream existed: it waits for it) are announced too; then it resumes from the last
+    cut it reported. On Airflow 3.3 it runs on the triggerer's shared stream: the cut is saved only
+    once the asset event is stored (a range is repeated only if the triggerer dies in between,
+    never skipped; docs/sensors-triggers.md, "Delivery"). Needs
+    apache-airflow-providers-common-messaging (the provider's ``messaging`` extra).
+    """
+    # Here, not at the top: common.messaging is an optional extra that only these examples need.
+    from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+    from airflow.sdk import Asset, AssetWatcher
+
+    from airflow_provider_pravega.hooks.pravega import PravegaHook
+
+    return Asset(
+        PravegaHook.asset_uri(SCOPE, STREAM),
+        watchers=[AssetWatcher(name="iot_readings_tail",
+                               trigger=MessageQueueTrigger(scheme="pravega", scope=SCOPE, stream=STREAM,
+                                                           after_cut="head", poll_interval=30))],
+    )
+
+
+def new_range(events: list[Any]) -> tuple[str, str]:
+    """(start, end) cuts of the new data a run of an event-driven example was started for.
+
+    Airflow hands one run every asset event since the previous run, in order: the new data runs
+    from the first event's ``previous_cut`` to the last one's ``cut`` (reading only the last would
+    skip the ranges before it). Run by hand (no event): the whole stream, head to tail.
+    """
+    first = events[0].extra.get("payload", {}) if events else {}
+    last = events[-1].extra.get("payload", {}) if events else {}
+    return first.get("previous_cut", "head"), last.get("cut", "tail")
+
+
 def daily(**overrides: Any) -> dict[str, Any]:
     """Keyword arguments of a daily example pipeline from :func:`start_date` with catchup, one run
     at a time, and two retries 5 s apart (a retry resumes or recovers a killed ingest: soon, while
