@@ -39,10 +39,21 @@ def spark_conn_id() -> str:
     return os.environ.get("PRAVEGA_EXAMPLES_SPARK_CONN") or "spark_default"
 
 
+#: Seconds between the event-driven examples' polls of the stream, unless ``$PRAVEGA_EXAMPLES_POLL_S`` says.
+POLL_S = 30.0
+
+
+def poll_interval() -> float:
+    """Seconds between the event-driven examples' polls of the stream: ``$PRAVEGA_EXAMPLES_POLL_S``,
+    default :data:`POLL_S` (tests poll often); read when a pipeline file is parsed."""
+    return float(os.environ.get("PRAVEGA_EXAMPLES_POLL_S") or POLL_S)
+
+
 def new_readings_asset() -> Any:
     """The asset of :data:`SCOPE`/:data:`STREAM` with its watcher, for the event-driven examples.
 
-    One definition, so every DAG scheduled on it has the same watcher. The watcher is
+    One definition, so every DAG scheduled on it has the same watcher: Airflow keeps one trigger
+    for it and each asset event starts a run of each of those DAGs. The watcher is
     common.messaging's ``MessageQueueTrigger`` with this provider's ``pravega`` scheme (a ``PravegaStreamTrigger``
     underneath); its asset URI names the controller of the ``pravega_default`` connection. It
     starts at the stream's head, so readings written before the triggerer first saw the stream (or
@@ -62,7 +73,7 @@ def new_readings_asset() -> Any:
         PravegaHook.asset_uri(SCOPE, STREAM),
         watchers=[AssetWatcher(name="iot_readings_tail",
                                trigger=MessageQueueTrigger(scheme="pravega", scope=SCOPE, stream=STREAM,
-                                                           after_cut="head", poll_interval=30))],
+                                                           after_cut="head", poll_interval=poll_interval()))],
     )
 
 

@@ -4,7 +4,8 @@
 ``iot/readings`` in the triggerer (``pravega_examples_common.new_readings_asset``); each time it
 moves past the last seen stream cut, the asset event carries the cut before and after the new data,
 and this DAG exports exactly that range (the same stream-cut export as the daily DAG, but bounded by
-the event's cuts instead of an interval).
+the event's cuts instead of an interval). ``pravega_count_new_readings`` runs on the same events
+without Spark.
 """
 
 from __future__ import annotations

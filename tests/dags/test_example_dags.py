@@ -40,7 +40,8 @@ def test_every_example_dag_imports_without_errors():
     bag = DagBag(dag_folder=str(DAGS))
     assert not bag.import_errors, bag.import_errors
     assert set(bag.dag_ids) == {"pravega_exactly_once_ingest", "pravega_stream_cut_export",
-                                "pravega_stream_cut_export_delta", "pravega_on_new_readings"}
+                                "pravega_stream_cut_export_delta", "pravega_on_new_readings",
+                                "pravega_count_new_readings"}
 
 
 def test_sample_data_generator_is_deterministic(tmp_path):
@@ -147,6 +148,31 @@ def test_event_driven_dag_exports_the_new_range(tmp_path, monkeypatch, spark, ru
     assert {str(ti.state) for ti in run.get_task_instances()} == {"success"}
     (out,) = [p for p in (tmp_path / "data" / "export" / "on-new-readings").iterdir() if p.is_dir()]
     assert spark.read.json(str(out)).count() == 25
+
+
+def test_count_dag_shares_the_watched_asset_and_counts_the_new_range(run_dag, pravega_default_conn):
+    """Scheduled on the same asset and watcher as the export example; run by hand it counts head → tail
+    (scripts/stack runs it on asset events: tests/triggers/test_shared_stream_triggerer.py)."""
+    from airflow_provider_pravega.client import PravegaClient
+
+    dag = load_dag(DAGS / "pravega_count_new_readings.py", "pravega_count_new_readings")
+    export = load_dag(DAGS / "pravega_on_new_readings.py", "pravega_on_new_readings")
+    (asset,) = dag.timetable.asset_condition.objects
+    (exported,) = export.timetable.asset_condition.objects
+    assert asset == exported and asset.watchers[0].trigger.serialize() == exported.watchers[0].trigger.serialize()
+    with PravegaClient(pravega_default_conn) as client:
+        client.admin.create_scope("iot")
+        if client.admin.stream_exists("iot", "readings"):
+            client.admin.delete_stream("iot", "readings", seal=True)
+        client.admin.create_stream("iot", "readings", 2)
+    writer = stream_writer(pravega_default_conn, "iot", "readings", 100)
+    for n in range(7):
+        writer.write_event(json.dumps({"reading_id": f"r{n}"}), f"s{n % 3}")
+    writer.flush()
+    run = run_dag(dag)
+    assert {str(ti.state) for ti in run.get_task_instances()} == {"success"}
+    result = run.get_task_instance("count_new_readings").xcom_pull(task_ids="count_new_readings")
+    assert result == {"previous_cut": "head", "cut": "tail", "asset_events": 0, "readings": 7}
 
 
 def test_delta_export_dag_catch_up_out_of_order_rerun_and_backfills_each_day_once(tmp_path, monkeypatch, pravega_conn,
