@@ -1,10 +1,15 @@
-"""Three AssetWatchers of one stream under a real ``airflow triggerer`` on PostgreSQL (the topology
-stack's own ``start_postgres``), the triggerer killed at each fault point of the stream trigger's
-shared poll, then restarted: every range is covered by the persisted asset events, once, or again
-where the kill came between persisting and saving the cut; never skipped.
+"""The stream trigger's shared poll under real Airflow processes on PostgreSQL (the topology
+stack's own ``start_postgres`` and ``scripts/stack``), in ack mode (Airflow 3.3).
 
-One poll loop serves the three watchers: the triggerer's log names one producer and three watchers
-of the shared poll (tests/triggers/test_shared_stream.py counts the controller's calls per poll).
+* Three AssetWatchers of one stream under a real ``airflow triggerer``, killed at each fault point
+  of the shared poll, then restarted: every range is covered by the persisted asset events, once,
+  or again where the kill came between persisting and saving the cut; never skipped. One poll loop
+  serves the three watchers: the triggerer's log names one producer and three watchers of the
+  shared poll (tests/triggers/test_shared_stream.py counts the controller's calls per poll).
+* The event-driven example ``pravega_count_new_readings`` in ``scripts/stack`` (scheduler on
+  LocalExecutor, dag-processor, triggerer, api-server): events written in batches make one DAG run
+  per persisted asset event, consecutive runs' ranges are contiguous (each ``previous_cut`` is the
+  last ``cut``), and each run's task counted exactly its batch.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,10 +64,16 @@ for name, kwargs in (("plain", {{}}), ("sampled", {{"sample_events": 1}}), ("min
 
 
 def _stack_module() -> Any:
+    """``scripts/stack.py`` as a module; the test skips, saying why, where it cannot start PostgreSQL."""
     spec = importlib.util.spec_from_file_location("pravega_stack_for_tests", REPO / "scripts" / "stack.py")
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(module)
+    try:
+        module.pg_bindir(None)
+        module.pg_user()
+    except module.StackError as exc:
+        pytest.skip(str(exc))
     return module
 
 
@@ -69,11 +81,7 @@ def _stack_module() -> Any:
 def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A private PostgreSQL cluster (as ``scripts/stack up`` starts it); its SQLAlchemy URL."""
     stack = _stack_module()
-    try:
-        bindir = stack.pg_bindir(None)
-        stack.pg_user()
-    except stack.StackError as exc:
-        pytest.skip(str(exc))
+    bindir = stack.pg_bindir(None)
     work = tmp_path_factory.mktemp("pg")
     logs = work / "logs"
     logs.mkdir()
@@ -134,14 +142,23 @@ def _offset(cut: str) -> int:
     return sum(streamcut_from_text(cut).positions.values())
 
 
+def _metadata_db(url: str) -> Any:
+    """A psycopg2 connection to the metadata database at Airflow's SQLAlchemy ``url``."""
+    return psycopg2.connect(url.replace("postgresql+psycopg2", "postgresql"))
+
+
+def _payload(extra: Any) -> dict[str, Any]:
+    """The trigger event's payload from an asset event's ``extra`` (JSON, or already decoded)."""
+    return (extra if isinstance(extra, dict) else json.loads(extra))["payload"]
+
+
 def _recorded(url: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
     """(asset name -> payloads of its persisted asset events, in order; asset name -> saved cut)."""
-    with psycopg2.connect(url.replace("postgresql+psycopg2", "postgresql")) as conn, conn.cursor() as cur:
+    with _metadata_db(url) as conn, conn.cursor() as cur:
         cur.execute("SELECT a.name, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id")
         events: dict[str, list[dict[str, Any]]] = {}
         for name, extra in cur.fetchall():
-            extra = extra if isinstance(extra, dict) else json.loads(extra)
-            events.setdefault(name, []).append(extra["payload"])
+            events.setdefault(name, []).append(_payload(extra))
         cur.execute("SELECT a.name, s.value FROM asset_state_store s JOIN asset a ON a.id = s.asset_id "
                     "WHERE s.key = 'pravega_last_seen_cut'")
         saved = {name: value if isinstance(value, str) and not value.startswith('"') else json.loads(value)
@@ -229,3 +246,123 @@ def test_three_watchers_share_one_poll_and_no_range_is_skipped_whatever_point_th
         assert _offset(payloads[-1]["cut"]) == end == _offset(saved[name])
     final = triggerer.this_start()
     assert "Traceback" not in final, final[-4000:]  # the kills' broken pipes aside, no error
+
+
+# ------------------------------------------------------------------ DAG runs of the example (scripts/stack)
+
+EXAMPLE_DAG = "pravega_count_new_readings"
+#: Readings per batch; the next batch is written once the last one's run exists.
+BATCHES = (3, 1, 4, 2)
+
+
+def _stack(work: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "stack.py"), "--work-dir", str(work), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def example_stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """``scripts/stack up`` with the count example alone in its DAG folder (unpaused, polling every
+    half second, no Spark); its ``stack.json``, then ``down`` (nothing of it left running)."""
+    stack = _stack_module()
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    for name in (f"{EXAMPLE_DAG}.py", "pravega_examples_common.py", ".airflowignore"):
+        shutil.copy(REPO / "dags" / name, dags / name)
+    work = tmp_path / "stack"
+    up = _stack(work, "up", "--no-spark-connect", "--sample-days", "0", "--parallelism", "2", "--dags", str(dags),
+                "--timeout", "600", "--env", "PRAVEGA_EXAMPLES_POLL_S=0.5",
+                "--env", "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False")
+    try:
+        assert up.returncode == 0, f"scripts/stack up failed:\n{up.stdout[-3000:]}\n{up.stderr[-5000:]}"
+        yield {**json.loads((work / "stack.json").read_text()), "work": work}
+    finally:
+        down = _stack(work, "down", timeout=300)
+        state = json.loads((work / "stack.json").read_text()) if (work / "stack.json").exists() else None
+        left = [n for n, c in (state or {}).get("components", {}).items() if stack.group_alive(c["pgid"])]
+        _stack(work, "down", "--purge", timeout=300)
+        assert down.returncode == 0 and not left, (down.stdout, down.stderr, left)
+
+
+def _runs(url: str, dag_id: str) -> list[dict[str, Any]]:
+    """The DAG's asset-triggered runs in order of creation: state, the payloads of the asset events
+    each consumed (in order) and its task's XCom."""
+    with _metadata_db(url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT r.id, r.state, e.extra FROM dag_run r LEFT JOIN dagrun_asset_event d ON d.dag_run_id = r.id "
+                    "LEFT JOIN asset_event e ON e.id = d.event_id WHERE r.dag_id = %s AND r.run_type = 'asset_triggered' "
+                    "ORDER BY r.id, e.timestamp, e.id", (dag_id,))
+        runs: dict[int, dict[str, Any]] = {}
+        for run_id, state, extra in cur.fetchall():
+            run = runs.setdefault(run_id, {"state": state, "events": [], "xcom": None})
+            if extra is not None:
+                run["events"].append(_payload(extra))
+        cur.execute("SELECT dag_run_id, value FROM xcom WHERE dag_id = %s AND key = 'return_value'", (dag_id,))
+        for run_id, value in cur.fetchall():
+            if run_id in runs:
+                runs[run_id]["xcom"] = json.loads(value) if isinstance(value, str) else value
+    return [runs[k] for k in sorted(runs)]
+
+
+def _stored_events(url: str, uri: str) -> list[dict[str, Any]]:
+    """Payloads of every persisted asset event of the asset ``uri``, in order."""
+    with _metadata_db(url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.uri = %s "
+                    "ORDER BY e.id", (uri,))
+        return [_payload(extra) for (extra,) in cur.fetchall()]
+
+
+def test_the_event_driven_example_makes_one_dag_run_per_persisted_event_with_contiguous_ranges(
+    example_stack: dict[str, Any],
+) -> None:
+    state = example_stack
+    url, uri = state["sql_alchemy_conn"], f"pravega://127.0.0.1:{state['pravega_port']}/iot/readings"
+    logs = state["work"] / "logs"
+
+    def failing(what: str) -> str:
+        return f"{what}; runs: {_runs(url, EXAMPLE_DAG)}\n" + "\n".join(
+            f"--- {n}\n{(logs / f'{n}.log').read_text(errors='replace')[-3000:]}" for n in ("scheduler", "triggerer"))
+
+    with PravegaClient(state["controller_uri"]) as client:
+        client.admin.create_scope("iot")
+        client.admin.create_stream("iot", "readings", 1)
+        for n, size in enumerate(BATCHES):
+            # One transaction per batch: its readings appear in the stream at once, so one poll
+            # announces the whole batch in one asset event.
+            txn = client.transactions.begin("iot", "readings")
+            with client.transactions.writer("iot", "readings", txn) as writer:
+                writer.write_events([json.dumps({"batch": n, "reading": i}).encode() for i in range(size)])
+                writer.flush()
+            client.transactions.commit("iot", "readings", txn)
+            end = sum(client.admin.tail("iot", "readings").values())
+
+            def batch_has_its_run() -> bool:
+                runs = _runs(url, EXAMPLE_DAG)
+                return len(runs) > n and bool(runs[-1]["events"]) and _offset(runs[-1]["events"][-1]["cut"]) == end
+
+            try:
+                wait_until(f"a DAG run for batch {n + 1}", batch_has_its_run, 240, poll_s=0.5)
+            except WaitTimeout as exc:
+                pytest.fail(failing(str(exc)))
+
+    def all_done() -> bool:
+        runs = _runs(url, EXAMPLE_DAG)
+        if any(r["state"] == "failed" for r in runs):
+            pytest.fail(failing("a run failed"))
+        return all(r["state"] == "success" for r in runs)
+
+    try:
+        wait_until("every run to succeed", all_done, 300, poll_s=1)
+    except WaitTimeout as exc:
+        pytest.fail(failing(str(exc)))
+    runs, stored = _runs(url, EXAMPLE_DAG), _stored_events(url, uri)
+    # One run per persisted event: as many runs as events, each consumed exactly one, all of them.
+    assert len(runs) == len(stored) == len(BATCHES), failing(f"{len(runs)} runs, {len(stored)} events")
+    assert [r["events"] for r in runs] == [[event] for event in stored]
+    # Contiguous: the first from the head, each next from the last one's cut.
+    assert _offset(stored[0]["previous_cut"]) == 0
+    for before, event in zip(stored, stored[1:]):
+        assert event["previous_cut"] == before["cut"], stored
+    # Each run's task read exactly its event's range and counted its batch.
+    for run, event, size in zip(runs, stored, BATCHES):
+        assert run["xcom"] == {"previous_cut": event["previous_cut"], "cut": event["cut"], "asset_events": 1,
+                               "readings": size}, run
