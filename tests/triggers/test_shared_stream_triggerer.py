@@ -5,7 +5,7 @@ stack's own ``start_postgres`` and ``scripts/stack``), in ack mode (Airflow 3.3)
   of the shared poll, then restarted: every range is covered by the persisted asset events, once,
   or again where the kill came between persisting and saving the cut; never skipped. One poll loop
   serves the three watchers: the triggerer's log names one producer and three watchers of the
-  shared poll (tests/triggers/test_shared_stream.py counts the controller's calls per poll).
+  shared poll, and the idle triggerer's controller calls come no faster than one per poll interval.
 * The event-driven example ``pravega_count_new_readings`` in ``scripts/stack`` (scheduler on
   LocalExecutor, dag-processor, triggerer, api-server): events written in batches make one DAG run
   per persisted asset event, consecutive runs' ranges are contiguous (each ``previous_cut`` is the
@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ WATCHERS = ("plain", "sampled", "min_bytes")
 #: The fault points in the order a kill leaves something to check: before anything is announced,
 #: after an event left the filter (not yet persisted), after it was persisted (its cut not saved),
 #: after the cut was saved.
+#: The watchers' poll interval, and how many controller calls of the idle triggerer are timed.
+POLL_S, IDLE_CALLS = 0.5, 20
 FAULTS = ("stream_trigger_polled", "stream_trigger_yielded", "stream_trigger_persisted", "stream_trigger_advanced")
 
 DAG_FILE = '''
@@ -48,7 +51,7 @@ from airflow.sdk import DAG, Asset, AssetWatcher, task
 from airflow_provider_pravega.triggers import PravegaStreamTrigger
 
 def watched(name, **kwargs):
-    trigger = PravegaStreamTrigger(scope="{scope}", stream="{stream}", after_cut="head", poll_interval=0.5,
+    trigger = PravegaStreamTrigger(scope="{scope}", stream="{stream}", after_cut="head", poll_interval={poll_s},
                                    max_retry_interval=1, **kwargs)
     return Asset(f"watch_{{name}}", watchers=[AssetWatcher(name=f"watch_{{name}}", trigger=trigger)])
 
@@ -173,7 +176,7 @@ def test_three_watchers_share_one_poll_and_no_range_is_skipped_whatever_point_th
     scope, stream = unique_name("shr"), unique_name("s")
     dags = tmp_path / "dags"
     dags.mkdir()
-    (dags / "watchers.py").write_text(textwrap.dedent(DAG_FILE.format(scope=scope, stream=stream)))
+    (dags / "watchers.py").write_text(textwrap.dedent(DAG_FILE.format(scope=scope, stream=stream, poll_s=POLL_S)))
     home = tmp_path / "airflow-home"
     home.mkdir()
     env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
@@ -217,6 +220,16 @@ def test_three_watchers_share_one_poll_and_no_range_is_skipped_whatever_point_th
             write(3)
             triggerer.start()
             wait_until("every watcher's cut saved at the tail", settled, 180, poll_s=0.5)
+            # One poll loop for the three watchers, counted at the controller: with nothing new
+            # (and no call from this test meanwhile) each poll is one call, and polls are at least
+            # a poll interval apart, so IDLE_CALLS calls take at least IDLE_CALLS - 2 intervals
+            # (three loops would make them three times as fast).
+            calls = counted_server.controller.rpc_calls
+            served, since = sum(list(calls.values())), time.monotonic()
+            wait_until(f"{IDLE_CALLS} controller calls from the idle triggerer",
+                       lambda: sum(list(calls.values())) - served >= IDLE_CALLS, 180, poll_s=0.05)
+            took = time.monotonic() - since
+            assert took >= (IDLE_CALLS - 2) * POLL_S, f"{IDLE_CALLS} calls in {took:.1f} s: {dict(calls)}"
             # One poll loop for the three watchers: the shared producer says so once, each watcher once.
             started = triggerer.this_start()
             assert started.count("Polling ") == 1 and started.count("(shared poll)") == len(WATCHERS), started[-4000:]
