@@ -37,7 +37,10 @@ os.environ.pop("AIRFLOW_CONFIG", None)
 # exports lose by it (docs/benchmarks.md). They also map Spark's classes from the class archive
 # of this Spark installation (airflow_provider_pravega/spark/class_archive.py, made here once per
 # installation: about 4.5 CPU-s less per JVM; PRAVEGA_TEST_CLASS_ARCHIVE=0 turns it off). Set
-# SPARK_SUBMIT_OPTS yourself to run with other options.
+# SPARK_SUBMIT_OPTS yourself to run with other options. No session the tests start makes an archive
+# in the background (a JVM for a minute beside the suite's, for tests that point the archive
+# directory at an empty one): tests of that making set PRAVEGA_SPARK_CLASS_ARCHIVE=auto themselves.
+os.environ.setdefault("PRAVEGA_SPARK_CLASS_ARCHIVE", "manual")
 if "SPARK_SUBMIT_OPTS" not in os.environ:
     _QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     if os.environ.get("PRAVEGA_TEST_CLASS_ARCHIVE", "1") != "0":

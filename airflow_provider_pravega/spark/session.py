@@ -780,8 +780,9 @@ def session_defaults(master: str, conf: Mapping[str, str] | None = None) -> dict
 
 def local_jvm_options() -> str:
     """:data:`LOCAL_JVM_OPTIONS`, plus the options that map this Spark installation's class archive
-    when one was made (``pravega-spark-class-archive build``, :mod:`.class_archive`): a fresh
-    driver then maps Spark's classes instead of loading them, seconds sooner every run."""
+    when one was made (:mod:`.class_archive`: by ``pravega-spark-class-archive build``, or in the
+    background by the first session that found none): a fresh driver then maps Spark's classes
+    instead of loading them, seconds sooner every run."""
     from airflow_provider_pravega.spark import class_archive
 
     return f"{LOCAL_JVM_OPTIONS} {class_archive.java_options()}".strip()
