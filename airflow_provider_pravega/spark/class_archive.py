@@ -178,7 +178,7 @@ def java_options(archive: Path | None = None) -> str:
         return f"-XX:SharedArchiveFile={archive} {QUIET}"
     builder = start_build() if chosen == "auto" and own else None
     if why is not None:
-        then = (f"it is being made again in the background (log: {log_path(archive)})" if builder is not None
+        then = (f"the making started in the background replaces it (log: {log_path(archive)})" if builder is not None
                 else f"`{SCRIPT} build` makes it again")
         log.warning("not using the class archive %s: %s; local Spark sessions start without it until %s",
                     archive, why, then)

@@ -208,7 +208,7 @@ def test_a_cut_archive_is_refused_and_made_again_in_the_background_by_the_sessio
         args = next(line for line in done.stdout.splitlines() if line.startswith("args "))
         assert "rows 3" in done.stdout and "-XX:SharedArchiveFile" not in args, args
         assert (f"not using the class archive {archive}: it is 1048576 bytes where" in done.stdout + done.stderr
-                and f"it is being made again in the background (log: {class_archive.log_path(archive)})"
+                and f"until the making started in the background replaces it (log: {class_archive.log_path(archive)})"
                 in done.stdout + done.stderr), done.stderr[-3000:]
         _wait_for_making(archive, class_archive.BACKGROUND_TIMEOUT_S + 120)
     except BaseException:
