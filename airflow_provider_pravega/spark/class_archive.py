@@ -230,7 +230,7 @@ def start_build(training: Path | None = None) -> int | None:
         lock = open(_lock_path(archive), "a")
     except OSError as exc:
         log.info("cannot make the class archive in the background: its directory %s cannot be written (%s); "
-                 "set %s=off (or %s to a writable directory)", archive.parent, exc.strerror or exc,
+                 "set %s=manual (or %s to a writable directory)", archive.parent, exc.strerror or exc,
                  MODE_VARIABLE, DIR_VARIABLE)
         return None
     with lock:
