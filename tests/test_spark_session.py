@@ -400,9 +400,10 @@ def test_a_cluster_keeps_its_own_shuffle_partitions_and_ui():
 def test_a_local_session_gets_the_parallel_collector_unless_its_java_options_are_chosen(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A local session's JVM gets -XX:+UseParallelGC (under G1 an export spent a median 0.36 CPU-s
-    more, mostly in the JIT compiler: docs/benchmarks.md); never on a cluster, and never when the
-    task's settings, spark-defaults.conf or a JAVA_TOOL_OPTIONS-style variable choose the driver's
-    Java options or a collector (the JVM refuses two collectors)."""
+    more, mostly in the JIT compiler: docs/benchmarks.md) and a small initial heap; never on a
+    cluster, and never when the task's settings, spark-defaults.conf or a JAVA_TOOL_OPTIONS-style
+    variable choose the driver's Java options, a collector (the JVM refuses two collectors) or an
+    initial heap (which ours would override)."""
     from airflow_provider_pravega.spark.session import LOCAL_JVM_OPTIONS, session_defaults
 
     for name in _JAVA_OPTION_VARIABLES:
@@ -410,7 +411,7 @@ def test_a_local_session_gets_the_parallel_collector_unless_its_java_options_are
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
     monkeypatch.setenv("PRAVEGA_SPARK_CLASS_ARCHIVE_DIR", str(tmp_path / "no-archives"))  # the collector alone
     key = "spark.driver.extraJavaOptions"
-    assert LOCAL_JVM_OPTIONS == "-XX:+UseParallelGC"
+    assert LOCAL_JVM_OPTIONS == "-XX:+UseParallelGC -Xms64m"
     assert session_defaults("local[*]")[key] == LOCAL_JVM_OPTIONS
     assert session_defaults("local[2]", {"spark.sql.shuffle.partitions": "3"})[key] == LOCAL_JVM_OPTIONS
     assert key not in session_defaults("yarn") and key not in session_defaults("spark://master:7077")
@@ -421,6 +422,10 @@ def test_a_local_session_gets_the_parallel_collector_unless_its_java_options_are
     monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Xss1m -XX:+UseZGC")
     assert key not in session_defaults("local[*]")
     monkeypatch.delenv("JAVA_TOOL_OPTIONS")
+    for initial_heap in ("-Xms1g", "-XX:InitialRAMPercentage=5"):
+        monkeypatch.setenv("JDK_JAVA_OPTIONS", initial_heap)
+        assert key not in session_defaults("local[*]")
+    monkeypatch.delenv("JDK_JAVA_OPTIONS")
     (tmp_path / "spark-defaults.conf").write_text("spark.driver.memory 2g\nspark.driver.extraJavaOptions=-XX:+UseG1GC\n")
     assert key not in session_defaults("local[*]")
 

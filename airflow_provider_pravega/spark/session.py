@@ -710,12 +710,13 @@ def submitted_master() -> str | None:
     return SparkConf().get("spark.master", None)
 
 
-#: The garbage collector a local session's JVM gets unless something else chooses one (see
-#: :func:`session_defaults`).
-LOCAL_JVM_OPTIONS = "-XX:+UseParallelGC"
+#: The garbage collector and the initial heap a local session's JVM gets unless something else
+#: chooses its options (see :func:`session_defaults`).
+LOCAL_JVM_OPTIONS = "-XX:+UseParallelGC -Xms64m"
 #: Where a JVM option can come from besides the session's settings (the JVM refuses two collectors).
 _JAVA_OPTION_VARIABLES = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", "SPARK_SUBMIT_OPTS")
-_GC_OPTION = re.compile(r"-XX:\+Use\w*GC\b")
+# What such a variable may choose that LOCAL_JVM_OPTIONS would override or contradict.
+_CHOSEN_IN_ENVIRONMENT = re.compile(r"-XX:\+Use\w*GC\b|-Xms\d|-XX:(InitialHeapSize|MinHeapSize|InitialRAMPercentage)=")
 _DRIVER_JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.driver.defaultJavaOptions")
 # A line of spark-defaults.conf (a Java properties file: "key value", "key=value" or "key:value").
 _DRIVER_JAVA_OPTION_LINE = re.compile(r"\s*spark\.driver\.(extra|default)JavaOptions\s*[=:\s]")
@@ -723,10 +724,11 @@ _DRIVER_JAVA_OPTION_LINE = re.compile(r"\s*spark\.driver\.(extra|default)JavaOpt
 
 def _java_options_set_elsewhere(conf: Mapping[str, str]) -> bool:
     """Whether the driver JVM's options are chosen by ``conf`` or Spark's ``spark-defaults.conf``,
-    or a collector by the environment: the provider's JVM defaults then stay out of the way."""
+    or a collector or an initial heap by the environment: the provider's JVM defaults then stay
+    out of the way."""
     if any(key in conf for key in _DRIVER_JAVA_OPTIONS):
         return True
-    if any(_GC_OPTION.search(os.environ.get(name, "")) for name in _JAVA_OPTION_VARIABLES):
+    if any(_CHOSEN_IN_ENVIRONMENT.search(os.environ.get(name, "")) for name in _JAVA_OPTION_VARIABLES):
         return True
     conf_dirs = [os.environ.get("SPARK_CONF_DIR")]
     spark_home = os.environ.get("SPARK_HOME")
@@ -763,8 +765,11 @@ def session_defaults(master: str, conf: Mapping[str, str] | None = None) -> dict
     compiling on every job while under the parallel collector it settled; over 15 interleaved
     rounds in three runs an export took a median 0.36 CPU-s less with the parallel collector (10
     of 15 rounds lower, most of it JIT; one of the three runs showed no difference at its medians).
-    With those options come the class archive's, when this installation has one
-    (:func:`local_jvm_options`)."""
+    It also starts with a small heap (``-Xms``): the JVM's default initial heap is a fraction of
+    the machine's memory, and the young generation fills all of it before its first collection,
+    whatever the work needs; from a small one the heap grows to what the work uses, up to
+    ``spark.driver.memory`` as before (docs/deployment.md has the figures). With those options come
+    the class archive's, when this installation has one (:func:`local_jvm_options`)."""
     defaults = {
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # The console progress bar redraws with carriage returns: in a task log, a line per redraw.

@@ -58,6 +58,7 @@ def test_a_session_the_provider_starts_maps_the_installations_archive(tmp_path):
     assert "rows 3" in done.stdout
     args = next(line for line in done.stdout.splitlines() if line.startswith("args "))
     assert f"-XX:SharedArchiveFile={class_archive.archive_path()}" in args and "-XX:+UseParallelGC" in args
+    assert "-Xms64m" in args  # the initial heap of LOCAL_JVM_OPTIONS reaches the JVM
 
 
 def test_without_an_archive_a_session_gets_only_its_collector_and_show_says_how_to_make_one(
