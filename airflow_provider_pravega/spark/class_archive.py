@@ -421,8 +421,9 @@ def build(base_options: str = "", *, timeout_s: float = 300.0, training: Path | 
 
 def _build_in_background(lock_fd: int, training: Path | None) -> int:
     """``build --background``: what :func:`start_build` runs, holding the archive's lock
-    (``lock_fd``, inherited). A failure is recorded beside the archive (:func:`_failed_path`), so
-    tasks do not start it again every run."""
+    (``lock_fd``, inherited) until it exits: its last words in the log and a failure's record
+    beside the archive (:func:`_failed_path`, so tasks do not start it again every run) are
+    written before any task may start another."""
     try:
         os.nice(BACKGROUND_NICENESS)
     except OSError:
@@ -433,7 +434,7 @@ def _build_in_background(lock_fd: int, training: Path | None) -> int:
     started = time.monotonic()
     try:
         made = build(BACKGROUND_JAVA_OPTIONS, timeout_s=BACKGROUND_TIMEOUT_S, training=training,
-                     lock=os.fdopen(lock_fd, "w"))
+                     lock=os.fdopen(os.dup(lock_fd), "w"))  # build closes its copy; lock_fd stays locked
     except (ClassArchiveError, OSError) as exc:
         print(f"{SCRIPT}: {exc}", flush=True)
         if archive is not None:
