@@ -120,8 +120,8 @@ class _Token:
 class KeycloakTokenSource:
     """RPTs of one Keycloak client for one audience, fetched on demand and renewed before expiry.
 
-    Thread-safe; ``clock`` (monotonic seconds) decides when a token is renewed, so a test can move
-    time forward instead of waiting. ``fetches`` counts the RPTs obtained.
+    Thread-safe; ``clock`` (monotonic seconds) decides when a token is renewed: a test may replace
+    it to move time forward instead of waiting. ``fetches`` counts the RPTs obtained.
     """
 
     def __init__(
@@ -133,7 +133,7 @@ class KeycloakTokenSource:
     ) -> None:
         self.settings = settings
         self.audience = audience
-        self._clock = clock
+        self.clock = clock
         self._lock = threading.Lock()
         self._token: _Token | None = None
         self.fetches = 0
@@ -150,9 +150,9 @@ class KeycloakTokenSource:
     def token(self) -> str:
         """A valid RPT (the cached one until it is due for renewal)."""
         with self._lock:
-            if self._token is not None and self._clock() < self._token.renew_at:
+            if self._token is not None and self.clock() < self._token.renew_at:
                 return self._token.value
-            fetched_at = self._clock()
+            fetched_at = self.clock()
             value, lifetime = self._fetch()
             self._token = _Token(value, fetched_at + lifetime - self._margin(lifetime))
             self.fetches += 1
