@@ -26,7 +26,7 @@ from pravega_testing.wait import wait_until
 
 from client.readback import read_segments_direct
 from hang_guard import HANG_GUARD_S as FAST_S
-from security.realm import APP, READ_ONLY, REALM, WRITABLE
+from security.realm import APP, APP_SECRET, READ_ONLY, REALM, WRITABLE
 
 
 def events_of(client: PravegaClient, scope: str, stream: str) -> list[bytes]:
@@ -83,6 +83,18 @@ def test_hook_with_bearer_credentials_writes_one_scope_and_only_reads_the_other(
             write(client, READ_ONLY, beta_stream, [b"refused"])
     with PravegaClient(hook.get_config()) as client:
         assert events_of(client, READ_ONLY, beta_stream) == [b"from-admin"]  # nothing was written
+
+
+def test_the_hook_teaches_the_masker_the_keycloak_json_and_its_secret(
+        monkeypatch: pytest.MonkeyPatch, keycloak_json: Callable[..., str]) -> None:
+    from airflow.sdk._shared.secrets_masker import _secrets_masker
+
+    monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_KEYCLOAK_MASKED", json.dumps({
+        "conn_type": "pravega", "host": "127.0.0.1", "password": keycloak_json(**{"masking-test": "1"}),
+        "extra": {"auth_method": "Bearer"}}))
+    config = PravegaHook("pravega_keycloak_masked").get_config()
+    line = f"keycloak.json={config.password} secret={APP_SECRET}"
+    assert _secrets_masker().redact(line) == "keycloak.json=*** secret=***"
 
 
 def test_a_wrong_client_secret_fails_at_once_naming_realm_and_client(
