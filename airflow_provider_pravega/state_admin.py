@@ -65,7 +65,7 @@ def inspect_state(client: Any, scope: str, name: str) -> StateSummary:
 
 def ingest_state(client: Any, scope: str, name: str) -> dict[str, Any]:
     """The whole state of an ingest (runs, interval index; committed files stay in their table)."""
-    from airflow_provider_pravega.client.ingest import open_state_store
+    from airflow_provider_pravega.client.ingest_location import open_state_store
 
     with open_state_store(client, scope, name, create=False) as store:
         return store.fetch()
@@ -74,14 +74,16 @@ def ingest_state(client: Any, scope: str, name: str) -> dict[str, Any]:
 def export_state(client: Any, scope: str, name: str) -> Any:
     """The recorded cuts of an export (``ExportState``)."""
     from airflow_provider_pravega.client.synchronizer import StateSynchronizer
-    from airflow_provider_pravega.spark.export_job import ExportState, apply_update
+    from airflow_provider_pravega.spark.export_state import ExportState, apply_update
 
     with StateSynchronizer(client, scope, name, ExportState(), apply_update, create=False) as sync:
         return sync.fetch()
 
 
 def _ingest_summary(client: Any, scope: str, name: str) -> StateSummary:
-    from airflow_provider_pravega.client.ingest import REQUESTED, IngestCoordinator, open_state_store
+    from airflow_provider_pravega.client.ingest import IngestCoordinator
+    from airflow_provider_pravega.client.ingest_location import open_state_store
+    from airflow_provider_pravega.client.ingest_state import REQUESTED
 
     with open_state_store(client, scope, name, create=False) as store:
         state = store.fetch()
@@ -112,7 +114,8 @@ def reset_state(client: Any, scope: str, name: str) -> bool:
     """Forget state ``scope/name``: the next run of its ingest or export starts afresh (an ingest
     then ingests every file again; use it when its target stream was deleted and re-created, or
     for an orphan). An ingest with a live run is refused. False when there was nothing to forget."""
-    from airflow_provider_pravega.client.ingest import reset_ingest_state, state_location
+    from airflow_provider_pravega.client.ingest import reset_ingest_state
+    from airflow_provider_pravega.client.ingest_location import state_location
 
     summary = inspect_state(client, scope, name)
     if summary.kind == "export":
@@ -144,11 +147,11 @@ def expected_states(dags: Iterable[Any], default_scope: str | None = None) -> tu
     """The state streams the ingest and export tasks of ``dags`` use (in each task's state scope),
     and the tasks whose state cannot be told before they run (a templated scope, stream, id or
     state scope, or no scope at all)."""
-    from airflow_provider_pravega.client.ingest import state_location as ingest_location
+    from airflow_provider_pravega.client.ingest_location import state_location as ingest_location
     from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator
     from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
-    from airflow_provider_pravega.spark.export_job import ExportSpec
-    from airflow_provider_pravega.spark.export_job import state_location as export_location
+    from airflow_provider_pravega.spark.export_spec import ExportSpec
+    from airflow_provider_pravega.spark.export_state import state_location as export_location
 
     found: list[ExpectedState] = []
     unknown: list[str] = []

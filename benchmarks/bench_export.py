@@ -108,7 +108,7 @@ def profile_task(uri: str, ranges: list, text: bool) -> None:
     from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
-    from airflow_provider_pravega.spark.datasource import Decoding, _read_partition
+    from airflow_provider_pravega.spark.datasource_read import Decoding, _read_partition
 
     host, _, port = uri.split("//", 1)[1].rpartition(":")
     config = PravegaConnectionConfig.from_connection_fields(host=host, port=int(port))
@@ -296,8 +296,10 @@ def main() -> None:
     from airflow_provider_pravega.client.batch import plan_segment_ranges
     from airflow_provider_pravega.client.streamcut import StreamCut
     from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
-    from airflow_provider_pravega.spark import export_job
+    from airflow_provider_pravega.spark import export_write
+    from airflow_provider_pravega.spark.export_frame import build_frame
     from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
+    from airflow_provider_pravega.spark.ingest_job import config_of
     from airflow_provider_pravega.spark.session import get_spark_session
 
     work = Path(tempfile.mkdtemp(prefix="bench-export-"))
@@ -368,21 +370,21 @@ def main() -> None:
                 spec = ExportSpec(scope, stream, "unused", event_format=args.event_format)
 
                 def noop() -> tuple[int, int, float]:
-                    frame = export_job.build_frame(spark, export_job.config_of(client), spec, ranges)
+                    frame = build_frame(spark, config_of(client), spec, ranges)
                     t0 = time.perf_counter()
                     frame.write.format("noop").mode("overwrite").save()
                     return args.events, payload, time.perf_counter() - t0
 
                 cached = None
                 if args.profile:  # Spark's writer alone: the same rows held in the JVM's memory.
-                    cached = export_job.build_frame(spark, export_job.config_of(client), spec, ranges).cache()
+                    cached = build_frame(spark, config_of(client), spec, ranges).cache()
                     cached.count()
 
                 def from_memory(label: str) -> tuple[int, int, float]:
                     out = work / f"floor-{label}"
-                    writer = cached.write.format(export_job._SPARK_FORMAT[args.format])
+                    writer = cached.write.format(export_write._SPARK_FORMAT[args.format])
                     if args.format == "parquet":
-                        writer = writer.options(**export_job.PARQUET_OPTIONS)
+                        writer = writer.options(**export_write.PARQUET_OPTIONS)
                     if args.compression:
                         writer = writer.option("compression", args.compression)
                     t0 = time.perf_counter()

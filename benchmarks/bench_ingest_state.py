@@ -35,7 +35,8 @@ def path(n: int) -> str:
 def fill(uri: str, scope: str, stream: str, files: int) -> None:
     """An ingest remembering ``files`` committed files (in its table), its state compacted."""
     from airflow_provider_pravega.client import PravegaClient
-    from airflow_provider_pravega.client.ingest import IngestCoordinator, open_ingest_state
+    from airflow_provider_pravega.client.ingest import IngestCoordinator
+    from airflow_provider_pravega.client.ingest_location import open_ingest_state
 
     with PravegaClient(uri) as client:
         client.admin.create_scope(scope)
@@ -53,7 +54,8 @@ def fill(uri: str, scope: str, stream: str, files: int) -> None:
 
 def start_once(uri: str, scope: str, stream: str, files: int, out) -> None:
     from airflow_provider_pravega.client import PravegaClient
-    from airflow_provider_pravega.client.ingest import IngestCoordinator, open_ingest_state
+    from airflow_provider_pravega.client.ingest import IngestCoordinator
+    from airflow_provider_pravega.client.ingest_location import open_ingest_state
 
     new = {f"s3a://bucket/incoming/2026-12-01/new-{n}.jsonl": {"size": 10 + n, "mtime": 1_800_000_000_000 + n}
            for n in range(10)}

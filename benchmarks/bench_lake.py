@@ -76,13 +76,6 @@ def write_phase_seconds(log_path: Path) -> float:
     return (end - start).total_seconds()
 
 
-def proc_cpu_seconds(pid: int) -> float:
-    """user + system CPU-seconds of ``pid`` itself (not its children), from /proc/<pid>/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run_ingest(controller_uri: str, stream: str, source: str, log_path: Path,
                conf: dict[str, str] | None = None) -> dict[str, Any]:
     """One run of the ingest job's command line; its result, the Python driver's CPU-seconds and
@@ -117,7 +110,7 @@ def run_ingest(controller_uri: str, stream: str, source: str, log_path: Path,
     sampler.start()
     try:
         os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: /proc still has its times
-        cpu = proc_cpu_seconds(proc.pid)
+        cpu = rf.proc_cpu_seconds(proc.pid)
     finally:
         done.set()
         sampler.join()

@@ -86,12 +86,6 @@ def day_interval(day: str) -> str:
     return f"{start.isoformat()}/{(start + dt.timedelta(days=1)).isoformat()}"
 
 
-def machine_busy_cpu_s() -> float:
-    """CPU-seconds the whole machine has spent busy since boot (``/proc/stat``: all but idle and iowait)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def ingest(uri: str, scope: str, source: str, remote: str | None = None, new_session: bool = False,
            interval: str = INTERVAL, env_extra: dict[str, str] | None = None) -> tuple[dict, float]:
     """One ingest task's process: (its summary, wall seconds). ``remote``: through that Spark Connect
@@ -106,13 +100,13 @@ def ingest(uri: str, scope: str, source: str, remote: str | None = None, new_ses
     t0 = time.perf_counter()
     env = dict(os.environ, PRAVEGA_SPARK_CONNECT_SHARED_SESSION="false" if new_session else "true",
                **(env_extra or {}))
-    busy0 = machine_busy_cpu_s()
+    busy0 = rf.machine_busy_cpu_s()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         sys.exit(f"ingest failed ({done.returncode}):\n{done.stderr[-3000:]}")
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    summary["machine_cpu_s"] = machine_busy_cpu_s() - busy0
+    summary["machine_cpu_s"] = rf.machine_busy_cpu_s() - busy0
     return summary, wall
 
 

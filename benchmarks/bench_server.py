@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -95,11 +96,13 @@ WRITER_PEAK_MB = [0.0]  # the largest VmHWM any writer process reported
 
 
 def write_rate(uri: str, scope: str, stream: str, segments: int, writers: int, count: int, size: int,
-               inflight: int = 1000) -> float:
+               inflight: int = 1000, released: Callable[[], object] | None = None) -> float:
     """Events/s of ``writers`` processes writing ``count`` events each (durable acks).
 
     ``inflight`` is the official writer's window: 1000 pipelines appends (throughput), 0 makes
-    every ``write_event`` wait for its acknowledgement (latency-bound; shows group commit)."""
+    every ``write_event`` wait for its acknowledgement (latency-bound; shows group commit).
+    ``released`` is called as the connected writers are let go, so a caller can measure what
+    the writing costs without the writers' start-up."""
     import pravega_client
 
     mgr = pravega_client.StreamManager(uri)
@@ -111,6 +114,8 @@ def write_rate(uri: str, scope: str, stream: str, segments: int, writers: int, c
     for p in procs:
         p.start()
     time.sleep(2.0 + 0.5 * writers)  # let every writer connect
+    if released is not None:
+        released()
     start.set()
     spans = [q.get(timeout=600) for _ in procs]
     for p in procs:

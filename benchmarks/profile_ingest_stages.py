@@ -56,7 +56,10 @@ def main() -> int:
     import psutil
     from pyspark.sql import SparkSession
 
-    from airflow_provider_pravega.spark import ingest_job as job
+    from airflow_provider_pravega.spark.ingest_frames import line_frame, record_frame
+    from airflow_provider_pravega.spark.ingest_partitions import partition_for_writing, writer_labels
+    from airflow_provider_pravega.spark.ingest_pieces import measure_local_pieces
+    from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 
     me = psutil.Process()
     work = Path(tempfile.mkdtemp(prefix="pravega-profile-"))
@@ -64,7 +67,7 @@ def main() -> int:
     files = sorted(str(p) for p in (work / "in").iterdir())
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spec = job.IngestSpec(scope="profile", stream="s", source=str(work / "in"), routing_key_field="sensor_id")
+    spec = IngestSpec(scope="profile", stream="s", source=str(work / "in"), routing_key_field="sensor_id")
     requests = {f: {"size": os.path.getsize(f), "mtime": None, "tail": True, "base": 0, "fp": None, "open": False}
                 for f in files}
 
@@ -77,7 +80,7 @@ def main() -> int:
         return out
 
     def to_the_writer(pieces: dict[str, Any], labels: Any) -> Any:
-        frame = job.partition_for_writing(job.record_frame(spark, pieces, spec, labels), spec, 2, labels)
+        frame = partition_for_writing(record_frame(spark, pieces, spec, labels), spec, 2, labels)
 
         def receive(batches: Any) -> Any:
             import pyarrow as pa
@@ -95,10 +98,10 @@ def main() -> int:
     try:
         for rep in range(args.repeat):
             print(f"repetition {rep + 1}/{args.repeat}")
-            pieces = timed("measure", lambda: job.measure_local_pieces(requests))
-            labels = job.writer_labels(pieces, spec, 2, False)
-            timed("lines", lambda: job.line_frame(spark, pieces, labels, False, True).count())
-            timed("records", lambda: job.record_frame(spark, pieces, spec, labels).where("not bad").count())
+            pieces = timed("measure", lambda: measure_local_pieces(requests))
+            labels = writer_labels(pieces, spec, 2, False)
+            timed("lines", lambda: line_frame(spark, pieces, labels, False, True).count())
+            timed("records", lambda: record_frame(spark, pieces, spec, labels).where("not bad").count())
             timed("to the writer", lambda: to_the_writer(pieces, labels))
     finally:
         spark.stop()

@@ -1,4 +1,5 @@
-"""The benchmark result file (``--json PATH``) and the table every benchmark and the harness print.
+"""The benchmark result file (``--json PATH``), the table every benchmark and the harness print, and
+the readings of /proc (CPU and memory of processes) the benchmarks share.
 
 One schema for every ``benchmarks/bench_*.py`` so that ``benchmarks/run.py`` can gather them::
 
@@ -17,6 +18,7 @@ here, from medians, so every consumer computes them the same way.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import threading
 import time
@@ -175,6 +177,42 @@ def format_peaks(results: list[dict[str, Any]]) -> str:
         if peaks:
             parts.append(f"{res['benchmark']}: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in peaks.items()))
     return "peak RSS per process kind - " + "; ".join(parts) if parts else "peak RSS: not reported"
+
+
+# ------------------------------------------------------------------ CPU of processes and of the machine
+
+
+def proc_cpu_seconds(pid: int, waited_children: bool = False) -> float:
+    """user + system CPU-seconds of ``pid`` itself, from /proc/<pid>/stat; with ``waited_children``
+    also those of its children that ended and that it waited for (they leave /proc then)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if waited_children else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(root: int, kind: Callable[[int], str | None]) -> dict[str, float]:
+    """CPU-seconds of ``root`` and every descendant, summed by ``kind`` (None: "other").
+
+    Each process counts with the children it waited for, so the difference of two readings keeps
+    what a process that ended in between used (a Spark Python worker, a spawned client) as long as
+    a process of the tree reaped it; its time then moves to the kind of the process that reaped it.
+    """
+    out: dict[str, float] = {}
+    for pid in [root, *children(root)]:
+        try:
+            seconds = proc_cpu_seconds(pid, waited_children=True)
+        except (FileNotFoundError, ProcessLookupError):  # reaped in between: its parent holds its time now
+            continue
+        name = kind(pid) or "other"
+        out[name] = out.get(name, 0.0) + seconds
+    return out
+
+
+def machine_busy_cpu_s() -> float:
+    """CPU-seconds the whole machine has spent busy since boot (``/proc/stat``: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 # ------------------------------------------------------------------ memory of processes

@@ -15,7 +15,7 @@ def free_port() -> int:
 def first_controller(uri: str) -> str:
     """``host:port`` of the first controller of a controller URI (``tcp://h1:p1,h2:p2`` names a
     cluster's controllers): for tests that need one address (a raw gRPC channel, a proxy)."""
-    from airflow_provider_pravega.client.controller import parse_controller_uris
+    from airflow_provider_pravega.client.controller_types import parse_controller_uris
 
     controllers, _tls = parse_controller_uris(uri)
     return str(controllers[0])

@@ -27,7 +27,8 @@ from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.protocol import naming, wire
 from airflow_provider_pravega.spark.datasource import register
 from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
-from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+from airflow_provider_pravega.spark.ingest_job import run_ingest
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 
 STORES = 3
 WRITERS = 3

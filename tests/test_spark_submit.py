@@ -18,6 +18,7 @@ from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.job_results import JobResults
 from airflow_provider_pravega.spark import export_job, ingest_job
 from airflow_provider_pravega.spark.connection_args import connection_arguments
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 from airflow_provider_pravega.spark.session import SparkSessionError
 from airflow_provider_pravega.spark.submit import ApplicationRun, SparkApplicationError, cluster_submission
 
@@ -113,7 +114,7 @@ def test_job_arguments_give_the_jobs_the_same_spec(monkeypatch, tmp_path: Path) 
     monkeypatch.setattr(export_job, "run_export", lambda client, spark, spec, local_files: seen.append(spec) or
                         {"exported": True})
     argv = connection_arguments(PravegaConnectionConfig.from_connection_fields(host="tcp://127.0.0.1:1"))
-    ingest = ingest_job.IngestSpec(
+    ingest = IngestSpec(
         scope="sc", stream="s", source=[str(tmp_path / "a b.jsonl"), "hdfs://nn/x/*.csv"], format="csv",
         routing_key_field="k", payload_field="p", ingest_id="daily", create_stream=True, stream_segments=3,
         on_empty="succeed", allow_changed_files=True, wait_for_commit=False, num_writers=4, stale_after_s=12.5,
@@ -137,7 +138,7 @@ def test_a_submitted_ingest_records_its_outcome_in_pravega(tmp_path: Path, prave
     """The ingest's command line, as the operator builds it, run the way the cluster runs it:
     its result, then a failure, recorded under the submission id (no JVM: nothing to ingest)."""
     scope = unique_name("sub")
-    spec = ingest_job.IngestSpec(scope=scope, stream="s", source=str(tmp_path / "none-*.jsonl"), create_stream=True,
+    spec = IngestSpec(scope=scope, stream="s", source=str(tmp_path / "none-*.jsonl"), create_stream=True,
                                  on_empty="succeed", ingest_id="daily", interval_key="2026-11-20/2026-11-21",
                                  state_scope=f"{scope}-state")
     with PravegaClient(pravega_embedded.controller_uri) as client:
@@ -146,7 +147,7 @@ def test_a_submitted_ingest_records_its_outcome_in_pravega(tmp_path: Path, prave
         assert ingest_job.main([*argv, *ingest_job.job_arguments(spec), "--submission", "ok-1"]) == 0
         outcome = JobResults(client, *ingest_job.state_location(spec)).get("ok-1")
         assert outcome.ok and outcome.result["files_ingested"] == [] and outcome.result["run_id"] is None
-        failing = ingest_job.IngestSpec(scope=scope, stream="s", source=str(tmp_path / "none-*.jsonl"),
+        failing = IngestSpec(scope=scope, stream="s", source=str(tmp_path / "none-*.jsonl"),
                                         ingest_id="daily", state_scope=f"{scope}-state")
         assert ingest_job.main([*argv, *ingest_job.job_arguments(failing), "--submission", "bad-1"]) == 1
         failed = JobResults(client, *ingest_job.state_location(failing)).get("bad-1")
@@ -207,7 +208,7 @@ SECRET = "k8s-and-yarn-Pa55"
 
 def _run_with_password(monkeypatch, conn: str, client) -> ApplicationRun:
     config = PravegaConnectionConfig.from_connection_fields(host="tcp://127.0.0.1:1", login="writer", password=SECRET)
-    spec = ingest_job.IngestSpec(scope="sc", stream="s", source="hdfs://nn/in/*.jsonl", ingest_id="daily")
+    spec = IngestSpec(scope="sc", stream="s", source="hdfs://nn/in/*.jsonl", ingest_id="daily")
     return ApplicationRun.of_job(cluster_submission(conn), ingest_job, spec, config, client, kind="ingest",
                                  name="pravega-ingest-d.t", lease=True)
 

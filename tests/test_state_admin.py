@@ -16,10 +16,13 @@ import pytest
 from bad_input_doc import check_section
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.ingest import IngestCoordinator, IngestError, open_ingest_state
-from airflow_provider_pravega.client.ingest import state_location as ingest_location
-from airflow_provider_pravega.spark.export_job import ExportSpec, check_export_origin, open_export_state
-from airflow_provider_pravega.spark.export_job import state_location as export_location
+from airflow_provider_pravega.client.ingest import IngestCoordinator
+from airflow_provider_pravega.client.ingest_errors import IngestError
+from airflow_provider_pravega.client.ingest_location import open_ingest_state
+from airflow_provider_pravega.client.ingest_location import state_location as ingest_location
+from airflow_provider_pravega.spark.export_spec import ExportSpec
+from airflow_provider_pravega.spark.export_state import check_export_origin, open_export_state
+from airflow_provider_pravega.spark.export_state import state_location as export_location
 from airflow_provider_pravega.state_admin import find_orphans, find_states, inspect_state, load_dags, reset_state
 
 DAG_FILE = """
@@ -225,7 +228,8 @@ def test_a_state_scope_is_refused_while_the_ingest_state_is_in_the_streams_scope
 def test_a_state_scope_is_refused_while_the_export_state_is_in_the_streams_scope(pravega_embedded,
                                                                                unique_name) -> None:
     """The same for an export: a new state would start 'previous' at the head and forget its intervals."""
-    from airflow_provider_pravega.spark.export_job import ExportError, ExportSpec, open_export_state
+    from airflow_provider_pravega.spark.export_spec import ExportError, ExportSpec
+    from airflow_provider_pravega.spark.export_state import open_export_state
 
     scope, state_scope = unique_name("moved"), unique_name("pravega-state")
     spec = ExportSpec(scope, "s", "/unused", export_id="daily.export")

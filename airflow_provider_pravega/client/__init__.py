@@ -14,10 +14,8 @@ from typing import TYPE_CHECKING, Any, Self
 if TYPE_CHECKING:
     from airflow_provider_pravega.client.admin import StreamAdmin
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
-    from airflow_provider_pravega.client.connection import (
-        ConnectionPool,
-        SegmentStoreClient,
-    )
+    from airflow_provider_pravega.client.connection import ConnectionPool
+    from airflow_provider_pravega.client.segment_client import SegmentStoreClient
     from airflow_provider_pravega.client.controller import ControllerClient
     from airflow_provider_pravega.client.transactions import (
         LeaseKeeper,
@@ -42,10 +40,8 @@ class PravegaClient:
     ) -> None:
         from airflow_provider_pravega.client.admin import StreamAdmin
         from airflow_provider_pravega.client.config import PravegaConnectionConfig
-        from airflow_provider_pravega.client.connection import (
-            ConnectionPool,
-            SegmentStoreClient,
-        )
+        from airflow_provider_pravega.client.connection import ConnectionPool
+        from airflow_provider_pravega.client.segment_client import SegmentStoreClient
         from airflow_provider_pravega.client.controller import ControllerClient
         from airflow_provider_pravega.client.transactions import TransactionManager
 

@@ -13,9 +13,8 @@ from typing import Any
 from dataclasses import dataclass
 from itertools import pairwise
 
-from airflow_provider_pravega.client.connection import SegmentStoreClient
-from airflow_provider_pravega.client.controller import (
-    ControllerClient,
+from airflow_provider_pravega.client.controller import ControllerClient
+from airflow_provider_pravega.client.controller_types import (
     RetentionPolicy,
     ScalingPolicy,
     SegmentRange,
@@ -34,6 +33,7 @@ from airflow_provider_pravega.client.errors import (
     StreamNotFoundError,
     TruncatedStreamCutError,
 )
+from airflow_provider_pravega.client.segment_client import SegmentStoreClient
 from airflow_provider_pravega.protocol import naming
 
 __all__ = [

@@ -29,14 +29,10 @@ from itertools import repeat
 from typing import Any, Literal, NamedTuple
 
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
-from airflow_provider_pravega.client.connection import (
-    ConnectionPool,
-    SegmentStoreClient,
-    next_request_id,
-    raise_for_reply,
-)
-from airflow_provider_pravega.client.controller import ControllerClient, Endpoint
-from airflow_provider_pravega.client.controller import SegmentRange as KeyRange
+from airflow_provider_pravega.client.connection import ConnectionPool, next_request_id
+from airflow_provider_pravega.client.controller import ControllerClient
+from airflow_provider_pravega.client.controller_types import Endpoint
+from airflow_provider_pravega.client.controller_types import SegmentRange as KeyRange
 from airflow_provider_pravega.client.errors import (
     ControllerError,
     InvalidStreamCutError,
@@ -46,6 +42,8 @@ from airflow_provider_pravega.client.errors import (
     StreamNotFoundError,
     TruncatedStreamCutError,
 )
+from airflow_provider_pravega.client.segment_client import SegmentStoreClient
+from airflow_provider_pravega.client.segment_replies import raise_for_reply
 from airflow_provider_pravega.client.streamcut import (
     StreamCut,
     StreamCutMismatchError,
@@ -797,7 +795,7 @@ def _read_ahead(source: _Source, rng: SegmentRange, end: int, chunk: int, retrie
 def _fetch(source: _Source, rng: SegmentRange, end: int, chunk: int, retries: int) -> Iterator[bytes]:
     """ReadSegment replies over one pooled connection. A broken connection or WrongHost resumes at
     the current offset: with a controller, on the segment's current owner within the client's
-    failover bounds (:class:`~airflow_provider_pravega.client.connection.Failover`); with a fixed
+    failover bounds (:class:`~airflow_provider_pravega.client.segment_client.Failover`); with a fixed
     segment-store endpoint, ``retries`` times."""
     name = source.name
     offset = rng.start_offset

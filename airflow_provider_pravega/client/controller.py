@@ -4,21 +4,19 @@ Why not the official binding: it retries every controller error (and an unreacha
 for about a minute before Python sees anything, and it lacks transaction status/ping, scaling,
 truncation and the segment queries the provider needs. This client checks that the controller
 accepts TCP connections before its first call, puts a gRPC deadline on every call, and maps every
-status to a return value or to one of the exceptions in :mod:`.errors`.
+status to a return value or to one of the exceptions in :mod:`.errors` (what each RPC's answers
+mean is one table, :mod:`.controller_replies`).
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
-import re
 import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Self
+from typing import Any, Self
 
 # gRPC >= 1.81 restarts its poller in a fork()ed child (grpc/grpc#43055): a subprocess started with
 # preexec_fn after a channel was used — PySpark launching its JVM once an ingest found work, for
@@ -30,23 +28,38 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import grpc  # noqa: E402
 
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
+from airflow_provider_pravega.client.controller_replies import (
+    ANSWERS,
+    MISSING,
+    NOT_FOUND,
+    PRECONDITION,
+    RAISE,
+    REFUSED_ARGUMENT,
+    About,
+    Refusal,
+)
+from airflow_provider_pravega.client.controller_types import (
+    I64_MAX,
+    I64_MIN,
+    Endpoint,
+    RetentionPolicy,
+    ScalingPolicy,
+    SegmentRange,
+    StreamConfiguration,
+    SuccessorSegment,
+    TransactionInfo,
+    TxnStatus,
+    parse_controller_uris,
+)
 from airflow_provider_pravega.client.errors import (
     ControllerError,
     ControllerUnreachableError,
-    InvalidNameError,
     InvalidStreamCutError,
     PravegaAuthenticationError,
     PravegaPermissionError,
     PravegaTLSError,
-    ScaleError,
-    ScopeNotEmptyError,
     ScopeNotFoundError,
     StreamNotFoundError,
-    StreamNotSealedError,
-    StreamSealedError,
-    TransactionLeaseError,
-    TransactionNotFoundError,
-    TransactionStateError,
 )
 from airflow_provider_pravega.client.security import (
     CallCredentials,
@@ -60,19 +73,7 @@ from airflow_provider_pravega.protocol import controller_pb2 as pb
 from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
 from airflow_provider_pravega.protocol import naming
 
-__all__ = [
-    "ControllerClient",
-    "Endpoint",
-    "RetentionPolicy",
-    "ScalingPolicy",
-    "SegmentRange",
-    "StreamConfiguration",
-    "SuccessorSegment",
-    "TransactionInfo",
-    "TxnStatus",
-    "parse_controller_uris",
-    "parse_txn_id",
-]
+__all__ = ["ControllerClient"]
 
 log = logging.getLogger(__name__)
 
@@ -80,340 +81,9 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
 #: Commit and scale may merge/seal many segments on the server; give them more time than a lookup.
 LONG_TIMEOUT_S = 120.0
-I64_MAX = 2**63 - 1
-I64_MIN = -(2**63)
-
-_TLS_SCHEMES = frozenset({"tls", "ssl", "tcps", "pravegas"})
-_ADDRESS = re.compile(r"(?P<host>\[[^\]]+\]|[^:/,\[\]]+):(?P<port>\d+)/?")
-
-
-# ---------------------------------------------------------------------------------- value types
-
-
-class Endpoint(NamedTuple):
-    """A segment store's address as handed out by the controller's getURI."""
-
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentRange:
-    """A segment and the routing-key range [min_key, max_key) it owns."""
-
-    segment_id: int
-    min_key: float
-    max_key: float
-
-    @property
-    def epoch(self) -> int:
-        return naming.segment_epoch(self.segment_id)
-
-    @property
-    def number(self) -> int:
-        return naming.segment_number(self.segment_id)
-
-
-@dataclass(frozen=True, slots=True)
-class SuccessorSegment:
-    """A successor of a sealed segment together with all of the successor's predecessors."""
-
-    segment: SegmentRange
-    predecessors: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ScalingPolicy:
-    """How many segments a stream has: fixed, or auto-scaled by data or event rate."""
-
-    FIXED = "fixed"
-    BY_DATA_RATE = "by_rate_in_kbytes_per_sec"
-    BY_EVENT_RATE = "by_rate_in_events_per_sec"
-
-    kind: str = FIXED
-    min_segments: int = 1
-    target_rate: int = 0
-    scale_factor: int = 0
-
-    def __post_init__(self) -> None:
-        if self.kind not in _SCALE_TYPES:
-            raise ValueError(
-                f"scaling policy kind must be one of {sorted(_SCALE_TYPES)}, got {self.kind!r}"
-            )
-        if (
-            isinstance(self.min_segments, bool)
-            or not isinstance(self.min_segments, int)
-            or self.min_segments < 1
-        ):
-            raise ValueError(
-                f"a stream needs at least one segment, got min_segments={self.min_segments!r}"
-            )
-        if self.kind != self.FIXED and (
-            self.target_rate <= 0 or self.scale_factor <= 0
-        ):
-            raise ValueError(
-                "auto-scaling needs a positive target_rate and scale_factor"
-            )
-
-    @classmethod
-    def fixed(cls, segments: int) -> ScalingPolicy:
-        return cls(cls.FIXED, segments)
-
-    @classmethod
-    def by_data_rate(
-        cls, target_kbytes_per_sec: int, scale_factor: int, min_segments: int = 1
-    ) -> ScalingPolicy:
-        return cls(cls.BY_DATA_RATE, min_segments, target_kbytes_per_sec, scale_factor)
-
-    @classmethod
-    def by_event_rate(
-        cls, target_events_per_sec: int, scale_factor: int, min_segments: int = 1
-    ) -> ScalingPolicy:
-        return cls(cls.BY_EVENT_RATE, min_segments, target_events_per_sec, scale_factor)
-
-    def to_proto(self) -> pb.ScalingPolicy:
-        return pb.ScalingPolicy(
-            scaleType=_SCALE_TYPES[self.kind],
-            targetRate=self.target_rate,
-            scaleFactor=self.scale_factor,
-            minNumSegments=self.min_segments,
-        )
-
-    @classmethod
-    def from_proto(cls, msg: pb.ScalingPolicy) -> ScalingPolicy:
-        kind = _SCALE_KINDS.get(msg.scaleType, cls.FIXED)
-        try:
-            return cls(
-                kind, max(1, msg.minNumSegments), msg.targetRate, msg.scaleFactor
-            )
-        except (
-            ValueError
-        ):  # an auto-scaling policy without rates: report what it behaves like
-            return cls(
-                cls.FIXED, max(1, msg.minNumSegments), msg.targetRate, msg.scaleFactor
-            )
-
-
-_SCALE_TYPES = {
-    ScalingPolicy.FIXED: pb.ScalingPolicy.FIXED_NUM_SEGMENTS,
-    ScalingPolicy.BY_DATA_RATE: pb.ScalingPolicy.BY_RATE_IN_KBYTES_PER_SEC,
-    ScalingPolicy.BY_EVENT_RATE: pb.ScalingPolicy.BY_RATE_IN_EVENTS_PER_SEC,
-}
-_SCALE_KINDS = {v: k for k, v in _SCALE_TYPES.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionPolicy:
-    """Automatic truncation: keep data for ``value`` milliseconds (time) or ``value`` bytes (size)."""
-
-    TIME = "time"
-    SIZE = "size"
-
-    kind: str
-    value: int
-    max_value: int = I64_MAX
-
-    def __post_init__(self) -> None:
-        if self.kind not in (self.TIME, self.SIZE):
-            raise ValueError(
-                f"retention kind must be 'time' or 'size', got {self.kind!r}"
-            )
-        if (
-            isinstance(self.value, bool)
-            or not isinstance(self.value, int)
-            or self.value <= 0
-        ):
-            raise ValueError(
-                f"retention value must be a positive integer, got {self.value!r}"
-            )
-
-    @classmethod
-    def by_time(cls, milliseconds: int) -> RetentionPolicy:
-        return cls(cls.TIME, milliseconds)
-
-    @classmethod
-    def by_size(cls, size_bytes: int) -> RetentionPolicy:
-        return cls(cls.SIZE, size_bytes)
-
-    def to_proto(self) -> pb.RetentionPolicy:
-        kind = (
-            pb.RetentionPolicy.TIME
-            if self.kind == self.TIME
-            else pb.RetentionPolicy.SIZE
-        )
-        return pb.RetentionPolicy(
-            retentionType=kind, retentionParam=self.value, retentionMax=self.max_value
-        )
-
-    @classmethod
-    def from_proto(cls, msg: pb.RetentionPolicy) -> RetentionPolicy | None:
-        if msg.retentionType == pb.RetentionPolicy.TIME and msg.retentionParam > 0:
-            return cls(cls.TIME, msg.retentionParam, msg.retentionMax or I64_MAX)
-        if msg.retentionType == pb.RetentionPolicy.SIZE and msg.retentionParam > 0:
-            return cls(cls.SIZE, msg.retentionParam, msg.retentionMax or I64_MAX)
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class StreamConfiguration:
-    scope: str
-    stream: str
-    scaling: ScalingPolicy
-    retention: RetentionPolicy | None
-    tags: tuple[str, ...] | None
-
-
-class TxnStatus(str, enum.Enum):
-    """A transaction's state as the controller knows it (UNKNOWN: never existed or forgotten)."""
-
-    OPEN = "OPEN"
-    COMMITTING = "COMMITTING"
-    COMMITTED = "COMMITTED"
-    ABORTING = "ABORTING"
-    ABORTED = "ABORTED"
-    UNKNOWN = "UNKNOWN"
-
-    @property
-    def is_final(self) -> bool:
-        return self in (TxnStatus.COMMITTED, TxnStatus.ABORTED)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-_TXN_STATES = {
-    pb.TxnState.OPEN: TxnStatus.OPEN,
-    pb.TxnState.COMMITTING: TxnStatus.COMMITTING,
-    pb.TxnState.COMMITTED: TxnStatus.COMMITTED,
-    pb.TxnState.ABORTING: TxnStatus.ABORTING,
-    pb.TxnState.ABORTED: TxnStatus.ABORTED,
-    pb.TxnState.UNKNOWN: TxnStatus.UNKNOWN,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class TransactionInfo:
-    """An open transaction: its 128-bit id and the segments (with key ranges) of its epoch.
-
-    Picklable and JSON-able (``to_dict``/``from_dict``), so a Spark task or another Airflow task can
-    write into the transaction that a driver began.
-    """
-
-    scope: str
-    stream: str
-    txn_id: int
-    segments: tuple[SegmentRange, ...]
-
-    @property
-    def epoch(self) -> int:
-        return naming.txn_epoch(self.txn_id)
-
-    @property
-    def hex_id(self) -> str:
-        return f"{self.txn_id:032x}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "scope": self.scope,
-            "stream": self.stream,
-            "txn_id": self.hex_id,
-            "segments": [[s.segment_id, s.min_key, s.max_key] for s in self.segments],
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TransactionInfo:
-        return cls(
-            data["scope"],
-            data["stream"],
-            parse_txn_id(data["txn_id"]),
-            tuple(
-                SegmentRange(int(i), float(lo), float(hi))
-                for i, lo, hi in data["segments"]
-            ),
-        )
-
-
-_HEX_ID = re.compile(r"(?:0[xX])?[0-9a-fA-F]{1,32}")
-
-
-def parse_txn_id(value: int | str | TransactionInfo) -> int:
-    """A transaction id from an int, a TransactionInfo, or text: the 32 hex digits this package
-    prints (``f"{id:032x}"``, also what transaction segment names carry) or ``0x``-prefixed hex.
-
-    Decimal text is refused: 32 decimal digits would be ambiguous with the hex form.
-    """
-    if isinstance(value, TransactionInfo):
-        return value.txn_id
-    if isinstance(value, bool):
-        raise TypeError("a transaction id is an int, not a bool")
-    if isinstance(value, str):
-        text = value.strip()
-        if not _HEX_ID.fullmatch(text) or not (
-            len(text) == 32 or text[:2].lower() == "0x"
-        ):
-            raise ValueError(
-                f"transaction id text must be 32 hex digits (as printed by this package) or 0x-prefixed hex, "
-                f"got {value!r}"
-            )
-        return int(text, 16)
-    if not isinstance(value, int):
-        raise TypeError(
-            f"a transaction id is an int or hex text, got {type(value).__name__}"
-        )
-    if not 0 <= value < 1 << 128:
-        raise ValueError(f"a transaction id is an unsigned 128-bit int, got {value!r}")
-    return value
-
-
-def parse_controller_uris(uri: str) -> tuple[tuple[Endpoint, ...], bool]:
-    """``[scheme://]host:port[,host:port...]`` -> (the controllers in order, tls), the way the
-    official clients read a controller URI (one scheme, comma-separated addresses)."""
-    if not isinstance(uri, str):
-        raise TypeError(
-            f"controller URI must be a string like tcp://host:9090, got {uri!r}"
-        )
-    text = uri.strip()
-    scheme_match = re.match(r"^([A-Za-z][A-Za-z0-9+.\-]*)://", text)
-    scheme = scheme_match.group(1).lower() if scheme_match else "tcp"
-    rest = text[scheme_match.end():] if scheme_match else text
-    endpoints = []
-    for entry in rest.split(","):
-        m = _ADDRESS.fullmatch(entry.strip())
-        if not m:
-            raise ValueError(
-                f"controller URI {uri!r} is not of the form [tcp|tls]://host:port[,host:port...]"
-            )
-        port = int(m.group("port"))
-        if not 1 <= port <= 65535:
-            raise ValueError(f"controller URI {uri!r} has a port outside 1-65535")
-        endpoints.append(Endpoint(m.group("host").strip("[]"), port))
-    return tuple(endpoints), scheme in _TLS_SCHEMES
 
 
 # --------------------------------------------------------------------------------------- client
-
-
-class _NotFound(Exception):
-    """Internal: the controller answered NOT_FOUND; the caller knows what was missing."""
-
-    def __init__(self, details: str) -> None:
-        super().__init__(details)
-        self.details = details
-
-
-class _InvalidArgument(Exception):
-    def __init__(self, details: str) -> None:
-        super().__init__(details)
-        self.details = details
-
-
-class _FailedPrecondition(Exception):
-    def __init__(self, details: str) -> None:
-        super().__init__(details)
-        self.details = details
 
 
 class _StreamBeingCreated(ControllerError):
@@ -672,11 +342,11 @@ class ControllerClient:
                 f"controller at {self.uri}", self.username, method, _resource_of(request), details
             )
         if code == grpc.StatusCode.NOT_FOUND:
-            return _NotFound(details)
+            return Refusal(NOT_FOUND, details)
         if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
-            return _InvalidArgument(details)
+            return Refusal(REFUSED_ARGUMENT, details)
         if code == grpc.StatusCode.FAILED_PRECONDITION:
-            return _FailedPrecondition(details)
+            return Refusal(PRECONDITION, details)
         if code == grpc.StatusCode.INTERNAL and "State: CREATING" in details:
             return _StreamBeingCreated(
                 f"controller {self.uri} failed {method}: INTERNAL: {details}"
@@ -710,37 +380,45 @@ class ControllerClient:
             return ScopeNotFoundError(scope)
         return StreamNotFoundError(scope, stream or "")
 
-    def _stream_call(
-        self,
-        method: str,
-        request: Any,
-        scope: str,
-        stream: str,
-        *,
-        timeout: float | None = None,
-    ) -> Any:
+    def _ask(self, method: str, request: Any, *, timeout: float | None = None, **about: Any) -> Any:
+        """One RPC, answered as its entry in :data:`.controller_replies.ANSWERS` says: a value, the
+        reply, or an exception. ``about`` (scope, stream, txn_id, what...) fills the messages."""
+        answers = ANSWERS[method]
+        subject = About(self.uri, method, **about)
         deadline = time.monotonic() + STREAM_CREATING_WAIT_S
         delay = 0.05
         while True:
             try:
-                return self._call(method, request, timeout=timeout)
-            except _NotFound:
-                raise self._missing(scope, stream) from None
-            except (_InvalidArgument, _FailedPrecondition) as exc:
-                raise ControllerError(
-                    f"{method} on {scope}/{stream} was refused: {exc.details}"
-                ) from None
+                reply = self._call(method, request, timeout=timeout)
+            except Refusal as refusal:
+                outcome = answers.of_refusal(refusal, subject)
+                if outcome is RAISE:
+                    raise
+                return self._settled(outcome, subject)
             except _StreamBeingCreated:
+                if not answers.wait_while_creating:
+                    raise
                 # Another process is creating it (two tries of a task, say): wait for it to finish.
                 if time.monotonic() >= deadline:
                     raise ControllerError(
-                        f"{method} on {scope}/{stream}: the stream was still being created after "
+                        f"{method} on {subject.scope}/{subject.stream}: the stream was still being created after "
                         f"{STREAM_CREATING_WAIT_S:g} s; if a controller or segment store was lost while it was "
                         f"created, creating it again finishes it (StreamAdmin.ensure_stream or "
                         f"PravegaCreateStreamOperator: Pravega keeps the configuration first given)"
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
+                continue
+            return self._settled(answers.of_reply(reply, subject), subject)
+
+    def _settled(self, outcome: Any, subject: About) -> Any:
+        """An answer's outcome made final: an exception is raised, MISSING asks which of scope and
+        stream is gone, anything else is returned."""
+        if outcome is MISSING:
+            raise self._missing(subject.scope, subject.stream) from None
+        if isinstance(outcome, BaseException):
+            raise outcome from None
+        return outcome
 
     @staticmethod
     def _stream_info(scope: str, stream: str) -> pb.StreamInfo:
@@ -750,55 +428,20 @@ class ControllerClient:
 
     def create_scope(self, scope: str) -> bool:
         """True when created, False when it already existed."""
-        try:
-            status = self._call("createScope", pb.ScopeInfo(scope=scope)).status
-        except _InvalidArgument as exc:
-            raise InvalidNameError(
-                f"invalid scope name {scope!r}: {exc.details}"
-            ) from None
-        if status == pb.CreateScopeStatus.SUCCESS:
-            return True
-        if status == pb.CreateScopeStatus.SCOPE_EXISTS:
-            return False
-        if status == pb.CreateScopeStatus.INVALID_SCOPE_NAME:
-            raise InvalidNameError(
-                f"invalid scope name {scope!r}: use letters, digits, '.' and '-' (not starting with '_')"
-            )
-        raise ControllerError(
-            f"controller {self.uri} failed to create scope {scope!r} (status {status})"
-        )
+        return self._ask("createScope", pb.ScopeInfo(scope=scope), scope=scope)
 
     def delete_scope(self, scope: str) -> bool:
         """True when deleted, False when it did not exist."""
-        try:
-            status = self._call("deleteScope", pb.ScopeInfo(scope=scope)).status
-        except _NotFound:
-            return False
-        if status == pb.DeleteScopeStatus.SUCCESS:
-            return True
-        if status == pb.DeleteScopeStatus.SCOPE_NOT_FOUND:
-            return False
-        if status == pb.DeleteScopeStatus.SCOPE_NOT_EMPTY:
-            raise ScopeNotEmptyError(scope)
-        raise ControllerError(
-            f"controller {self.uri} failed to delete scope {scope!r} (status {status})"
-        )
+        return self._ask("deleteScope", pb.ScopeInfo(scope=scope), scope=scope)
 
     def scope_exists(self, scope: str) -> bool:
-        try:
-            return bool(
-                self._call("checkScopeExists", pb.ScopeInfo(scope=scope)).exists
-            )
-        except _NotFound:
-            return False
-        except _InvalidArgument:
-            return False
+        return self._ask("checkScopeExists", pb.ScopeInfo(scope=scope), scope=scope)
 
     def list_scopes(self) -> list[str]:
         names: list[str] = []
         token = ""
         for _ in range(100_000):
-            reply = self._call(
+            reply = self._ask(
                 "listScopes",
                 pb.ScopesRequest(continuationToken=pb.ContinuationToken(token=token)),
             )
@@ -823,27 +466,7 @@ class ControllerClient:
     ) -> bool:
         """True when created, False when it already existed."""
         config = self._stream_config(scope, stream, scaling, retention, tags)
-        try:
-            status = self._call("createStream", config).status
-        except _InvalidArgument as exc:
-            raise InvalidNameError(
-                f"cannot create stream {scope}/{stream}: {exc.details}"
-            ) from None
-        except _NotFound:
-            raise ScopeNotFoundError(scope) from None
-        if status == pb.CreateStreamStatus.SUCCESS:
-            return True
-        if status == pb.CreateStreamStatus.STREAM_EXISTS:
-            return False
-        if status == pb.CreateStreamStatus.SCOPE_NOT_FOUND:
-            raise ScopeNotFoundError(scope)
-        if status == pb.CreateStreamStatus.INVALID_STREAM_NAME:
-            raise InvalidNameError(
-                f"invalid stream name {stream!r}: use letters, digits, '.' and '-' (not starting with '_')"
-            )
-        raise ControllerError(
-            f"controller {self.uri} failed to create stream {scope}/{stream} (status {status})"
-        )
+        return self._ask("createStream", config, scope=scope, stream=stream)
 
     def update_stream(
         self,
@@ -854,8 +477,7 @@ class ControllerClient:
         tags: Sequence[str] | None = None,
     ) -> None:
         config = self._stream_config(scope, stream, scaling, retention, tags)
-        status = self._stream_call("updateStream", config, scope, stream).status
-        self._check_update_status(status, scope, stream, "update")
+        self._ask("updateStream", config, scope=scope, stream=stream)
 
     @staticmethod
     def _stream_config(
@@ -885,24 +507,9 @@ class ControllerClient:
             config.tags.CopyFrom(pb.Tags(tag=list(tags)))
         return config
 
-    def _check_update_status(
-        self, status: int, scope: str, stream: str, action: str
-    ) -> None:
-        if status == pb.UpdateStreamStatus.SUCCESS:
-            return
-        if status == pb.UpdateStreamStatus.STREAM_NOT_FOUND:
-            raise StreamNotFoundError(scope, stream)
-        if status == pb.UpdateStreamStatus.SCOPE_NOT_FOUND:
-            raise ScopeNotFoundError(scope)
-        if status == 4:  # Java's STREAM_SEALED
-            raise StreamSealedError(scope, stream, action)
-        raise ControllerError(
-            f"controller {self.uri} failed to {action} stream {scope}/{stream} (status {status})"
-        )
-
     def get_stream_configuration(self, scope: str, stream: str) -> StreamConfiguration:
-        msg = self._stream_call(
-            "getStreamConfiguration", self._stream_info(scope, stream), scope, stream
+        msg = self._ask(
+            "getStreamConfiguration", self._stream_info(scope, stream), scope=scope, stream=stream
         )
         tags = tuple(msg.tags.tag) if msg.HasField("tags") else None
         retention = (
@@ -915,12 +522,7 @@ class ControllerClient:
         )
 
     def stream_exists(self, scope: str, stream: str) -> bool:
-        try:
-            return bool(
-                self._call("checkStreamExists", self._stream_info(scope, stream)).exists
-            )
-        except (_NotFound, _InvalidArgument):
-            return False
+        return self._ask("checkStreamExists", self._stream_info(scope, stream), scope=scope, stream=stream)
 
     def list_streams(self, scope: str) -> list[str]:
         names: list[str] = []
@@ -930,12 +532,7 @@ class ControllerClient:
                 scope=pb.ScopeInfo(scope=scope),
                 continuationToken=pb.ContinuationToken(token=token),
             )
-            try:
-                reply = self._call("listStreamsInScope", request)
-            except _NotFound:
-                raise ScopeNotFoundError(scope) from None
-            if reply.status == pb.StreamsInScopeResponse.SCOPE_NOT_FOUND:
-                raise ScopeNotFoundError(scope)
+            reply = self._ask("listStreamsInScope", request, scope=scope)
             if not reply.streams:
                 break
             names.extend(s.stream for s in reply.streams)
@@ -946,37 +543,14 @@ class ControllerClient:
         return names
 
     def seal_stream(self, scope: str, stream: str) -> None:
-        status = self._stream_call(
-            "sealStream",
-            self._stream_info(scope, stream),
-            scope,
-            stream,
-            timeout=self.long_timeout_s,
-        ).status
-        if status == 4:  # already sealed (Java): sealing is idempotent for us
-            return
-        self._check_update_status(status, scope, stream, "seal")
+        self._ask(
+            "sealStream", self._stream_info(scope, stream), scope=scope, stream=stream, timeout=self.long_timeout_s
+        )
 
     def delete_stream(self, scope: str, stream: str) -> bool:
         """True when deleted, False when it did not exist; the stream must be sealed first."""
-        try:
-            status = self._call(
-                "deleteStream",
-                self._stream_info(scope, stream),
-                timeout=self.long_timeout_s,
-            ).status
-        except _NotFound:
-            return False
-        except _FailedPrecondition:
-            raise StreamNotSealedError(scope, stream) from None
-        if status == pb.DeleteStreamStatus.SUCCESS:
-            return True
-        if status == pb.DeleteStreamStatus.STREAM_NOT_FOUND:
-            return False
-        if status == pb.DeleteStreamStatus.STREAM_NOT_SEALED:
-            raise StreamNotSealedError(scope, stream)
-        raise ControllerError(
-            f"controller {self.uri} failed to delete stream {scope}/{stream} (status {status})"
+        return self._ask(
+            "deleteStream", self._stream_info(scope, stream), scope=scope, stream=stream, timeout=self.long_timeout_s
         )
 
     def truncate_stream(self, scope: str, stream: str, cut: Mapping[int, int]) -> None:
@@ -984,32 +558,17 @@ class ControllerClient:
         request = pb.StreamCut(
             streamInfo=self._stream_info(scope, stream), cut=_cut_map(cut)
         )
-        try:
-            status = self._call(
-                "truncateStream", request, timeout=self.long_timeout_s
-            ).status
-        except _NotFound:
-            raise self._missing(scope, stream) from None
-        except (_InvalidArgument, _FailedPrecondition) as exc:
-            raise InvalidStreamCutError(
-                f"cannot truncate {scope}/{stream} at {dict(cut)}: {exc.details}. A truncation cut needs "
-                f"one offset per segment covering the whole key space, at or after the current head."
-            ) from None
-        if status == pb.UpdateStreamStatus.FAILURE:
-            # Pravega 0.13 answers FAILURE for a cut that is not valid or is behind the head.
-            raise InvalidStreamCutError(
-                f"controller {self.uri} refused to truncate {scope}/{stream} at {dict(cut)}: a truncation "
-                f"cut needs one offset per segment covering the whole key space, at or after the current "
-                f"head, and within each segment's data"
-            )
-        self._check_update_status(status, scope, stream, "truncate")
+        self._ask(
+            "truncateStream", request, scope=scope, stream=stream, what=f"{scope}/{stream} at {dict(cut)}",
+            timeout=self.long_timeout_s,
+        )
 
     # ------------------------------------------------------------------------------ segments
 
     def get_current_segments(self, scope: str, stream: str) -> list[SegmentRange]:
         """The active segments (routing table), ordered by key range."""
-        reply = self._stream_call(
-            "getCurrentSegments", self._stream_info(scope, stream), scope, stream
+        reply = self._ask(
+            "getCurrentSegments", self._stream_info(scope, stream), scope=scope, stream=stream
         )
         return _ranges(reply.segmentRanges)
 
@@ -1039,14 +598,7 @@ class ControllerClient:
         request = pb.GetEpochSegmentsRequest(
             streamInfo=self._stream_info(scope, stream), epoch=epoch
         )
-        try:
-            reply = self._call("getEpochSegments", request)
-        except _NotFound:
-            raise self._missing(scope, stream) from None
-        except (_InvalidArgument, _FailedPrecondition) as exc:
-            raise ControllerError(
-                f"stream {scope}/{stream} has no epoch {epoch}: {exc.details}"
-            ) from None
+        reply = self._ask("getEpochSegments", request, scope=scope, stream=stream, what=f"epoch {epoch}")
         return _ranges(reply.segmentRanges)
 
     def get_segments_at_head(self, scope: str, stream: str) -> dict[int, int]:
@@ -1054,7 +606,7 @@ class ControllerClient:
         request = pb.GetSegmentsRequest(
             streamInfo=self._stream_info(scope, stream), timestamp=0
         )
-        reply = self._stream_call("getSegments", request, scope, stream)
+        reply = self._ask("getSegments", request, scope=scope, stream=stream)
         return {loc.segmentId.segmentId: loc.offset for loc in reply.segments}
 
     def get_successors(
@@ -1064,8 +616,8 @@ class ControllerClient:
         request = pb.SegmentId(
             streamInfo=self._stream_info(scope, stream), segmentId=segment_id
         )
-        reply = self._stream_call(
-            "getSegmentsImmediatelyFollowing", request, scope, stream
+        reply = self._ask(
+            "getSegmentsImmediatelyFollowing", request, scope=scope, stream=stream
         )
         out = [
             SuccessorSegment(
@@ -1091,15 +643,10 @@ class ControllerClient:
             streamInfo=self._stream_info(scope, stream),
             **{"from": _cut_map(from_cut or {}), "to": _cut_map(to_cut or {})},
         )
-        try:
-            reply = self._call("getSegmentsBetween", request)
-        except _NotFound:
-            raise self._missing(scope, stream) from None
-        except (_InvalidArgument, _FailedPrecondition) as exc:
-            raise InvalidStreamCutError(
-                f"invalid stream cuts for {scope}/{stream} (from {dict(from_cut or {})}, to {dict(to_cut or {})}): "
-                f"{exc.details}"
-            ) from None
+        reply = self._ask(
+            "getSegmentsBetween", request, scope=scope, stream=stream,
+            what=f"(from {dict(from_cut or {})}, to {dict(to_cut or {})})",
+        )
         return {s.segmentId for s in reply.segments}
 
     def get_uri(self, scope: str, stream: str, segment_id: int) -> Endpoint:
@@ -1111,7 +658,7 @@ class ControllerClient:
         request = pb.SegmentId(
             streamInfo=self._stream_info(scope, stream), segmentId=segment_id
         )
-        reply = self._stream_call("getURI", request, scope, stream)
+        reply = self._ask("getURI", request, scope=scope, stream=stream)
         endpoint = Endpoint(reply.endpoint, reply.port)
         if len(self._uri_cache) > 100_000:
             self._uri_cache.clear()
@@ -1149,7 +696,7 @@ class ControllerClient:
         # writers): Pravega refuses a read-only user a token asked for anything but READ.
         operation = pb.StreamInfo.READ if access == "read" else pb.StreamInfo.WRITE
         request = pb.StreamInfo(scope=scope, stream=stream, accessOperation=operation)
-        return self._stream_call("getDelegationToken", request, scope, stream).delegationToken
+        return self._ask("getDelegationToken", request, scope=scope, stream=stream).delegationToken
 
     # --------------------------------------------------------------------------------- scale
 
@@ -1174,58 +721,23 @@ class ControllerClient:
             ],
             scaleTimestamp=int(time.time() * 1000),
         )
-        what = f"scale of {scope}/{stream} (seal {sealed}, new ranges {ranges})"
-        try:
-            reply = self._call("scale", request, timeout=self.long_timeout_s)
-        except _NotFound:
-            raise self._missing(scope, stream) from None
-        except (_InvalidArgument, _FailedPrecondition) as exc:
-            raise ScaleError(f"{what} was refused: {exc.details}") from None
-        # Pravega 0.13 (submitScale): PRECONDITION_FAILED when a segment to seal is not active or
-        # the result has fewer segments than the scaling policy's minimum; FAILURE when the new
-        # ranges do not exactly replace the sealed ones (invalid input) or the stream is sealed.
-        if reply.status == pb.ScaleResponse.PRECONDITION_FAILED:
-            raise ScaleError(
-                f"{what} was refused: every segment to seal must be active, and the stream must keep at "
-                f"least its scaling policy's minimum number of segments"
-            )
-        if reply.status == pb.ScaleResponse.FAILURE:
-            raise ScaleError(
-                f"{what} was refused: the new key ranges {ranges} must exactly cover the key ranges of "
-                f"segments {sealed} (no gap, no overlap), and the stream must not be sealed"
-            )
-        if reply.status != pb.ScaleResponse.STARTED:
-            raise ControllerError(
-                f"{what} failed on controller {self.uri} (status {reply.status})"
-            )
+        about = {"scope": scope, "stream": stream, "sealed": sealed, "ranges": ranges,
+                 "what": f"scale of {scope}/{stream} (seal {sealed}, new ranges {ranges})"}
+        reply = self._ask("scale", request, timeout=self.long_timeout_s, **about)
         new_segments = _ranges(reply.segments)
         deadline = time.monotonic() + (
             self.long_timeout_s if timeout_s is None else timeout_s
         )
         delay = poll_interval_s
-        while True:
-            status = self._stream_call(
-                "checkScale",
-                pb.ScaleStatusRequest(
-                    streamInfo=self._stream_info(scope, stream), epoch=reply.epoch
-                ),
-                scope,
-                stream,
-            ).status
-            if status == pb.ScaleStatusResponse.SUCCESS:
-                return new_segments
-            if status == pb.ScaleStatusResponse.INVALID_INPUT:
-                raise ScaleError(f"{what}: the controller reports invalid input")
-            if status != pb.ScaleStatusResponse.IN_PROGRESS:
-                raise ControllerError(
-                    f"{what} failed on controller {self.uri} (scale status {status})"
-                )
+        check = pb.ScaleStatusRequest(streamInfo=self._stream_info(scope, stream), epoch=reply.epoch)
+        while not self._ask("checkScale", check, **about):
             if time.monotonic() >= deadline:
                 raise ControllerError(
-                    f"{what} still in progress after {timeout_s or self.long_timeout_s:g} s"
+                    f"{about['what']} still in progress after {timeout_s or self.long_timeout_s:g} s"
                 )
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+        return new_segments
 
     # -------------------------------------------------------------------------- transactions
 
@@ -1235,17 +747,7 @@ class ControllerClient:
         request = pb.CreateTxnRequest(
             streamInfo=self._stream_info(scope, stream), lease=int(lease_ms)
         )
-        try:
-            reply = self._call("createTransaction", request)
-        except _NotFound:
-            raise self._missing(scope, stream) from None
-        except (_InvalidArgument, _FailedPrecondition) as exc:
-            raise TransactionLeaseError(
-                scope,
-                stream,
-                0,
-                f"cannot begin a transaction on {scope}/{stream}: {exc.details}",
-            ) from None
+        reply = self._ask("createTransaction", request, scope=scope, stream=stream)
         if not reply.HasField("txnId"):
             raise ControllerError(
                 f"controller {self.uri} returned no transaction id for {scope}/{stream}"
@@ -1266,61 +768,26 @@ class ControllerClient:
             timestamp=timestamp,
         )
 
-    def _txn_status_call(
-        self, method: str, scope: str, stream: str, txn_id: int, action: str
-    ) -> None:
-        request = self._txn_request(
-            scope, stream, txn_id, I64_MIN if method == "commitTransaction" else 0
-        )
-        try:
-            status = self._call(method, request, timeout=self.long_timeout_s).status
-        except _NotFound as exc:
-            if "transaction" in exc.details.lower() or "txn" in exc.details.lower():
-                raise TransactionNotFoundError(scope, stream, txn_id) from None
-            raise self._missing(scope, stream) from None
-        except (_InvalidArgument, _FailedPrecondition) as exc:
-            raise TransactionStateError(
-                scope,
-                stream,
-                txn_id,
-                f"cannot {action} transaction {txn_id:032x} on {scope}/{stream}: {exc.details}",
-            ) from None
-        if status == pb.TxnStatus.SUCCESS:
-            return
-        if status == pb.TxnStatus.TRANSACTION_NOT_FOUND:
-            raise TransactionNotFoundError(scope, stream, txn_id)
-        if status == pb.TxnStatus.STREAM_NOT_FOUND:
-            raise self._missing(scope, stream)
-        raise TransactionStateError(
-            scope,
-            stream,
-            txn_id,
-            f"controller {self.uri} failed to {action} transaction {txn_id:032x} on {scope}/{stream} (status {status})",
-        )
-
     def commit_transaction(self, scope: str, stream: str, txn_id: int) -> None:
         """Ask for the commit; the controller finishes it asynchronously (poll the state)."""
-        self._txn_status_call("commitTransaction", scope, stream, txn_id, "commit")
+        self._ask(
+            "commitTransaction", self._txn_request(scope, stream, txn_id, I64_MIN),
+            scope=scope, stream=stream, txn_id=txn_id, timeout=self.long_timeout_s,
+        )
 
     def abort_transaction(self, scope: str, stream: str, txn_id: int) -> None:
-        self._txn_status_call("abortTransaction", scope, stream, txn_id, "abort")
+        self._ask(
+            "abortTransaction", self._txn_request(scope, stream, txn_id),
+            scope=scope, stream=stream, txn_id=txn_id, timeout=self.long_timeout_s,
+        )
 
     def check_transaction_state(
         self, scope: str, stream: str, txn_id: int
     ) -> TxnStatus:
-        try:
-            reply = self._call(
-                "checkTransactionState", self._txn_request(scope, stream, txn_id)
-            )
-        except _NotFound as exc:
-            if "transaction" in exc.details.lower() or "txn" in exc.details.lower():
-                return TxnStatus.UNKNOWN
-            raise self._missing(scope, stream) from None
-        except (_InvalidArgument, _FailedPrecondition) as exc:
-            raise ControllerError(
-                f"cannot check transaction {txn_id:032x} on {scope}/{stream}: {exc.details}"
-            ) from None
-        return _TXN_STATES.get(reply.state, TxnStatus.UNKNOWN)
+        return self._ask(
+            "checkTransactionState", self._txn_request(scope, stream, txn_id),
+            scope=scope, stream=stream, txn_id=txn_id,
+        )
 
     def ping_transaction(
         self, scope: str, stream: str, txn_id: int, lease_ms: int
@@ -1332,45 +799,8 @@ class ControllerClient:
             txnId=pb.TxnId(highBits=hi, lowBits=lo),
             lease=int(lease_ms),
         )
-        try:
-            status = self._call("pingTransaction", request).status
-        except _NotFound as exc:
-            if "transaction" in exc.details.lower() or "txn" in exc.details.lower():
-                raise TransactionNotFoundError(scope, stream, txn_id) from None
-            raise self._missing(scope, stream) from None
-        except (_InvalidArgument, _FailedPrecondition) as exc:
-            raise TransactionLeaseError(
-                scope,
-                stream,
-                txn_id,
-                f"cannot renew the lease of transaction {txn_id:032x}: {exc.details}",
-            ) from None
-        if status == pb.PingTxnStatus.OK:
-            return TxnStatus.OPEN
-        if status == pb.PingTxnStatus.COMMITTED:
-            return TxnStatus.COMMITTED
-        if status == pb.PingTxnStatus.ABORTED:
-            return TxnStatus.ABORTED
-        if status == pb.PingTxnStatus.UNKNOWN:
-            raise TransactionNotFoundError(scope, stream, txn_id)
-        if status == pb.PingTxnStatus.LEASE_TOO_LARGE:
-            raise TransactionLeaseError(
-                scope,
-                stream,
-                txn_id,
-                f"lease of {lease_ms} ms for transaction {txn_id:032x} is larger than the controller allows; "
-                f"use a shorter lease and ping more often",
-            )
-        if status == pb.PingTxnStatus.MAX_EXECUTION_TIME_EXCEEDED:
-            raise TransactionLeaseError(
-                scope,
-                stream,
-                txn_id,
-                f"transaction {txn_id:032x} has been open longer than the controller's maximum execution time; "
-                f"it cannot be renewed (commit or abort it)",
-            )
-        raise ControllerError(
-            f"controller {self.uri} could not renew transaction {txn_id:032x} on {scope}/{stream} (ping status {status})"
+        return self._ask(
+            "pingTransaction", request, scope=scope, stream=stream, txn_id=txn_id, what=f"lease of {lease_ms} ms"
         )
 
 

@@ -48,32 +48,55 @@ that is never silent: a driver killed between its commit point and the REQUESTED
 retry comes only after the controller forgot the transactions, finds them UNKNOWN; nothing can
 tell "committed, then forgotten" from "never committed, expired, then forgotten", so the run stops
 with :class:`UnresolvedCommitError` naming the run, its files and ``unknown_commits``.
+
+Its parts have modules of their own: the state's records and how they fold
+(client/ingest_state.py), file identities, the plan and the committed-file table
+(client/ingest_plan.py), where an ingest's state lives and how it is opened, legacy states adopted
+(client/ingest_location.py), and the ingest's errors (client/ingest_errors.py).
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
-import hashlib
 import json
 import logging
 import math
 import os
-import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from airflow_provider_pravega.client.errors import PravegaError
+from airflow_provider_pravega.client.ingest_errors import (
+    FencedError,
+    IngestError,
+    LostCommitError,
+    UnresolvedCommitError,
+)
+from airflow_provider_pravega.client.ingest_location import open_state_store, state_location
+from airflow_provider_pravega.client.ingest_plan import (
+    PRUNE_BUDGET,
+    FilePlan,
+    index_done_runs,
+    known_files,
+    move_committed_to_table,
+    plan_files,
+)
+from airflow_provider_pravega.client.ingest_state import (
+    COMMITTING,
+    KEEP_INTERVALS,
+    REQUESTED,
+    WRITING,
+    StateStore,
+    encode_holds,
+    now_ms,
+)
 
 log = logging.getLogger(__name__)
 
-WRITING = "WRITING"
-COMMITTING = "COMMITTING"
-REQUESTED = "REQUESTED"
 
 #: The driver heartbeats at least this many times per ``stale_after_s``.
 HEARTBEATS_PER_STALE = 4
@@ -83,84 +106,13 @@ MAX_HEARTBEAT_S = 10.0
 #: So the smallest ``stale_after_s`` that can be safe.
 MIN_STALE_AFTER_S = HEARTBEATS_PER_STALE * MIN_HEARTBEAT_S
 UNKNOWN_COMMITS = ("committed", "not_committed")
-#: The interval index keeps the pieces of this many intervals (the oldest recorded are forgotten:
-#: ~2.7 years of daily runs); and at most this many pieces per interval.
-KEEP_INTERVALS = 1000
-MAX_PIECES_PER_INTERVAL = 100
+
+
 #: A run's file list larger than this (JSON bytes) is not put in its start record but staged first
 #: in parts of at most STAGE_PART_BYTES, each its own state record: a state record is one Pravega
 #: event (8 MiB at most, about 75,000 files), and a run of more files must still record its start.
 INLINE_FILES_BYTES = 1024 * 1024
 STAGE_PART_BYTES = 2 * 1024 * 1024
-#: A staged file list whose run never recorded its start (its process died in between) is dropped
-#: this long after it was staged.
-STAGED_TTL_MS = 24 * 3600 * 1000
-
-
-class IngestError(PravegaError):
-    """The ingest cannot proceed; the message says why and what to do."""
-
-
-class FencedError(IngestError):
-    """Another copy of this ingest took over the run (this one was presumed dead)."""
-
-    def __init__(self, run_id: str, detail: str = "") -> None:
-        self.run_id = run_id
-        super().__init__(
-            f"ingest run {run_id} is no longer owned by this process{': ' + detail if detail else ''}. "
-            "Another copy of the task (a retry, or a copy started while this one looked dead) recovered "
-            "it; this copy stops without committing anything."
-        )
-
-
-class ChangedFileError(IngestError):
-    """A committed file whose committed bytes changed (or that can only be compared by size and
-    time): ingesting it again writes its committed records a second time, and the message says which."""
-
-    def __init__(self, path: str, before: Mapping[str, Any], now: Mapping[str, Any]) -> None:
-        self.path = path
-        run = f"run {before['run']}" if before.get("run") else "an earlier run"
-        if before.get("lines") is not None:
-            what = repeat = "line 1" if before["lines"] == 1 else f"lines 1-{before['lines']}"
-            by = f"by {run}" if before["lines"] == 1 else f"the last of them by {run}"
-        else:
-            what, repeat, by = f"every record of its {before['size']} bytes as recorded", "those records", f"by {run}"
-        reason = now.get("changed") or "its size or modification time differ from those recorded"
-        super().__init__(
-            f"{path} changed since it was ingested: {reason}. Committed so far: {what} ({by}; recorded "
-            f"{describe_identity(before)}; now {describe_identity(now)}). allow_changed_files=True would ingest the "
-            f"whole file again from its first line, writing {repeat} a second time. To add records without "
-            "duplicates, append them to a jsonl or text file (its new lines are ingested once) or write them to a "
-            "new file."
-        )
-
-
-class ForgottenFileError(IngestError):
-    """A file the state does not remember, last modified before the state forgot old files: it may
-    have been ingested already (its record was pruned by ``remember_files_for``)."""
-
-    def __init__(self, path: str, ident: Mapping[str, Any], forgotten_before_ms: int) -> None:
-        self.path = path
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(forgotten_before_ms / 1000))
-        super().__init__(
-            f"{path} ({describe_identity(ident)}) is not in this ingest's state, but it was last modified before "
-            f"{when}, up to which the state forgot the files it ingested (remember_files_for): it may have been "
-            f"ingested already. Remove it from the source if it was; pass allow_changed_files=True to ingest it "
-            f"anyway. Keep remember_files_for longer than any file stays in the source."
-        )
-
-
-class RecreatedStreamError(IngestError):
-    """The state was recorded for an earlier stream of the target's name (deleted and re-created
-    since): its committed files and positions describe the deleted stream."""
-
-
-class LostCommitError(IngestError):
-    """A transaction listed at the commit point was aborted: its events can never be committed."""
-
-
-class UnresolvedCommitError(IngestError):
-    """Nothing can tell whether a crashed run's transactions were committed (see the module doc)."""
 
 
 def check_timing(stale_after_s: float, lease_ms: int) -> float:
@@ -184,407 +136,6 @@ def check_timing(stale_after_s: float, lease_ms: int) -> float:
             f"{MIN_HEARTBEAT_S:g} s, three times per lease; use at least {int(3 * MIN_HEARTBEAT_S * 1000)} ms"
         )
     return max(MIN_HEARTBEAT_S, min(MAX_HEARTBEAT_S, lease_ms / 3000, stale_after_s / HEARTBEATS_PER_STALE))
-
-
-# ---------------------------------------------------------------------------------------------
-# The state and its transitions (pure: the synchronizer replays them in every process)
-# ---------------------------------------------------------------------------------------------
-
-
-def initial_state() -> dict[str, Any]:
-    return {"committed": {}, "runs": {}, "completed_runs": 0, "target": None}
-
-
-def apply_update(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, Any]:
-    """Fold one update into the state. Updates are appended only after the writer validated them
-    against exactly this state (conditional append), so applying them needs no checks beyond
-    tolerating updates that became moot."""
-    kind = op["op"]
-    if kind == "init":
-        if state.get("target") is None:
-            adopted = op.get("adopted")
-            if adopted:
-                state["committed"] = dict(adopted.get("committed", {}))
-                state["runs"] = dict(adopted.get("runs", {}))
-                state["completed_runs"] = adopted.get("completed_runs", 0)
-            state["target"] = op["target"]
-            state["ingest_id"] = op.get("ingest_id")
-        return state
-    if kind == "origin":  # the target stream this state belongs to (see check_stream_origin)
-        if state.get("origin") is None:
-            state["origin"] = list(op["origin"])
-        return state
-    if kind == "prune":  # forget committed files recorded before ``before`` (remember_files_for)
-        before = op.get("before")
-        if before is not None:
-            state["committed"] = {p: c for p, c in state["committed"].items() if (c.get("at") or 0) >= before}
-            state["forgotten_before_ms"] = max(before, state.get("forgotten_before_ms") or 0)
-        if "token" in op:  # where the committed-file table's bounded sweep continues
-            state["prune_token"] = op["token"]
-        return state
-    if kind == "keyed":  # the committed map now lives in the committed-file table
-        state["committed"] = {}
-        state["keyed"] = True
-        return state
-    if kind == "indexed":  # a done run's files are in the committed-file table
-        state.get("unindexed", {}).pop(op["run"], None)
-        return state
-    if kind == "empty_interval":  # a run of this interval had nothing (new) to ingest
-        if op["interval"] not in state.get("intervals", {}):
-            _add_piece(state, op["interval"], {"run": None, "start": op["at"], "end": op["at"]}, op.get("ts"),
-                       op.get("keep", KEEP_INTERVALS))
-        return state
-    if kind == "migrated":  # a state of the old layout, adopted by the state of ``to``
-        state["migrated_to"] = op["to"]
-        return state
-    if kind == "stage":  # a part of a large run's file list, before its start record
-        _drop_stale_staged(state, op["ts"])
-        state.setdefault("staged", {}).setdefault(op["run"], {"ts": op["ts"], "files": {}})["files"].update(op["files"])
-        return state
-    if kind == "unstage":
-        state.get("staged", {}).pop(op["run"], None)
-        return state
-    runs = state["runs"]
-    run = runs.get(op.get("run"))
-    if kind == "start":
-        _drop_stale_staged(state, op["ts"])
-        if op.get("staged"):  # its files were staged: all of them but ``exclude`` (committed since)
-            files = state.get("staged", {}).pop(op["run"], {"files": {}})["files"]
-            for path in op.get("exclude", ()):
-                files.pop(path, None)
-        else:
-            files = dict(op["files"])
-        runs[op["run"]] = {
-            "phase": WRITING, "files": files, "txns": [], "commit": [],
-            "owner": op["owner"], "heartbeat_ms": op["ts"], "started_ms": op["ts"],
-            "ti": op.get("ti"), "try": op.get("try"), "stale_ms": op.get("stale_ms"),
-        }
-        if op.get("interval") is not None:
-            runs[op["run"]]["interval"] = op["interval"]
-    elif run is None:
-        return state
-    elif kind == "register":
-        if op["txn"] not in run["txns"]:
-            run["txns"].append(op["txn"])
-    elif kind == "written":  # a write task flushed its transaction: what it holds (client/ingest_resume.py)
-        if op["txn"] in run["txns"] and run["phase"] == WRITING:
-            run.setdefault("written", {})[op["txn"]] = {"holds": op["holds"], "events": op["events"],
-                                                        "bytes": op["bytes"]}
-    elif kind == "heartbeat":
-        run["heartbeat_ms"] = max(run["heartbeat_ms"], op["ts"])
-    elif kind == "committing":
-        run["phase"] = COMMITTING
-        run["commit"] = list(op["txns"])
-        if op.get("holds") is not None:  # what each transaction holds: how a lapsed one is healed
-            run["holds"] = decode_holds(op["holds"], run["files"])
-        if op.get("units"):  # what the held units not planned up front are (a write's partitions' rows)
-            run["units"] = dict(op["units"])
-        run["heartbeat_ms"] = max(run["heartbeat_ms"], op["ts"])
-        state["commit_points"] = state.get("commit_points", 0) + 1
-        if op.get("before") is not None:
-            run["before"] = dict(op["before"])
-    elif kind == "requested":
-        if run["phase"] == COMMITTING:
-            run["phase"] = REQUESTED
-            run["requested_ms"] = op.get("ts")
-    elif kind == "lost":  # transactions past the commit point that were aborted (their leases lapsed)
-        lost = set(op["txns"])
-        holds = run.get("holds") or {}
-        for txn in lost:
-            for unit in holds.pop(txn, ()):
-                run["files"].pop(unit, None)  # not committed: planned again by the next run
-        run["commit"] = [t for t in run["commit"] if t not in lost]
-        run["txns"] = [t for t in run["txns"] if t not in lost]
-        if not run["commit"]:
-            del runs[op["run"]]  # nothing of it was committed: as if abandoned
-    elif kind == "done":
-        files = _run_units(run)
-        if state.get("keyed"):  # its files go to the committed-file table next (see index_done_runs)
-            state.setdefault("unindexed", {})[op["run"]] = {"files": files, "at": op.get("ts")}
-        for path, ident in ({} if state.get("keyed") else files).items():
-            at = {"at": op["ts"]} if op.get("ts") is not None else {}  # when (remember_files_for)
-            state["committed"][path] = {**ident, "run": op["run"], **at}
-        if run.get("interval") is not None and run.get("before") is not None:
-            _add_piece(state, run["interval"], {"run": op["run"], "start": run["before"], "end": op.get("end")},
-                       op.get("ts"), op.get("keep", KEEP_INTERVALS))
-        del runs[op["run"]]
-        state["completed_runs"] = state.get("completed_runs", 0) + 1
-    elif kind == "abandon":
-        del runs[op["run"]]
-    elif kind == "takeover":
-        run["owner"] = op["owner"]
-        run["heartbeat_ms"] = op["ts"]
-        if "ti" in op:
-            run["ti"], run["try"] = op.get("ti"), op.get("try")
-    return state
-
-
-def _run_units(run: Mapping[str, Any]) -> dict[str, Any]:
-    """What a done run committed: its files, plus the units its committed transactions hold that
-    were not planned up front (a data-source write's input partitions, see encode_holds), with
-    what the commit point recorded of them (``units``)."""
-    files = dict(run["files"])
-    holds = run.get("holds") or {}
-    units = run.get("units") or {}
-    for txn in run["commit"]:
-        for unit in holds.get(txn, ()):
-            files.setdefault(unit, dict(units.get(unit, {})))
-    return files
-
-
-def encode_holds(holds: Mapping[str, Sequence[str]], files: Iterable[str]) -> dict[str, list[Any]]:
-    """``txn -> units`` for the commit record, compactly: a run of consecutive files (in the order
-    of the run's sorted file list) is ``[first index, end index]``, anything else its name. Each
-    transaction holds whole units (files), so the files of an aborted one can be written again."""
-    order = {path: i for i, path in enumerate(sorted(files))}
-    out: dict[str, list[Any]] = {}
-    for txn, units in holds.items():
-        items: list[Any] = []
-        for unit in sorted(units, key=lambda u: (order.get(u, len(order)), u)):
-            i = order.get(unit)
-            last = items[-1] if items else None
-            if i is not None and isinstance(last, list) and last[1] == i:
-                last[1] = i + 1
-            elif i is not None and isinstance(last, str) and order.get(last) == i - 1:
-                items[-1] = [i - 1, i + 1]
-            else:
-                items.append(unit)
-        out[txn] = items
-    return out
-
-
-def decode_holds(encoded: Mapping[str, Sequence[Any]], files: Iterable[str]) -> dict[str, list[str]]:
-    """The inverse of :func:`encode_holds` against the same file list."""
-    order: list[str] | None = None
-    holds: dict[str, list[str]] = {}
-    for txn, items in encoded.items():
-        units: list[str] = []
-        for item in items:
-            if isinstance(item, str):
-                units.append(item)
-            else:
-                order = sorted(files) if order is None else order
-                units.extend(order[item[0]:item[1]])
-        holds[txn] = units
-    return holds
-
-
-def _drop_stale_staged(state: dict[str, Any], now_ms: int) -> None:
-    """Forget file lists staged by runs that died before recording their start (STAGED_TTL_MS)."""
-    staged = state.get("staged")
-    for rid in [r for r, st in (staged or {}).items() if st["ts"] < now_ms - STAGED_TTL_MS]:
-        del staged[rid]
-
-
-def _add_piece(state: dict[str, Any], interval: str, piece: dict[str, Any], ts: int | None, keep: int) -> None:
-    """Append a committed range to the interval index; forget the intervals recorded longest ago
-    beyond ``keep`` (bounded state)."""
-    intervals = state.setdefault("intervals", {})
-    entry = intervals.setdefault(interval, {"pieces": []})
-    if len(entry["pieces"]) >= MAX_PIECES_PER_INTERVAL:
-        entry["overflow"] = True  # the export refuses it (never a silently partial day)
-    else:
-        entry["pieces"].append(piece)
-    entry["at"] = ts or 0
-    if len(intervals) > keep:
-        oldest = sorted(intervals, key=lambda k: (intervals[k].get("at") or 0, k))[: len(intervals) - keep]
-        for key in oldest:
-            state["intervals_forgotten_at"] = max(state.get("intervals_forgotten_at") or 0, intervals[key].get("at") or 0)
-            del intervals[key]
-
-
-def interval_pieces(state: Mapping[str, Any], interval: str) -> list[dict[str, Any]] | None:
-    """The committed ranges of ``interval`` in commit order (``start``/``end``: segment id text ->
-    offset), or None when no run of this interval was recorded done."""
-    entry = (state.get("intervals") or {}).get(interval)
-    return None if entry is None else list(entry["pieces"])
-
-
-class StateStore(Protocol):
-    """What the coordinator needs from a state synchronizer."""
-
-    def fetch(self) -> dict[str, Any]:
-        """The latest state."""
-
-    def update(self, fn: Callable[[dict[str, Any]], list[dict] | dict | None]) -> dict[str, Any]:
-        """Append ``fn(latest state)``'s update(s) conditionally; re-read and retry on conflict."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Files
-# ---------------------------------------------------------------------------------------------
-
-
-def file_identity(size: int, mtime_ms: int | None = None, fp: str | None = None) -> dict[str, Any]:
-    """What the state records about a file: its size and modification time as the filesystem lists
-    them (nothing is read), plus a content fingerprint when one was computed (BLAKE2b-160 of every
-    byte, hex; states written before listing through Spark hold only size and fingerprint).
-
-    A line file's piece (measured in Spark tasks before planning) adds: ``base`` (the committed end
-    it continues, 0 for a new file), ``start``/``end`` (the byte range it writes: whole lines, the
-    bytes before ``end`` all committed once it is done), ``fp`` (BLAKE2b-160 of bytes ``[0, end)``),
-    ``line`` (the number of its first line in the whole file), ``lines`` (lines in ``[0, end)``),
-    ``open`` (its last line has no line end yet), and ``changed`` (why its committed bytes are not
-    what was committed: planning only, never recorded)."""
-    ident: dict[str, Any] = {"size": int(size)}
-    if mtime_ms is not None:
-        ident["mtime"] = int(mtime_ms)
-    if fp is not None:
-        ident["fp"] = fp
-    return ident
-
-
-def same_file(before: Mapping[str, Any], now: Mapping[str, Any]) -> bool | None:
-    """Whether a listed file is the one already committed: True/False, or None when only a content
-    fingerprint of the listed file can tell (the record has a fingerprint but no usable time)."""
-    if before["size"] != now["size"]:
-        return False
-    if before.get("mtime") is not None and before.get("mtime") == now.get("mtime"):
-        return True
-    if before.get("fp") is not None:
-        return before["fp"] == now["fp"] if now.get("fp") is not None else None
-    # Same size, another modification time and no recorded fingerprint: it was rewritten; whether
-    # with the same bytes cannot be known, so it counts as changed (an error, never a silent skip).
-    return False
-
-
-def needs_fingerprint(state: Mapping[str, Any], identities: Mapping[str, Mapping[str, Any]],
-                      store: StateStore | None = None) -> list[str]:
-    """Files whose planning needs a content fingerprint (see same_file)."""
-    committed = known_files(store, state, identities) if store is not None else state["committed"]
-    return sorted(p for p, ident in identities.items()
-                  if p in committed and same_file(committed[p], ident) is None)
-
-
-def describe_identity(ident: Mapping[str, Any]) -> str:
-    parts = [f"size {ident['size']}"]
-    if ident.get("mtime") is not None:
-        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ident["mtime"] / 1000))
-        parts.append(f"modified {when}.{ident['mtime'] % 1000:03d}Z")
-    if ident.get("fp"):
-        parts.append(f"fingerprint {ident['fp'][:16]}…")
-    return ", ".join(parts)
-
-
-def committed_end(before: Mapping[str, Any]) -> int:
-    """Where a committed file's committed bytes end (records written before pieces: its size)."""
-    return int(before.get("end", before["size"]))
-
-
-@dataclass(frozen=True)
-class FilePlan:
-    to_ingest: dict[str, dict[str, Any]]  # path -> identity
-    skipped: list[str]  # already committed, unchanged (or a line file without a new whole line)
-
-
-def plan_files(
-    state: Mapping[str, Any], identities: Mapping[str, Mapping[str, Any]], *, allow_changed_files: bool
-) -> FilePlan:
-    committed = state["committed"]
-    to_ingest: dict[str, dict[str, Any]] = {}
-    skipped: list[str] = []
-    for path, ident in identities.items():
-        before = committed.get(path)
-        if "end" in ident and ident.get("base", 0) != (0 if before is None or ident.get("changed") else
-                                                       committed_end(before)):
-            if before is not None and before.get("fp") == ident["fp"] and committed_end(before) == ident["end"]:
-                skipped.append(path)  # this very piece, committed meanwhile by another copy of the ingest
-                continue
-            raise IngestError(f"{path} was committed by another run of this ingest while this run measured it "
-                              f"(committed up to byte {0 if before is None else committed_end(before)}, measured "
-                              f"from byte {ident.get('base', 0)}); nothing was written: run the ingest again")
-        if "end" in ident and not ident.get("changed") and ident["end"] <= ident["start"]:
-            skipped.append(path)  # no new whole line (yet): nothing to write, nothing to record
-        elif before is None:
-            forgotten = state.get("forgotten_before_ms")
-            if (forgotten is not None and ident.get("mtime") is not None and ident["mtime"] < forgotten
-                    and not allow_changed_files):
-                raise ForgottenFileError(path, ident, forgotten)
-            to_ingest[path] = _recorded(ident)
-        elif ident.get("changed"):
-            if not allow_changed_files:
-                raise ChangedFileError(path, before, ident)
-            to_ingest[path] = _recorded(ident)
-        elif "end" in ident:  # a line file measured after its committed end: its new whole lines
-            to_ingest[path] = _recorded(ident)
-        elif same_file(before, ident):
-            skipped.append(path)
-        elif allow_changed_files:
-            to_ingest[path] = dict(ident)
-        else:
-            raise ChangedFileError(path, before, ident)
-    return FilePlan(to_ingest, skipped)
-
-
-def _recorded(ident: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in ident.items() if k != "changed"}
-
-
-# ---------------------------------------------------------------------------------------------
-# Committed files: a table keyed by file (client/committed_files.py), not the synchronizer
-# ---------------------------------------------------------------------------------------------
-
-#: Committed-file table entries a finished run scans for pruning (at least twice its own files).
-PRUNE_BUDGET = 10_000
-
-
-def known_files(store: Any, state: Mapping[str, Any], paths: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """What the ingest remembers about ``paths``: their committed-file table entries (looked up
-    by key: the cost follows ``paths``, not the history), overlaid with the state's own records
-    (an old state's ``committed`` map not moved yet; runs recorded done, not yet in the table)."""
-    paths = list(paths)
-    known: dict[str, dict[str, Any]] = {}
-    files = getattr(store, "files", None)
-    if files is not None and state.get("keyed"):
-        known.update(files.lookup(paths))
-    committed = state["committed"]
-    known.update({p: committed[p] for p in paths if p in committed})
-    for run_id, entry in sorted(state.get("unindexed", {}).items(), key=lambda kv: kv[1].get("at") or 0):
-        at = {"at": entry["at"]} if entry.get("at") is not None else {}
-        known.update({p: {**entry["files"][p], "run": run_id, **at} for p in paths if p in entry["files"]})
-    return known
-
-
-def index_done_runs(store: Any, state: Mapping[str, Any]) -> dict[str, Any]:
-    """Write the files of runs recorded done into the committed-file table, then drop them from
-    the state. Anyone may do it, any number of times (the table writes are idempotent and never
-    replace a later run's entry); a crash in between leaves them in the state, where planning
-    still sees them, for the next run to index."""
-    files = getattr(store, "files", None)
-    if files is None:
-        return dict(state)
-    for run_id, entry in sorted(state.get("unindexed", {}).items(), key=lambda kv: kv[1].get("at") or 0):
-        files.record(entry["files"], run_id, entry.get("at"))
-        state = store.update(lambda s, r=run_id: {"op": "indexed", "run": r} if r in s.get("unindexed", {}) else None)
-    return dict(state)
-
-
-def move_committed_to_table(store: Any) -> dict[str, Any]:
-    """Migration: a state of the old layout (every committed file in the synchronizer) moves its
-    ``committed`` map into the committed-file table on first use, then records ``keyed``."""
-    files = getattr(store, "files", None)
-    state = store.fetch()
-    if files is None or state.get("keyed"):
-        return state
-
-    def fn(state: dict[str, Any]) -> dict:
-        files.put_many(state["committed"].items())  # full records: identity, run, at
-        return {"op": "keyed"}
-
-    moved = len(state["committed"])
-    state = store.update(fn)
-    if moved:
-        log.info("moved %d committed file(s) of the ingest state into its committed-file table", moved)
-    return state
-
-
-# ---------------------------------------------------------------------------------------------
-# The driver side
-# ---------------------------------------------------------------------------------------------
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class TransactionOps(Protocol):
@@ -821,7 +372,7 @@ class IngestCoordinator:
         return run["heartbeat_ms"] < now_ms - window
 
     def stale_runs(self, state: Mapping[str, Any]) -> list[str]:
-        now = _now_ms()
+        now = now_ms()
         return [rid for rid, run in state["runs"].items() if run["phase"] != REQUESTED and self._stale(run, now)]
 
     def recover(self) -> tuple[list[str], list[str]]:
@@ -840,9 +391,9 @@ class IngestCoordinator:
             # Take the run over first (fenced): two recoverers never act on one run at once.
             def take(state: dict[str, Any], run_id: str = run_id) -> dict | None:
                 run = state["runs"].get(run_id)
-                if run is None or run["phase"] == REQUESTED or not self._stale(run, _now_ms()):
+                if run is None or run["phase"] == REQUESTED or not self._stale(run, now_ms()):
                     raise _Skip()
-                return {"op": "takeover", "run": run_id, "owner": self.owner, "ts": _now_ms(),
+                return {"op": "takeover", "run": run_id, "owner": self.owner, "ts": now_ms(),
                         "ti": self.task_instance, "try": self.try_number}
 
             try:
@@ -917,7 +468,7 @@ class IngestCoordinator:
                     raise _Skip()
                 if not plan.to_ingest:
                     return None
-                op = {"op": "start", "run": run_id, "owner": self.owner, "ts": _now_ms(),
+                op = {"op": "start", "run": run_id, "owner": self.owner, "ts": now_ms(),
                       "ti": self.task_instance, "try": self.try_number, "stale_ms": self.stale_after_ms}
                 if staged and staged.issuperset(plan.to_ingest):
                     op.update(staged=True, exclude=sorted(staged.difference(plan.to_ingest)))
@@ -979,7 +530,7 @@ class IngestCoordinator:
 
     def _open_run_op(self, run_id: str) -> dict[str, Any]:
         """The start record of a run whose units are named at its commit point."""
-        return {"op": "start", "run": run_id, "owner": self.owner, "ts": _now_ms(), "files": {},
+        return {"op": "start", "run": run_id, "owner": self.owner, "ts": now_ms(), "files": {},
                 "stale_ms": self.stale_after_ms}
 
     def join_unit_run(self, run_id: str, unit: str) -> bool:
@@ -1000,7 +551,7 @@ class IngestCoordinator:
             if run["phase"] == WRITING:
                 return True
             if run["owner"] != self.owner:
-                self.store.update(lambda s: {"op": "takeover", "run": run_id, "owner": self.owner, "ts": _now_ms()}
+                self.store.update(lambda s: {"op": "takeover", "run": run_id, "owner": self.owner, "ts": now_ms()}
                                   if run_id in s["runs"] else None)
                 continue
             self.finish_past_commit_point(run_id, run)
@@ -1017,7 +568,7 @@ class IngestCoordinator:
         """Independent runs sharing one state (data-source writes without a write id) are never
         recovered by each other; a run whose driver stopped heartbeating ``older_than_s`` ago is
         dropped here (its open transactions aborted) so the state does not keep dead runs."""
-        cutoff = _now_ms() - int(older_than_s * 1000)
+        cutoff = now_ms() - int(older_than_s * 1000)
         dropped = []
         for run_id, run in self.store.fetch()["runs"].items():
             if run["heartbeat_ms"] >= cutoff:
@@ -1027,7 +578,7 @@ class IngestCoordinator:
                 now = state["runs"].get(run_id)
                 if now is None or now["heartbeat_ms"] >= cutoff:
                     raise _Skip()
-                return {"op": "takeover", "run": run_id, "owner": self.owner, "ts": _now_ms()}
+                return {"op": "takeover", "run": run_id, "owner": self.owner, "ts": now_ms()}
 
             try:
                 taken = self.store.update(take)["runs"][run_id]
@@ -1052,7 +603,7 @@ class IngestCoordinator:
             parts[-1][path] = ident
             size += entry
         for part in parts:
-            self.store.update(lambda _s, f=part: {"op": "stage", "run": run_id, "files": f, "ts": _now_ms()})
+            self.store.update(lambda _s, f=part: {"op": "stage", "run": run_id, "files": f, "ts": now_ms()})
         log.info("ingest run %s: %d files staged in %d state records before its start record",
                  run_id, len(files), len(parts))
         return set(files)
@@ -1067,7 +618,7 @@ class IngestCoordinator:
         return fn
 
     def heartbeat(self, run_id: str) -> None:
-        self.store.update(self._owned(run_id, lambda: {"op": "heartbeat", "run": run_id, "ts": _now_ms()}))
+        self.store.update(self._owned(run_id, lambda: {"op": "heartbeat", "run": run_id, "ts": now_ms()}))
 
     def registered_txns(self, run_id: str) -> list[str]:
         run = self.store.fetch()["runs"].get(run_id)
@@ -1093,7 +644,7 @@ class IngestCoordinator:
             missing = [t for t in txns if t not in run["txns"]]
             if missing:
                 raise IngestError(f"transactions {missing} were never registered in run {run_id}")
-            op = {"op": "committing", "run": run_id, "txns": list(txns), "ts": _now_ms()}
+            op = {"op": "committing", "run": run_id, "txns": list(txns), "ts": now_ms()}
             if holds is not None:
                 op["holds"] = encode_holds({t: holds.get(t, ()) for t in txns}, run["files"])
             if units:
@@ -1181,7 +732,7 @@ class IngestCoordinator:
             if now is None or now["phase"] != COMMITTING or now["owner"] != self.owner:
                 raise FencedError(run_id, "its record changed while its lost transactions were recorded")
             still = [t for t in aborted if t in now["commit"]]
-            return {"op": "lost", "run": run_id, "txns": still, "ts": _now_ms()} if still else None
+            return {"op": "lost", "run": run_id, "txns": still, "ts": now_ms()} if still else None
 
         self.store.update(fn)
         log.warning("ingest run %s: %d of its transactions were aborted after its commit point (their leases "
@@ -1198,7 +749,7 @@ class IngestCoordinator:
                 return None  # already advanced (by a recoverer, or done)
             if run["phase"] != COMMITTING:
                 raise FencedError(run_id, "the run is not at its commit point")
-            return {"op": "requested", "run": run_id, "ts": _now_ms()}
+            return {"op": "requested", "run": run_id, "ts": now_ms()}
 
         self.store.update(fn)
         self._crash("after_commit_requested")
@@ -1220,7 +771,7 @@ class IngestCoordinator:
                 return None
             if run["phase"] == WRITING and run["owner"] != self.owner:
                 raise FencedError(run_id, "its record belongs to another owner")
-            op = {"op": "done", "run": run_id, "ts": _now_ms(), "keep": self.keep_intervals}
+            op = {"op": "done", "run": run_id, "ts": now_ms(), "keep": self.keep_intervals}
             if end is not None:
                 op["end"] = end
             return op
@@ -1229,7 +780,7 @@ class IngestCoordinator:
         done_files = len(state.get("unindexed", {}).get(run_id, {}).get("files", ()))
         state = index_done_runs(self.store, state)
         if self.remember_files_for_ms is not None:
-            horizon = _now_ms() - self.remember_files_for_ms
+            horizon = now_ms() - self.remember_files_for_ms
             files = getattr(self.store, "files", None)
             if files is not None and state.get("keyed"):
                 # A bounded sweep of the table per run (resumed where the last one stopped): the
@@ -1291,7 +842,7 @@ class IngestCoordinator:
             return
         at = self._tail()
         self.store.update(lambda s: None if interval in (s.get("intervals") or {}) else
-                          {"op": "empty_interval", "interval": interval, "at": at, "ts": _now_ms(),
+                          {"op": "empty_interval", "interval": interval, "at": at, "ts": now_ms(),
                            "keep": self.keep_intervals})
 
     def abandon(self, run_id: str) -> None:
@@ -1392,62 +943,13 @@ def record_run_done(store: StateStore, run_id: str, end: Mapping[str, int] | Non
         if run.get("interval") is not None and run.get("before") is not None and end is None:
             return None
         done.append(True)
-        op = {"op": "done", "run": run_id, "ts": _now_ms()}
+        op = {"op": "done", "run": run_id, "ts": now_ms()}
         if end is not None:
             op["end"] = {str(k): int(v) for k, v in end.items()}
         return op
 
     index_done_runs(store, store.update(fn))
     return bool(done)
-
-
-# ---------------------------------------------------------------------------------------------
-# Where an ingest's state lives
-# ---------------------------------------------------------------------------------------------
-
-
-def check_state_scope(state_scope: Any, option: str = "state_scope") -> str | None:
-    """``state_scope`` as given when it can name a Pravega scope (None: the target's own scope);
-    ValueError naming ``option`` otherwise, before anything is created there."""
-    if state_scope is None:
-        return None
-    from airflow_provider_pravega.protocol.naming import validate_scope_name
-
-    if not isinstance(state_scope, str):
-        raise ValueError(f"{option} must be a Pravega scope name (or None), got a {type(state_scope).__name__}")
-    try:
-        return validate_scope_name(state_scope)
-    except ValueError as exc:
-        raise ValueError(f"{option}={state_scope!r} is not a usable scope for the provider's state: {exc}") from None
-
-
-@contextlib.contextmanager
-def state_scope_access(scope: str, state_scope: str | None) -> Iterator[None]:
-    """A permission denied in a state scope of its own (not the target's ``scope``) named as the
-    ``state_scope`` option's, with the rights the provider needs there."""
-    from airflow_provider_pravega.client.errors import PravegaPermissionError
-
-    try:
-        yield
-    except PravegaPermissionError as exc:
-        # the state scope as a whole name ("scope iot-state", "stream iot-state/x"), not inside another
-        named = state_scope in {word.rstrip(".") for word in re.split(r"[\s/:,;()'\"]+", f"{exc.resource} {exc.detail}")}
-        if not state_scope or state_scope == scope or not named:
-            raise
-        raise PravegaPermissionError(
-            exc.where, exc.user, exc.action, exc.resource,
-            f"state_scope {state_scope!r} keeps the provider's state: the user needs READ_UPDATE on "
-            f"prn::/scope:{state_scope} and prn::/scope:{state_scope}/*, and the scope must exist or the user be "
-            f"allowed to create it" + (f"; {exc.detail}" if exc.detail else ""),
-        ) from None
-
-
-def state_location(scope: str, stream: str, ingest_id: str, state_scope: str | None = None) -> tuple[str, str]:
-    """The state of ingest ``ingest_id`` into ``scope/stream``: a one-segment stream in
-    ``state_scope`` (default: the target's own scope; not `_`-prefixed: Pravega reserves those
-    names). The digest covers scope, stream and id, so targets sharing a state scope never collide."""
-    digest = hashlib.sha1(f"{scope}/{stream}\n{ingest_id}".encode()).hexdigest()[:20]
-    return state_scope or scope, f"ingest-state-{digest}"
 
 
 def reset_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, state_scope: str | None = None
@@ -1475,145 +977,6 @@ def reset_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, 
     log.info("ingest %s: reset its state for %s/%s (%s/%s, %d committed-file entries cleared)", ingest_id, scope,
              stream, state_scope, state_stream, cleared)
     return True
-
-
-def legacy_state_location(scope: str, ingest_id: str) -> tuple[str, str]:
-    """Where versions before 0.2 kept an ingest's state (keyed by the ingest id only)."""
-    return scope, f"ingest-state-{hashlib.sha1(ingest_id.encode()).hexdigest()[:20]}"
-
-
-def check_write_access(client: Any, scope: str, stream: str) -> None:
-    """Fail before anything is written when the client's user may not write ``scope/stream``
-    (asks the controller for a write delegation token, as a writer would; no-op without auth)."""
-    from airflow_provider_pravega.client.errors import PravegaPermissionError
-
-    try:
-        client.controller.get_delegation_token(scope, stream, "write")
-    except PravegaPermissionError as exc:
-        raise PravegaPermissionError(
-            exc.where, exc.user, "write", f"stream {scope}/{stream}",
-            f"no write permission on {scope}/{stream}: ingesting needs READ_UPDATE on the stream and its scope",
-        ) from None
-
-
-def open_state_store(client: Any, scope: str, stream: str, *, create: bool = True) -> Any:
-    """The ingest's state synchronizer on ``scope/stream`` (created with one segment if missing),
-    with its committed-file table as ``.files`` (created on first use)."""
-    from airflow_provider_pravega.client.committed_files import CommittedFiles
-    from airflow_provider_pravega.client.synchronizer import StateSynchronizer
-
-    store = StateSynchronizer(client, scope, stream, initial_state(), apply_update, create=create)
-    store.files = CommittedFiles(client, scope, stream)  # type: ignore[attr-defined]
-    return store
-
-
-def open_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, stale_after_s: float = 60.0,
-                      state_scope: str | None = None) -> Any:
-    """The state of ingest ``ingest_id`` into ``scope/stream``, initialized on first use (kept in
-    ``state_scope``, created if missing; default: the target's scope).
-
-    Migration: when this state is new and an old-layout state of the same ingest id exists in the
-    scope (not yet adopted by another target), and the target stream already holds data, the old
-    state is adopted (it was this stream's); an empty target stream starts fresh (a re-pointed
-    ingest ingests its files into the new stream).
-    The state belongs to the stream it was first used with: once that stream was deleted and
-    re-created, opening it is a RecreatedStreamError (see check_stream_origin).
-    """
-    location = state_location(scope, stream, ingest_id, state_scope)
-    with state_scope_access(scope, state_scope):
-        _check_not_moved(client, location, scope, stream, ingest_id)
-        store = open_state_store(client, *location)
-    try:
-        if store.fetch().get("target") is None:
-            _init_state(client, store, scope, stream, ingest_id, stale_after_s)
-        check_stream_origin(client, store, scope, stream, ingest_id)
-    except BaseException:
-        store.close()
-        raise
-    return store
-
-
-def _check_not_moved(client: Any, location: tuple[str, str], scope: str, stream: str, ingest_id: str) -> None:
-    """IngestError (before anything is created) when a new state in a state scope would leave the
-    ingest's state in the target's own scope behind: it would know no committed file and ingest
-    every file again."""
-    own_scope, own_stream = state_location(scope, stream, ingest_id)
-    if location == (own_scope, own_stream) or client.admin.stream_exists(*location) or \
-            not client.admin.stream_exists(own_scope, own_stream):
-        return
-    raise IngestError(
-        f"ingest {ingest_id!r} into {scope}/{stream} keeps its state in {own_scope}/{own_stream} (the stream's own "
-        f"scope), not in state_scope {location[0]!r}: a new state there would ingest every file of the source again. "
-        f"Leave state_scope unset for this ingest, or forget the old state (python -m airflow_provider_pravega state "
-        f"--scope {own_scope} reset {own_stream} --yes) to start afresh in {location[0]}.")
-
-
-def _init_state(client: Any, store: Any, scope: str, stream: str, ingest_id: str, stale_after_s: float) -> None:
-    target = f"{scope}/{stream}"
-    adopted = _legacy_to_adopt(client, scope, stream, ingest_id, stale_after_s)
-    store.update(lambda s: None if s.get("target") is not None else
-                 {"op": "init", "target": target, "ingest_id": ingest_id, "adopted": adopted})
-    if adopted is not None:
-        legacy = open_state_store(client, *legacy_state_location(scope, ingest_id), create=False)
-        try:
-            legacy.update(lambda s: None if s.get("migrated_to") else {"op": "migrated", "to": target})
-        finally:
-            legacy.close()
-        log.info("ingest %s: adopted the state of the old layout (%d committed file(s)) for %s",
-                 ingest_id, len(adopted.get("committed", {})), target)
-
-
-def check_stream_origin(client: Any, store: Any, scope: str, stream: str, ingest_id: str, *,
-                        record: bool = True) -> None:
-    """RecreatedStreamError when the state in ``store`` was recorded for an earlier stream named
-    ``scope/stream``: the origin (:meth:`StreamAdmin.origin`) is recorded when the state is first
-    used with the stream, and a state recorded before that adopts the current stream. Without
-    ``record`` (readers such as the export) only a recorded origin is compared. A missing stream
-    has nothing to compare."""
-    if not client.admin.stream_exists(scope, stream):
-        return
-    changed = client.admin.origin_changed(
-        scope, stream, store.fetch().get("origin"),
-        (lambda origin: store.update(lambda s: None if s.get("origin") is not None else
-                                     {"op": "origin", "origin": origin}).get("origin")) if record else None)
-    if changed is None:
-        return
-    recorded, origin = changed
-    raise RecreatedStreamError(
-        f"the state of ingest {ingest_id!r} ({store.scope}/{store.stream}) belongs to an earlier stream "
-        f"{scope}/{stream}, deleted and re-created since (the state's stream was created with segment(s) "
-        f"{', '.join(map(str, recorded))}, the current one with {', '.join(map(str, origin))}). The files it "
-        f"recorded as committed, and its interval index, describe the deleted stream: used as they are, they "
-        f"would be skipped and never reach the new stream. Forget them with reset_ingest_state(client, "
-        f"{scope!r}, {stream!r}, {ingest_id!r}"
-        f"{'' if store.scope == scope else f', state_scope={store.scope!r}'}) (airflow_provider_pravega.client.ingest) "
-        f"to ingest into the new "
-        f"stream, or give this ingest another ingest_id."
-    )
-
-
-def _legacy_to_adopt(client: Any, scope: str, stream: str, ingest_id: str, stale_after_s: float) -> dict | None:
-    legacy_scope, legacy_stream = legacy_state_location(scope, ingest_id)
-    admin = client.admin
-    if not admin.stream_exists(legacy_scope, legacy_stream):
-        return None
-    legacy = open_state_store(client, legacy_scope, legacy_stream, create=False)
-    try:
-        state = legacy.fetch()
-    finally:
-        legacy.close()
-    if state.get("migrated_to") or not (state["committed"] or state["runs"]):
-        return None
-    if not admin.stream_exists(scope, stream) or not any(admin.tail(scope, stream).values()):
-        return None  # an empty target cannot hold what the old state recorded: start fresh
-    horizon = _now_ms() - int(stale_after_s * 1000)
-    live = [rid for rid, run in state["runs"].items() if run["heartbeat_ms"] >= horizon]
-    if live:
-        raise IngestError(
-            f"ingest {ingest_id!r} has run(s) {', '.join(live)} in progress under an older version of this provider "
-            f"(state {legacy_scope}/{legacy_stream}); let them finish (or wait {stale_after_s:g} s) and re-run"
-        )
-    return state
 
 
 COMPACT_EVERY_RUNS = 16
@@ -1644,7 +1007,7 @@ def _state_name(status: Any) -> str:
 
 
 def _final_states() -> Any:
-    from airflow_provider_pravega.client.controller import TxnStatus
+    from airflow_provider_pravega.client.controller_types import TxnStatus
 
     # Waited for only after the commit requests were acknowledged and recorded: a transaction the
     # controller forgot since (UNKNOWN) was committed.

@@ -29,16 +29,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_pravega.client.ingest import (
-    REQUESTED,
-    WRITING,
-    FencedError,
-    IngestCoordinator,
-    RunKeeper,
-    WriteResult,
-    decode_holds,
-    encode_holds,
-)
+from airflow_provider_pravega.client.ingest import IngestCoordinator, RunKeeper, WriteResult
+from airflow_provider_pravega.client.ingest_errors import FencedError
+from airflow_provider_pravega.client.ingest_state import REQUESTED, WRITING, decode_holds, encode_holds
 
 log = logging.getLogger(__name__)
 

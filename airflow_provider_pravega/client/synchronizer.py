@@ -31,18 +31,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from airflow_provider_pravega.client.appends import set_up_appends
 from airflow_provider_pravega.client.batch import (
     SegmentRange,
     SegmentRangeTruncatedError,
     read_segment_range,
 )
-from airflow_provider_pravega.client.connection import (
-    SegmentStoreClient,
-    SegmentStoreConnection,
-    next_request_id,
-    raise_for_reply,
-)
-from airflow_provider_pravega.client.controller import ScalingPolicy
+from airflow_provider_pravega.client.connection import SegmentStoreConnection, next_request_id
+from airflow_provider_pravega.client.controller_types import ScalingPolicy
 from airflow_provider_pravega.client.errors import (
     ControllerUnreachableError,
     InvalidStreamCutError,
@@ -56,6 +52,8 @@ from airflow_provider_pravega.client.errors import (
     SegmentTruncatedError,
     TruncatedStreamCutError,
 )
+from airflow_provider_pravega.client.segment_client import SegmentStoreClient
+from airflow_provider_pravega.client.segment_replies import raise_for_reply
 from airflow_provider_pravega.client.streamcut import controller_of, segments_of
 from airflow_provider_pravega.protocol import naming, wire
 
@@ -115,32 +113,9 @@ class _ConditionalAppender:
         self._lock = threading.RLock()
 
     def _setup(self) -> int:
-        endpoint = self.segments.endpoint_for(self.segment)
-        conn = self.segments.pool.connect(endpoint)
-        try:
-            token = self.segments.token_for(self.segment, "write")
-            request = wire.SetupAppend(next_request_id(), self.writer_id, self.segment, token)
-            reply = conn.call(request)
-            if isinstance(reply, wire.WrongHost):
-                self.segments.forget_endpoint(self.segment)
-                raise SegmentStoreUnreachableError(
-                    f"segment store {endpoint} does not own {self.segment}", segment=self.segment,
-                    endpoint=str(endpoint),
-                )
-            raise_for_reply(
-                reply, endpoint=endpoint, segment=self.segment, request=request,
-                user=self.segments.controller.username,
-            )
-            if not isinstance(reply, wire.AppendSetup):
-                raise SegmentStoreError(
-                    f"segment store {endpoint} answered SetupAppend for {self.segment} with {type(reply).__name__}",
-                    segment=self.segment,
-                )
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
-        last = reply.last_event_number
+        setup = set_up_appends(self.segments, self.segment, self.writer_id)
+        self._conn = setup.conn
+        last = setup.last_event_number
         return 0 if last == wire.NO_EVENT_NUMBER else last
 
     def _reconnect(self) -> int:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from airflow_provider_pravega.client.connection import SegmentStoreClient, raise_for_reply
 from airflow_provider_pravega.client.errors import NoSuchSegmentError, SegmentStoreError
+from airflow_provider_pravega.client.segment_client import SegmentStoreClient
+from airflow_provider_pravega.client.segment_replies import raise_for_reply
 from airflow_provider_pravega.client.streamcut import segments_of
 from airflow_provider_pravega.protocol import naming, wire
 

@@ -20,13 +20,8 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, Self
 
-from airflow_provider_pravega.client.connection import SegmentStoreClient
-from airflow_provider_pravega.client.controller import (
-    ControllerClient,
-    TransactionInfo,
-    TxnStatus,
-    parse_txn_id,
-)
+from airflow_provider_pravega.client.controller import ControllerClient
+from airflow_provider_pravega.client.controller_types import TransactionInfo, TxnStatus, parse_txn_id
 from airflow_provider_pravega.client.errors import (
     PravegaError,
     TransactionAbortedError,
@@ -36,6 +31,7 @@ from airflow_provider_pravega.client.errors import (
     TransactionStateError,
     TransactionTimeoutError,
 )
+from airflow_provider_pravega.client.segment_client import SegmentStoreClient
 from airflow_provider_pravega.client.writer import RoutedSegmentWriter
 from airflow_provider_pravega.protocol import naming
 

@@ -2,7 +2,7 @@
 
 * :class:`RoutedSegmentWriter` - the shared part: a routing table (segments ordered by their key
   ranges), routing keys hashed exactly like the official client (:mod:`..protocol.routing`), one
-  pipelined :class:`~airflow_provider_pravega.client.connection.AppendSession` per segment opened
+  pipelined :class:`~airflow_provider_pravega.client.appends.AppendSession` per segment opened
   on first use, ``flush`` that returns once every event is acknowledged.
 * :class:`EventWriter` - plain (non-transactional) appends to the stream's current segments, the
   provider's counterpart of the official client's ``create_writer(scope, stream, 1000)``: at most
@@ -21,8 +21,9 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from airflow_provider_pravega.client.connection import AppendSession, FlushOnExit, SegmentStoreClient
-from airflow_provider_pravega.client.controller import ControllerClient, SegmentRange
+from airflow_provider_pravega.client.appends import AppendSession, FlushOnExit
+from airflow_provider_pravega.client.controller import ControllerClient
+from airflow_provider_pravega.client.controller_types import SegmentRange
 from airflow_provider_pravega.client.errors import (
     NoSuchSegmentError,
     PravegaError,
@@ -30,6 +31,7 @@ from airflow_provider_pravega.client.errors import (
     StreamNotFoundError,
     StreamSealedError,
 )
+from airflow_provider_pravega.client.segment_client import SegmentStoreClient
 from airflow_provider_pravega.protocol import naming, routing
 
 __all__ = ["DEFAULT_MAX_INFLIGHT_EVENTS", "EventWriter", "RoutedSegmentWriter"]

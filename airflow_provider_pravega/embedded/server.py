@@ -34,10 +34,8 @@ import grpc
 from airflow_provider_pravega.embedded import auth, tls
 from airflow_provider_pravega.embedded.autoscale import AutoScaler, AutoScalerConfig, RecordingBackend
 from airflow_provider_pravega.embedded.containers import ContainerMap
-from airflow_provider_pravega.embedded.controller import (
-    ControllerConfig,
-    EmbeddedController,
-)
+from airflow_provider_pravega.embedded.controller import EmbeddedController
+from airflow_provider_pravega.embedded.controller_config import ControllerConfig
 from airflow_provider_pravega.embedded.segment_store import SegmentStoreServer
 from airflow_provider_pravega.embedded.storage import SegmentStorage
 from airflow_provider_pravega.protocol import controller_pb2_grpc

@@ -25,7 +25,7 @@ from airflow_provider_pravega._streams import (
     stream_info_to_dict,
 )
 from airflow_provider_pravega.client.admin import build_retention_policy, build_scaling_policy, whole_number
-from airflow_provider_pravega.client.controller import SegmentRange
+from airflow_provider_pravega.client.controller_types import SegmentRange
 from airflow_provider_pravega.client.errors import (
     PravegaError,
     ScopeNotFoundError,

@@ -275,7 +275,7 @@ def _templated(value: Any) -> bool:
 def _check_literal_cuts(scope: Any, stream: Any, start_cut: Any, end_cut: Any) -> None:
     """A bad literal cut fails when the DAG is parsed, naming ``start_cut``/``end_cut``; a
     templated one is checked at execute (by ExportSpec), before any Spark work."""
-    from airflow_provider_pravega.spark.export_job import check_cut_option
+    from airflow_provider_pravega.spark.export_spec import check_cut_option
 
     scope = scope if isinstance(scope, str) and not _templated(scope) else None
     stream = stream if isinstance(stream, str) and not _templated(stream) else None
@@ -288,7 +288,7 @@ def _check_literal_target(format: Any, output_path: Any, table: Any) -> None:
     """A bad literal format, or not exactly one of ``output_path``/``table``, or ``table`` without
     format='delta', fails when the DAG is parsed, naming the options; a templated path or table
     name is checked at execute (by ExportSpec)."""
-    from airflow_provider_pravega.spark.export_job import check_target
+    from airflow_provider_pravega.spark.export_spec import check_target
 
     if _templated(output_path) or _templated(table):
         if output_path is not None and table is not None:
@@ -300,7 +300,7 @@ def _check_literal_target(format: Any, output_path: Any, table: Any) -> None:
 def _check_literal_state_scopes(**options: Any) -> None:
     """A bad literal state scope fails when the DAG is parsed, naming the option; a templated one
     is checked at execute (by ExportSpec)."""
-    from airflow_provider_pravega.client.ingest import check_state_scope
+    from airflow_provider_pravega.client.ingest_location import check_state_scope
 
     for option, value in options.items():
         if not _templated(value):

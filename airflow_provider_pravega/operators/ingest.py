@@ -8,7 +8,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_provider_pravega.client.ingest_location import check_state_scope
 from airflow_provider_pravega.hooks.pravega import PravegaHook
+from airflow_provider_pravega.spark.ingest_spec import IngestResult, IngestSpec, check_options
 
 try:  # common-compat hands out Airflow 3.3's mixin, or below 3.3 a stand-in that always runs afresh
     from airflow.providers.common.compat.sdk import ResumableJobMixin
@@ -115,9 +117,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         spark_conf: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        from airflow_provider_pravega.client.ingest import check_state_scope
         from airflow_provider_pravega.operators.export import _templated
-        from airflow_provider_pravega.spark.ingest_job import check_options
 
         # A retry resumes a killed try's run while its transactions are still leased: soon.
         kwargs.setdefault("retry_delay", timedelta(seconds=5))
@@ -174,6 +174,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
     def _run_application(self, context: Any, submission: Any) -> dict[str, Any] | None:
         """Cluster deploy mode: the ingest's command line as a Spark application (spark/submit.py);
         a later try reattaches to it through the same task state store key."""
+        # pyspark is imported with the job: kept out of the scheduler's import of this module
         from airflow_provider_pravega.spark import ingest_job
         from airflow_provider_pravega.spark.submit import ApplicationRun, run_application
 
@@ -184,7 +185,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
                 name=f"pravega-ingest-{self.dag_id}.{self.task_id}")
             outcome = run_application(self._application, _state_store(context) if self.durable else None,
                                       self.external_id_key)
-        self._done(ingest_job.IngestResult.from_dict(outcome))
+        self._done(IngestResult.from_dict(outcome))
         return self._result
 
     def on_kill(self) -> None:
@@ -199,6 +200,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
     def submit_job(self, context: Any) -> None:
         """Run the ingest; the run's identity is stored as soon as the run is recorded (before
         anything is written: the mixin's gap between submitting and storing does not exist here)."""
+        # pyspark is imported with the job: kept out of the scheduler's import of this module
         from airflow_provider_pravega.spark.ingest_job import run_ingest
         from airflow_provider_pravega.spark.session import get_spark_session
 
@@ -218,6 +220,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         return None  # stored already, and the run is over: nothing to reconnect to
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
+        # pyspark is imported with the job: kept out of the scheduler's import of this module
         from airflow_provider_pravega.spark.ingest_job import resume_status_of
 
         hook, spec = self._spec(context)
@@ -236,6 +239,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         """After submit_job: nothing is left. On a later try: finish the earlier try's run without
         Spark, or run the ingest afresh when that is no longer possible."""
         if self._result is None and external_id is not None:
+            # pyspark is imported with the job: kept out of the scheduler's import of this module
             from airflow_provider_pravega.spark.ingest_job import resume_ingest
 
             hook, spec = self._spec(context)
@@ -251,8 +255,6 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         return self._result
 
     def _spec(self, context: Any) -> tuple[PravegaHook, Any]:
-        from airflow_provider_pravega.spark.ingest_job import IngestSpec
-
         hook = PravegaHook(self.pravega_conn_id)
         config = hook.get_config()
         scope = self.scope or config.scope

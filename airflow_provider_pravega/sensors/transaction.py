@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
-from airflow_provider_pravega.client.controller import TxnStatus
+from airflow_provider_pravega.client.controller_types import TxnStatus
 from airflow_provider_pravega.sensors._base import PravegaSensorBase
 from airflow_provider_pravega.triggers.transaction import (
     _FAILED_DETAIL,
@@ -142,7 +142,8 @@ class PravegaTransactionSensor(PravegaSensorBase):
         ingest = self._ingest()
         if ingest is None:
             return False
-        from airflow_provider_pravega.client.ingest import REQUESTED, open_state_store
+        from airflow_provider_pravega.client.ingest_location import open_state_store
+        from airflow_provider_pravega.client.ingest_state import REQUESTED
 
         state_scope, state_stream, run_id = ingest
         with self.hook.get_client() as client, open_state_store(client, state_scope, state_stream, create=False) as store:
@@ -153,7 +154,8 @@ class PravegaTransactionSensor(PravegaSensorBase):
         ingest = self._ingest()
         if ingest is None:
             return
-        from airflow_provider_pravega.client.ingest import open_state_store, record_run_done
+        from airflow_provider_pravega.client.ingest import record_run_done
+        from airflow_provider_pravega.client.ingest_location import open_state_store
         from airflow_provider_pravega.client.streamcut import StreamCut
 
         state_scope, state_stream, run_id = ingest

@@ -30,6 +30,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyspark
+from pyspark.sql import functions as F
+
+from airflow_provider_pravega.spark.export_spec import ExportError
+
 log = logging.getLogger(__name__)
 
 #: The table's partition column: the export's interval key.
@@ -43,8 +48,6 @@ DELTA_SQL_CONF = {
 
 
 def delta_package() -> str | None:
-    import pyspark
-
     return DELTA_PACKAGES.get(".".join(pyspark.__version__.split(".")[:2]))
 
 
@@ -99,8 +102,6 @@ def table_location(spark: Any, table: str) -> str | None:
 
 
 def _missing_delta(exc: BaseException) -> Exception | None:
-    from airflow_provider_pravega.spark.export_job import ExportError
-
     text = str(exc)
     if "DATA_SOURCE_NOT_FOUND" in text or "Failed to find the data source: delta" in text or (
             "delta" in text and "ClassNotFoundException" in text) or (
@@ -139,8 +140,6 @@ def write_interval(spark: Any, frame: Any, *, path: str | None = None, table: st
     A write whose commit lost to a concurrent commit (another export of the table) is done again,
     up to :data:`CONFLICT_RETRIES` times: safe, as the lost commit added nothing and the write
     replaces its interval, or is skipped when the other commit was this interval's transaction."""
-    from airflow_provider_pravega.spark.export_job import ExportError
-
     if (path is None) == (table is None):
         raise ValueError("write_interval writes to a path or a catalog table: give exactly one")
     app_id = f"pravega-export:{export_id}:{interval}"
@@ -177,8 +176,6 @@ def write_interval(spark: Any, frame: Any, *, path: str | None = None, table: st
 def _write_once(spark: Any, frame: Any, path: str | None, table: str | None, scope: str, stream: str, interval: str,
                 app_id: str, txn_version: int, metadata: Mapping[str, Any],
                 check_location: Callable[[], None] | None) -> DeltaWrite:
-    from pyspark.sql import functions as F
-
     ref = f"delta.`{path}`" if path is not None else str(table)
     shown = path if path is not None else f"table {table}"
     before = _history(spark, ref, limit=1)
@@ -222,8 +219,6 @@ def _name_parts(table: str) -> list[str]:
 
 def _table_problem(spark: Any, exc: BaseException, table: str) -> Exception | None:
     """What is wrong with the catalog name ``table`` when Spark refused it (None if not that)."""
-    from airflow_provider_pravega.spark.export_job import ExportError
-
     text = str(exc)
     parts = _name_parts(table)
     if "EXPECT_TABLE_NOT_VIEW" in text:

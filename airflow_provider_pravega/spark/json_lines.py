@@ -74,6 +74,26 @@ def _exact_problem(line: bytes) -> str | None:
     return None if isinstance(value, dict) else "not a JSON object"
 
 
+class JsonNumber:
+    """A number as its source text: what the exact parser keeps a number as, so that a field
+    holding one is written as it was (a number beyond the fast parser's range)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+_FIELDS = json.JSONDecoder(parse_int=JsonNumber, parse_float=JsonNumber, parse_constant=_no_constant)
+
+
+def exact_fields(line: bytes, *fields: str | None) -> list[Any]:
+    """The values of top-level ``fields`` (None for a field not asked for, or absent) of a line
+    :func:`json_line_problem` accepted, by the exact parser: numbers as :class:`JsonNumber`."""
+    value = _FIELDS.decode(line.decode("utf-8"))
+    return [value.get(f) if f else None for f in fields]
+
+
 def _depth(line: bytes) -> int:
     """The deepest nesting of ``line``'s arrays and objects, outside strings (only on errors)."""
     depth = deepest = 0

@@ -31,7 +31,7 @@ class RowDigest:
             self._bytes.update(_value_bytes(column))
 
     def identity(self) -> dict[str, Any]:
-        """What the state records of the partition (see client/ingest.py ``units``)."""
+        """What the state records of the partition (see client/ingest_state.py ``units``)."""
         return {"events": self.rows, "digest": self._lengths.hexdigest() + self._bytes.hexdigest()}
 
 

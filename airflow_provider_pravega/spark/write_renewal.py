@@ -143,12 +143,8 @@ class _Followed:
 
     def __init__(self, config: Any, entry: Mapping[str, Any]) -> None:
         from airflow_provider_pravega.client import PravegaClient
-        from airflow_provider_pravega.client.ingest import (
-            IngestCoordinator,
-            RunKeeper,
-            open_state_store,
-            state_location,
-        )
+        from airflow_provider_pravega.client.ingest import IngestCoordinator, RunKeeper
+        from airflow_provider_pravega.client.ingest_location import open_state_store, state_location
 
         self.run_id = entry["run_id"]
         self.client = PravegaClient(config)
@@ -171,7 +167,7 @@ class _Followed:
     def over(self) -> bool:
         """The run needs no more upkeep: taken over or gone (the keeper was fenced), or past the
         commit requests (the driver's commit stage owns it from there)."""
-        from airflow_provider_pravega.client.ingest import COMMITTING, WRITING
+        from airflow_provider_pravega.client.ingest_state import COMMITTING, WRITING
 
         if self.keeper is None or not self.keeper.is_alive():
             return True

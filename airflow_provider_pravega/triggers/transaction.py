@@ -16,7 +16,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_pravega.client.controller import TransactionInfo, TxnStatus, parse_txn_id
+from airflow_provider_pravega.client.controller_types import TransactionInfo, TxnStatus, parse_txn_id
 from airflow_provider_pravega.client.errors import ControllerUnreachableError, PravegaError
 
 __all__ = ["FAILED_STATES", "PravegaTransactionTrigger", "format_txn_id", "parse_txn_ids"]

@@ -248,7 +248,8 @@ def test_ingest_export_and_streaming_read_each_survive_a_segment_store_killed_mi
     from airflow_provider_pravega.spark import export_job
     from airflow_provider_pravega.spark.datasource import register
     from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
-    from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+    from airflow_provider_pravega.spark.ingest_job import run_ingest
+    from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 
     scope, stream = f"cl-{uuid.uuid4().hex[:8]}", "ingested"
     lines = _source(tmp_path / "in")
@@ -289,13 +290,13 @@ def test_ingest_export_and_streaming_read_each_survive_a_segment_store_killed_mi
         restart_the_dead()
 
         # 2. the export of the ingest's interval, its store killed before Spark reads
-        claim = export_job._claim_output
+        claim = export_job.claim_output
 
         def claim_then_kill(*args, **kwargs) -> None:
             claim(*args, **kwargs)
             kill_owner_of_first_segment("export claimed its output")
 
-        monkeypatch.setattr(export_job, "_claim_output", claim_then_kill)
+        monkeypatch.setattr(export_job, "claim_output", claim_then_kill)
         out = tmp_path / "export"
         exported = run_export(client, spark, ExportSpec(scope, stream, str(out), format="jsonl",
                                                         from_ingest="ing", interval_key=DAY, export_id="daily"))

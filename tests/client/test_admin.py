@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.controller import RetentionPolicy, ScalingPolicy
+from airflow_provider_pravega.client.controller_types import RetentionPolicy, ScalingPolicy
 from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.client.errors import (
     InvalidStreamCutError,

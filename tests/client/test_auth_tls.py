@@ -599,7 +599,7 @@ def standalone_secure(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
 
     def tls_hello(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> tuple[int, int]:
         from airflow_provider_pravega.client.connection import SegmentStoreConnection
-        from airflow_provider_pravega.client.controller import Endpoint
+        from airflow_provider_pravega.client.controller_types import Endpoint
         from airflow_provider_pravega.client.security import client_ssl_context
 
         config = PravegaConnectionConfig(host="localhost", tls_enabled=True, trust_store=str(pki.ca_cert))

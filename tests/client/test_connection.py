@@ -9,14 +9,9 @@ import time
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.connection import (
-    _ABE_HEAD,
-    _ABE_OVERHEAD,
-    _ABE_TAIL,
-    ConnectionPool,
-    SegmentStoreConnection,
-)
-from airflow_provider_pravega.client.controller import Endpoint
+from airflow_provider_pravega.client.appends import _ABE_HEAD, _ABE_OVERHEAD, _ABE_TAIL
+from airflow_provider_pravega.client.connection import ConnectionPool, SegmentStoreConnection
+from airflow_provider_pravega.client.controller_types import Endpoint
 from airflow_provider_pravega.client.errors import SegmentStoreError
 from airflow_provider_pravega.protocol import naming, wire
 

@@ -18,7 +18,7 @@ import pytest
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.config import PravegaConfigError, PravegaConnectionConfig
-from airflow_provider_pravega.client.controller import Endpoint, parse_controller_uris
+from airflow_provider_pravega.client.controller_types import Endpoint, parse_controller_uris
 from airflow_provider_pravega.client.errors import ControllerUnreachableError
 from airflow_provider_pravega.hooks.pravega import PravegaHook
 from pravega_testing.net import first_controller

@@ -11,7 +11,8 @@ from hang_guard import HANG_GUARD_S
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
-from airflow_provider_pravega.client.controller import ControllerClient, TxnStatus
+from airflow_provider_pravega.client.controller import ControllerClient
+from airflow_provider_pravega.client.controller_types import TxnStatus
 from airflow_provider_pravega.client.errors import (
     ControllerUnreachableError,
     InvalidNameError,

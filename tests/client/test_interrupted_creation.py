@@ -113,7 +113,7 @@ def test_ensure_stream_creates_a_missing_scope_only_when_asked(cut_off: tuple[An
 def test_a_state_stream_cut_off_in_creation_is_finished_by_the_next_try(cut_off: tuple[Any, PravegaClient]) -> None:
     """A task's first try is lost while it creates its ingest state; the retry opens the state, where
     creating the stream only when missing left it refused for good."""
-    from airflow_provider_pravega.client.ingest import open_ingest_state, state_location
+    from airflow_provider_pravega.client.ingest_location import open_ingest_state, state_location
 
     controller, client = cut_off
     client.admin.create_scope("iot")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.controller import TxnStatus
+from airflow_provider_pravega.client.controller_types import TxnStatus
 from airflow_provider_pravega.client.errors import TransactionTimeoutError
 from airflow_provider_pravega.embedded import server as server_module
 from airflow_provider_pravega.embedded.controller import EmbeddedController
@@ -100,7 +100,8 @@ def test_without_the_second_request_the_wait_times_out(losing: tuple[Any, Praveg
 
 def test_an_ingest_run_whose_commits_were_lost_finishes_them(losing: tuple[Any, PravegaClient]) -> None:
     """The coordinator's wait at its commit point: each transaction committed, each once."""
-    from airflow_provider_pravega.client.ingest import IngestCoordinator, open_ingest_state
+    from airflow_provider_pravega.client.ingest import IngestCoordinator
+    from airflow_provider_pravega.client.ingest_location import open_ingest_state
 
     controller, client = losing
     batches = [[f"a{i}".encode() for i in range(5)], [f"b{i}".encode() for i in range(7)]]

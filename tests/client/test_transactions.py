@@ -17,7 +17,7 @@ pravega_client = require_official_client()  # the oracle: the whole module needs
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.controller import TransactionInfo, TxnStatus
+from airflow_provider_pravega.client.controller_types import TransactionInfo, TxnStatus
 from airflow_provider_pravega.client.errors import (
     TransactionAbortedError,
     TransactionCommittedError,
@@ -431,7 +431,7 @@ def test_writer_flush_reports_a_transaction_aborted_meanwhile(
 
 
 def test_transaction_id_text_forms():
-    from airflow_provider_pravega.client.controller import parse_txn_id
+    from airflow_provider_pravega.client.controller_types import parse_txn_id
 
     txn_id = (3 << 96) | 0x12
     assert parse_txn_id(f"{txn_id:032x}") == txn_id

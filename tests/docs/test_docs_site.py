@@ -151,7 +151,7 @@ def test_api_page_lists_the_public_classes(page: str) -> None:
 def datasource_options_table() -> str:
     """docs/datasource.md's options table, from the data source's own option definitions
     (OPTION_SPECS: the same table that checks options at load() and save())."""
-    from airflow_provider_pravega.spark.datasource import ANY_USE, OPTION_SPECS
+    from airflow_provider_pravega.spark.datasource_options import ANY_USE, OPTION_SPECS
 
     order = ("batch read", "streaming read", "batch write", "streaming write")
     rows = ["| option | applies to | meaning | default |", "|---|---|---|---|"]

@@ -25,10 +25,8 @@ import pytest
 
 from airflow_provider_pravega.embedded import auth
 from airflow_provider_pravega.embedded import segment_store as ss
-from airflow_provider_pravega.embedded.controller import (
-    _ACCESS_RULES,
-    EmbeddedController,
-)
+from airflow_provider_pravega.embedded.controller import EmbeddedController
+from airflow_provider_pravega.embedded.controller_access import ACCESS_RULES
 from airflow_provider_pravega.protocol import controller_pb2 as pb
 from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
 from airflow_provider_pravega.protocol import wire
@@ -82,8 +80,11 @@ def test_auth_file_problems_are_named(line, message):
 
 def test_every_rpc_has_an_access_rule():
     rpcs = {m.name for m in pb.DESCRIPTOR.services_by_name["ControllerService"].methods}
-    implemented = {name for name in rpcs if name in vars(EmbeddedController)}
-    assert implemented <= set(_ACCESS_RULES), implemented - set(_ACCESS_RULES)
+    # The RPCs live in EmbeddedController's parts (its bases); the generated servicer only refuses.
+    parts = [k for k in EmbeddedController.__mro__ if k is not pb_grpc.ControllerServiceServicer]
+    implemented = {name for name in rpcs if any(name in vars(part) for part in parts)}
+    assert implemented, "no RPC found on EmbeddedController's parts"
+    assert implemented <= set(ACCESS_RULES), implemented - set(ACCESS_RULES)
 
 
 def test_every_token_bearing_request_is_checked():

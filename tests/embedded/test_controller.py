@@ -34,7 +34,9 @@ from hang_guard import HANG_GUARD_S
 from pravega_clients import OFFICIAL_CLIENT_REASON, official_client_installed
 
 from airflow_provider_pravega.embedded.backend import SegmentInfo
-from airflow_provider_pravega.embedded.controller import ControllerConfig, EmbeddedController
+from airflow_provider_pravega.embedded.controller import EmbeddedController
+from airflow_provider_pravega.embedded.controller_base import ControllerBase
+from airflow_provider_pravega.embedded.controller_config import ControllerConfig
 from airflow_provider_pravega.embedded.controller_log import CorruptMetadataError
 from airflow_provider_pravega.protocol import controller_pb2 as pb
 from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
@@ -598,7 +600,6 @@ def test_transaction_abort_and_unknown(ctl: Running) -> None:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch):
     """The controller's wall clock, stepped by the test: lease timing without sleeps or load races."""
-    from airflow_provider_pravega.embedded import controller as controller_module
 
     class SteppedClock:
         now_ms = int(time.time() * 1000)
@@ -607,7 +608,7 @@ def clock(monkeypatch: pytest.MonkeyPatch):
             self.now_ms += ms
 
     stepped = SteppedClock()
-    monkeypatch.setattr(controller_module, "_now_ms", lambda: stepped.now_ms)
+    monkeypatch.setattr(ControllerBase, "_now_ms", lambda self: stepped.now_ms)
     return stepped
 
 
@@ -1058,7 +1059,8 @@ _SERVER_SCRIPT = r"""
 import sys, threading, time, pathlib
 from concurrent import futures
 import grpc
-from airflow_provider_pravega.embedded.controller import EmbeddedController, ControllerConfig
+from airflow_provider_pravega.embedded.controller import EmbeddedController
+from airflow_provider_pravega.embedded.controller_config import ControllerConfig
 from airflow_provider_pravega.protocol import controller_pb2_grpc as pb_grpc
 
 class Backend:  # forgets everything on kill -9: this test is about the controller's own log
@@ -1176,7 +1178,8 @@ class _StillCreating(EmbeddedController):
 def test_the_client_waits_for_a_stream_another_process_is_still_creating(tmp_path: Path) -> None:
     """Seen in CI against Pravega 0.13: checkStreamExists says yes while the creator is still at
     work, and getCurrentSegments then answers INTERNAL "State: CREATING". The client waits for it."""
-    from airflow_provider_pravega.client.controller import ControllerClient, ScalingPolicy
+    from airflow_provider_pravega.client.controller import ControllerClient
+    from airflow_provider_pravega.client.controller_types import ScalingPolicy
 
     running = start_controller(tmp_path, MemoryBackend(), kind=_StillCreating)
     controller = running.controller
@@ -1204,7 +1207,7 @@ def test_the_client_waits_for_a_stream_another_process_is_still_creating(tmp_pat
 
 def test_a_stream_that_stays_in_creation_fails_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_provider_pravega.client import controller as controller_module
-    from airflow_provider_pravega.client.controller import ScalingPolicy
+    from airflow_provider_pravega.client.controller_types import ScalingPolicy
     from airflow_provider_pravega.client.errors import ControllerError
 
     monkeypatch.setattr(controller_module, "STREAM_CREATING_WAIT_S", 0.5)

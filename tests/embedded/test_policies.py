@@ -15,7 +15,7 @@ import pytest
 from pravega_clients import stream_writer
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.controller import RetentionPolicy
+from airflow_provider_pravega.client.controller_types import RetentionPolicy
 from airflow_provider_pravega.client.errors import TruncatedStreamCutError
 from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
@@ -118,7 +118,7 @@ def test_retention_choice_is_pravegas():
 def test_event_rate_policy_splits_a_hot_segment(pravega_embedded_factory, unique_name, read_stream):
     """by_event_rate target 100 ev/s, written at about 2,000 ev/s: the segment splits (short windows
     on this server); a reader group sees every event once, in per-key order."""
-    from airflow_provider_pravega.client.controller import ScalingPolicy
+    from airflow_provider_pravega.client.controller_types import ScalingPolicy
 
     server = pravega_embedded_factory(extra_args=["--autoscale-window-s", "1", "--autoscale-cooldown-s", "1",
                                                   "--autoscale-mute-s", "1"])
@@ -160,7 +160,7 @@ def test_event_rate_policy_splits_a_hot_segment(pravega_embedded_factory, unique
 def test_idle_neighbours_merge_down_to_the_minimum(pravega_embedded_factory, unique_name):
     """Two segments without traffic are reported cold (Pravega's expiry of idle segments) and merged,
     once the policy's minimum allows it."""
-    from airflow_provider_pravega.client.controller import ScalingPolicy
+    from airflow_provider_pravega.client.controller_types import ScalingPolicy
 
     server = pravega_embedded_factory(extra_args=["--autoscale-window-s", "0.2", "--autoscale-cooldown-s", "0.2",
                                                   "--autoscale-mute-s", "0.2"])

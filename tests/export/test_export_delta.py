@@ -128,7 +128,8 @@ FROM_INGEST = textwrap.dedent("""
     from airflow_provider_pravega.client import PravegaClient
     from airflow_provider_pravega.spark.delta_export import session_conf
     from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
-    from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+    from airflow_provider_pravega.spark.ingest_job import run_ingest
+    from airflow_provider_pravega.spark.ingest_spec import IngestSpec
     from airflow_provider_pravega.spark.session import get_spark_session
 
     uri, scope, table, source = sys.argv[1], sys.argv[2], sys.argv[3], pathlib.Path(sys.argv[4])

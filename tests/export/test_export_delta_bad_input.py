@@ -39,7 +39,7 @@ CASES = textwrap.dedent("""
     import json, os, sys
     import pyarrow as pa
     from airflow_provider_pravega.client import PravegaClient
-    from airflow_provider_pravega.spark import export_job
+    from airflow_provider_pravega.spark import export_write
     from airflow_provider_pravega.spark.delta_export import session_conf
     from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
     from airflow_provider_pravega.spark.session import get_spark_session
@@ -52,7 +52,7 @@ CASES = textwrap.dedent("""
     spark.sql("INSERT INTO lake.plain VALUES ('mine')")
     spark.sql("CREATE VIEW lake.recent AS SELECT * FROM lake.plain")
 
-    real_build_frame = export_job.build_frame
+    real_build_frame = export_write.build_frame
 
     def competing_commit(spark, config, spec, ranges, groups, observation=None):
         # The frame of a "concurrent" export: its one Spark task first commits, with delta-rs, what
@@ -87,7 +87,7 @@ CASES = textwrap.dedent("""
 
         return frame.mapInArrow(commit_first, frame.schema)
 
-    export_job.build_frame = competing_commit
+    export_write.build_frame = competing_commit
 
     with PravegaClient(uri) as client:
         for case in cases:

@@ -15,7 +15,8 @@ import pytest
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.spark.export_job import ExportSpec, IntervalNotIngestedError, open_export_state, run_export
-from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+from airflow_provider_pravega.spark.ingest_job import run_ingest
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 
 
 def day_key(day: int) -> str:

@@ -26,17 +26,9 @@ from airflow_provider_pravega.client.errors import (
     TruncatedStreamCutError,
 )
 from airflow_provider_pravega.client.streamcut import StreamCut, StreamCutMismatchError
-from airflow_provider_pravega.spark.export_job import (
-    EventDecodeError,
-    ExportSpec,
-    OutputPathError,
-    group_ranges,
-    interval_order,
-    main,
-    open_export_state,
-    run_export,
-    state_location,
-)
+from airflow_provider_pravega.spark.export_job import EventDecodeError, ExportSpec, OutputPathError, main, run_export
+from airflow_provider_pravega.spark.export_plan import group_ranges, interval_order
+from airflow_provider_pravega.spark.export_state import open_export_state, state_location
 
 KEYS = [f"key-{i:02d}" for i in range(16)]
 DAY1 = "2026-11-20T00:00:00+00:00/2026-11-21T00:00:00+00:00"
@@ -298,7 +290,8 @@ def test_plain_previous_continues_and_a_failed_run_is_redone_with_its_cuts(tmp_p
 
 
 def test_cuts_from_an_ingest_bound_the_export(tmp_path, client, spark, pravega_controller_uri, unique_name):
-    from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+    from airflow_provider_pravega.spark.ingest_job import run_ingest
+    from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 
     scope = unique_name("ingcut")
     batches = []
@@ -434,7 +427,7 @@ def test_group_ranges_keeps_plan_order_and_balances_bytes():
 
 def test_partitions_follow_the_planned_bytes_unless_given():
     from airflow_provider_pravega.client.batch import SegmentRange
-    from airflow_provider_pravega.spark.export_job import BYTES_PER_PARTITION, partitions_of
+    from airflow_provider_pravega.spark.export_plan import BYTES_PER_PARTITION, partitions_of
 
     def ranges(*sizes):
         return [SegmentRange("sc", "s", i, 0, size) for i, size in enumerate(sizes)]
@@ -539,7 +532,7 @@ def test_a_rerun_of_a_recorded_interval_exports_its_cuts_and_names_a_different_c
     out = tmp_path / "out"
     first = run_export(client, spark, ExportSpec(scope, "s", str(out), export_id="e", interval_key=DAY1))
     other = StreamCut(scope, "s", {0: 30})
-    with caplog.at_level(logging.WARNING, logger="airflow_provider_pravega.spark.export_job"):
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_pravega.spark.export_plan"):
         again = run_export(client, spark, ExportSpec(scope, "s", str(out), export_id="e", interval_key=DAY1,
                                                      end_cut=other.to_text()))
     assert (again.start_cut, again.end_cut) == (first.start_cut, first.end_cut)
@@ -555,7 +548,7 @@ def test_a_rerun_of_a_recorded_interval_exports_its_cuts_and_names_a_different_c
                   "every rerun given a cut that moves (`tail`, a template of the latest ingest's tail cut). `head` "
                   "and `tail` are not named (they move by nature).")
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="airflow_provider_pravega.spark.export_job"):
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_pravega.spark.export_plan"):
         run_export(client, spark, ExportSpec(scope, "s", str(out), export_id="e", interval_key=DAY1,
                                              end_cut=first.end_cut))  # the recorded cut itself: nothing to say
     assert "is not used" not in caplog.text

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pravega_clients import stream_writer
 
-from airflow_provider_pravega.spark import export_job
+from airflow_provider_pravega.spark import export_write
 from airflow_provider_pravega.spark.export_job import ExportSpec, OutputPathError, run_export
 from airflow_provider_pravega.spark.export_output import (
     local_path,
@@ -78,7 +78,7 @@ def test_an_export_to_a_local_path_lists_it_without_the_jvm(tmp_path: Path, spar
     def through_spark(*_args):
         raise AssertionError("the export listed a local path through the session")
 
-    monkeypatch.setattr(export_job, "visible_files", through_spark)
+    monkeypatch.setattr(export_write, "visible_files", through_spark)
     scope = unique_name("locallist")
     client.admin.create_scope(scope)
     client.admin.create_stream(scope, "s", 2)

@@ -18,10 +18,10 @@ import pytest
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.committed_files import CommittedFiles
-from airflow_provider_pravega.client.ingest import state_location as ingest_location
+from airflow_provider_pravega.client.ingest_location import state_location as ingest_location
 from airflow_provider_pravega.spark.export_job import ExportSpec
 from airflow_provider_pravega.spark.export_job import state_location as export_location
-from airflow_provider_pravega.spark.ingest_job import IngestSpec
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 
 STATE_SCOPE = "pravega-state"
 

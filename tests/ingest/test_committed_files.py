@@ -12,16 +12,10 @@ import time
 
 import pytest
 
-from airflow_provider_pravega.client.ingest import (
-    ChangedFileError,
-    IngestCoordinator,
-    WriteResult,
-    IngestError,
-    known_files,
-    open_ingest_state,
-    reset_ingest_state,
-    state_location,
-)
+from airflow_provider_pravega.client.ingest import IngestCoordinator, WriteResult, reset_ingest_state
+from airflow_provider_pravega.client.ingest_errors import ChangedFileError, IngestError
+from airflow_provider_pravega.client.ingest_location import open_ingest_state, state_location
+from airflow_provider_pravega.client.ingest_plan import known_files
 
 
 @pytest.fixture

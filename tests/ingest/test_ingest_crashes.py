@@ -174,7 +174,7 @@ def _abort_what_is_open(uri: str, scope: str, ingest_id: str) -> tuple[list[str]
     """What a lapsed lease does, deterministically: the controller aborts every transaction of the
     killed run that is still OPEN. Returns (its transactions at the commit point, those aborted)."""
     from airflow_provider_pravega.client import PravegaClient
-    from airflow_provider_pravega.client.ingest import open_ingest_state
+    from airflow_provider_pravega.client.ingest_location import open_ingest_state
 
     with PravegaClient(uri) as c:
         store = open_ingest_state(c, scope, "s", ingest_id)

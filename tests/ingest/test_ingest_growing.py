@@ -1,5 +1,5 @@
 """Files that grow or change while an ingest reads them, and between its runs (jsonl and text are
-read as exact byte ranges of whole lines; see measure_pieces in spark/ingest_job.py). Appends are
+read as exact byte ranges of whole lines; see measure_pieces in spark/ingest_pieces.py). Appends are
 driven by the ingest's own fault points (``airflow_provider_pravega.fault_points``), never by timing.
 Every line must reach the stream exactly once across the runs. The last test writes the "growing-files" section of
 docs/bad-input.md (PRAVEGA_UPDATE_DOCS=1 regenerates it)."""
@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 from bad_input_doc import check_section
 
-from airflow_provider_pravega.client.ingest import ChangedFileError, IngestCoordinator, open_state_store
+from airflow_provider_pravega.client.ingest import IngestCoordinator
+from airflow_provider_pravega.client.ingest_errors import ChangedFileError
+from airflow_provider_pravega.client.ingest_location import open_state_store
 from airflow_provider_pravega.client.streamcut import StreamCut
-from airflow_provider_pravega.spark import ingest_job
-from airflow_provider_pravega.spark.ingest_job import (
-    TAIL_SETTLE_S,
-    BadRecordError,
-    IngestSpec,
-    run_ingest,
-    state_location,
-)
+from airflow_provider_pravega.spark import ingest_frames, ingest_pieces, ingest_sources
+from airflow_provider_pravega.spark.ingest_job import run_ingest, state_location
+from airflow_provider_pravega.spark.ingest_frames import line_frame, lines_read_here
+from airflow_provider_pravega.spark.ingest_pieces import TAIL_SETTLE_S, measure_local_pieces, measure_pieces
+from airflow_provider_pravega.spark.ingest_sources import key_of, local_path
+from airflow_provider_pravega.spark.ingest_spec import BadRecordError, IngestSpec, SourceError
 from pravega_testing.faults import installed_for_test
 
 
@@ -41,12 +41,12 @@ def append(path: Path, text: str) -> None:
 @pytest.fixture(autouse=True)
 def long_settle_time(monkeypatch):
     """An hour: no file of these tests settles by itself, however slow the machine (settle() does it)."""
-    monkeypatch.setattr(ingest_job, "TAIL_SETTLE_S", 3600.0)
+    monkeypatch.setattr(ingest_pieces, "TAIL_SETTLE_S", 3600.0)
 
 
 def settle(path: Path) -> None:
     """Mark a file as not modified for longer than the settle time (its unterminated last line is final)."""
-    past = time.time() - ingest_job.TAIL_SETTLE_S - 60
+    past = time.time() - ingest_pieces.TAIL_SETTLE_S - 60
     os.utime(path, (past, past))
 
 
@@ -273,16 +273,16 @@ def test_local_files_are_measured_in_the_task_exactly_as_in_spark_tasks(tmp_path
     for name, (content, req) in files.items():
         path = tmp_path / f"{name}.jsonl"
         path.write_bytes(content)
-        requests[ingest_job.key_of(path.resolve().as_uri())] = {"size": len(content), "mtime": 1, **req}
-    in_task = ingest_job.measure_local_pieces(requests)
-    assert in_task == ingest_job.measure_pieces(spark, requests)
+        requests[key_of(path.resolve().as_uri())] = {"size": len(content), "mtime": 1, **req}
+    in_task = measure_local_pieces(requests)
+    assert in_task == measure_pieces(spark, requests)
     changed = {Path(k).stem: p.get("changed") for k, p in in_task.items()}
     assert {k for k, why in changed.items() if why} == {"rewritten", "shrunk", "no-fingerprint", "open-extended"}
-    assert in_task[ingest_job.key_of((tmp_path / "grown.jsonl").resolve().as_uri())]["start"] == len(head)
+    assert in_task[key_of((tmp_path / "grown.jsonl").resolve().as_uri())]["start"] == len(head)
     gone = next(iter(requests))
-    os.remove(ingest_job._local_path(gone))
-    with pytest.raises(ingest_job.SourceError, match="was listed but is gone"):
-        ingest_job.measure_local_pieces(requests)
+    os.remove(local_path(gone))
+    with pytest.raises(SourceError, match="was listed but is gone"):
+        measure_local_pieces(requests)
 
 
 def test_small_local_files_are_read_in_the_task_exactly_as_in_spark_tasks(tmp_path, spark):
@@ -303,36 +303,36 @@ def test_small_local_files_are_read_in_the_task_exactly_as_in_spark_tasks(tmp_pa
     for name, (content, req) in files.items():
         path = tmp_path / f"{name}.jsonl"
         path.write_bytes(content)
-        requests[ingest_job.key_of(path.resolve().as_uri())] = {
+        requests[key_of(path.resolve().as_uri())] = {
             "size": len(content), "mtime": 1, "open": False, "tail": False, **req}
-    pieces = ingest_job.measure_local_pieces(requests)
+    pieces = measure_local_pieces(requests)
     labels = {key: 7 + i for i, key in enumerate(sorted(pieces))}
     for with_labels in (None, labels):
-        here = ingest_job.line_frame(spark, pieces, with_labels, here=True).collect()
-        there = ingest_job.line_frame(spark, pieces, with_labels).collect()
+        here = line_frame(spark, pieces, with_labels, here=True).collect()
+        there = line_frame(spark, pieces, with_labels).collect()
         assert sorted(map(tuple, here)) == sorted(map(tuple, there))
-    rows = {(Path(ingest_job.key_of(r["f"])).stem, r["b"]): r["value"]
-            for r in ingest_job.line_frame(spark, pieces, here=True).collect()}
+    rows = {(Path(key_of(r["f"])).stem, r["b"]): r["value"]
+            for r in line_frame(spark, pieces, here=True).collect()}
     assert rows[("crlf", 4)] == line(3)  # CR LF cut, numbered from 1 in the whole file
     assert rows[("open-last-line", 4)] == '{"k": "k1", "n": 9}'  # settled: the unterminated line too
     assert {b for name, b in rows if name == "grown"} == {4, 5, 6, 7}  # only the piece after the committed head
     assert rows[("grown", 4)] == ""  # an empty line is a line (record_frame drops it)
 
-    assert ingest_job.lines_read_here(pieces, listed_here=True)
-    assert not ingest_job.lines_read_here(pieces, listed_here=False)  # listed by Spark: not on this disk
+    assert lines_read_here(pieces, listed_here=True)
+    assert not lines_read_here(pieces, listed_here=False)  # listed by Spark: not on this disk
     total = sum(p["end"] for p in pieces.values())
-    assert not ingest_job.lines_read_here({**pieces, "big": {"start": 0, "end": ingest_job.LOCAL_LINES_MAX_BYTES
+    assert not lines_read_here({**pieces, "big": {"start": 0, "end": ingest_frames.LOCAL_LINES_MAX_BYTES
                                                              - total + 1}}, listed_here=True)
 
     grown = tmp_path / "grown.jsonl"
     grown.write_bytes(b"X" + (head + b"\n" + head)[1:])  # rewritten since it was measured
-    with pytest.raises(ingest_job.SourceError, match="grown.jsonl changed while the ingest read it"):
-        ingest_job.line_frame(spark, pieces, here=True)
+    with pytest.raises(SourceError, match="grown.jsonl changed while the ingest read it"):
+        line_frame(spark, pieces, here=True)
     with pytest.raises(Exception, match="grown.jsonl changed while the ingest read it"):
-        ingest_job.line_frame(spark, pieces).collect()
+        line_frame(spark, pieces).collect()
     grown.unlink()
-    with pytest.raises(ingest_job.SourceError, match="grown.jsonl was listed but is gone"):
-        ingest_job.line_frame(spark, pieces, here=True)
+    with pytest.raises(SourceError, match="grown.jsonl was listed but is gone"):
+        line_frame(spark, pieces, here=True)
 
 
 def test_a_run_of_small_local_files_reads_them_in_the_task_and_larger_ones_in_spark_tasks(
@@ -346,20 +346,21 @@ def test_a_run_of_small_local_files_reads_them_in_the_task_and_larger_ones_in_sp
     for i in range(2):
         (day / f"part-{i}.jsonl").write_text("".join(line(n) + "\n" for n in range(i * 50, i * 50 + 50)))
     read_by_spark = []
-    real_file_contents = ingest_job.file_contents
+    real_file_contents = ingest_sources.file_contents
 
     def file_contents(spark_, keys):
         read_by_spark.append(sorted(keys))
         return real_file_contents(spark_, keys)
 
-    monkeypatch.setattr(ingest_job, "file_contents", file_contents)
+    for reader in (ingest_pieces, ingest_frames):  # the modules that read files through Spark
+        monkeypatch.setattr(reader, "file_contents", file_contents)
     spec = IngestSpec(scope=scope, stream="s", source=str(day / "*.jsonl"), routing_key_field="k",
                       create_stream=True)
     assert run_ingest(client, spark, spec).events == 100
     assert read_by_spark == []
     for i in range(2):
         append(day / f"part-{i}.jsonl", "".join(line(n) + "\n" for n in range(100 + i * 50, 150 + i * 50)))
-    monkeypatch.setattr(ingest_job, "LOCAL_LINES_MAX_BYTES", 100)
+    monkeypatch.setattr(ingest_frames, "LOCAL_LINES_MAX_BYTES", 100)
     assert run_ingest(client, spark, spec).events == 100
     assert read_by_spark == [sorted(str(p) for p in day.glob("*.jsonl"))]
     got = read_stream(pravega_controller_uri, scope, "s")

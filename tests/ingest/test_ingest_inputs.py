@@ -17,16 +17,13 @@ import pytest
 from bad_input_doc import check_section
 
 from airflow_provider_pravega.client.errors import StreamNotFoundError
-from airflow_provider_pravega.client.ingest import ChangedFileError, IngestCoordinator, open_state_store
+from airflow_provider_pravega.client.ingest import IngestCoordinator
+from airflow_provider_pravega.client.ingest_errors import ChangedFileError
+from airflow_provider_pravega.client.ingest_location import open_state_store
 from airflow_provider_pravega.client.streamcut import StreamCut
-from airflow_provider_pravega.spark.ingest_job import (
-    BadRecordError,
-    IngestSpec,
-    SourceError,
-    list_sources,
-    run_ingest,
-    state_location,
-)
+from airflow_provider_pravega.spark.ingest_job import run_ingest, state_location
+from airflow_provider_pravega.spark.ingest_sources import list_sources
+from airflow_provider_pravega.spark.ingest_spec import BadRecordError, IngestSpec, SourceError
 
 
 

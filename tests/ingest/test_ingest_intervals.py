@@ -12,16 +12,9 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pravega.client.ingest import (
-    REQUESTED,
-    IngestCoordinator,
-    WriteResult,
-    apply_update,
-    initial_state,
-    interval_pieces,
-    open_ingest_state,
-    register_txn,
-)
+from airflow_provider_pravega.client.ingest import IngestCoordinator, WriteResult, register_txn
+from airflow_provider_pravega.client.ingest_location import open_ingest_state
+from airflow_provider_pravega.client.ingest_state import REQUESTED, apply_update, initial_state, interval_pieces
 
 
 def fold(*ops):

@@ -12,13 +12,9 @@ from hang_guard import HANG_GUARD_S
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.errors import ControllerUnreachableError, StreamNotFoundError
-from airflow_provider_pravega.client.ingest import ChangedFileError
-from airflow_provider_pravega.spark.ingest_job import (
-    BadRecordError,
-    IngestSpec,
-    SourceError,
-    run_ingest,
-)
+from airflow_provider_pravega.client.ingest_errors import ChangedFileError
+from airflow_provider_pravega.spark.ingest_job import run_ingest
+from airflow_provider_pravega.spark.ingest_spec import BadRecordError, IngestSpec, SourceError
 
 
 def write_jsonl(directory, files=3, per_file=500, keys=11):
@@ -203,7 +199,8 @@ def test_write_labels_follow_sparks_hash_partitioner(spark):
     of two groups (a Spark that partitions otherwise) fails the run before its commit point."""
     from pyspark.sql import functions as F
 
-    from airflow_provider_pravega.spark.ingest_job import IngestError, check_file_groups, spark_hash_long
+    from airflow_provider_pravega.client.ingest_errors import IngestError
+    from airflow_provider_pravega.spark.ingest_partitions import check_file_groups, spark_hash_long
 
     ids = [0, 1, 2, 7, 42, 63, 64, 1000, 2**31 - 1, 2**31, 2**32 + 5, 2**40 + 3, 2**62, -1, -2**63]
     got = {r["id"]: r["h"] for r in spark.createDataFrame([(i,) for i in ids], "id long")
@@ -220,7 +217,7 @@ def test_write_labels_follow_sparks_hash_partitioner(spark):
 def test_a_small_run_is_one_write_task_and_a_large_one_spreads_over_the_cores(tmp_path, client, spark, unique_name):
     """A write task per 16 MiB planned, up to Spark's parallelism (each task of a scheduled run
     starts a new Python worker); num_writers overrides it."""
-    from airflow_provider_pravega.spark.ingest_job import BYTES_PER_WRITER, writers_of
+    from airflow_provider_pravega.spark.ingest_partitions import BYTES_PER_WRITER, writers_of
 
     cores = spark.sparkContext.defaultParallelism
     assert cores >= 2

@@ -20,17 +20,13 @@ from typing import Any
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.controller import TxnStatus
-from airflow_provider_pravega.client.ingest import (
-    REQUESTED,
-    IngestError,
-    apply_update,
-    initial_state,
-    legacy_state_location,
-    open_state_store,
-)
+from airflow_provider_pravega.client.controller_types import TxnStatus
+from airflow_provider_pravega.client.ingest_errors import IngestError
+from airflow_provider_pravega.client.ingest_location import legacy_state_location, open_state_store
+from airflow_provider_pravega.client.ingest_state import REQUESTED, apply_update, initial_state
 from airflow_provider_pravega.embedded.process import EmbeddedPravegaProcess
-from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest, state_location
+from airflow_provider_pravega.spark.ingest_job import run_ingest, state_location
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 from pravega_testing.faults import fault_env
 
 
@@ -304,12 +300,9 @@ def test_a_later_try_takes_over_at_once_and_fences_the_earlier_one(tmp_path, cli
 def test_remember_files_for_bounds_the_state(client, unique_name):
     """The coordinator prunes files committed longer ago than remember_files_for (here through its
     at-least-once path: no transactions, no Spark), and refuses a forgotten file listed again."""
-    from airflow_provider_pravega.client.ingest import (
-        ForgottenFileError,
-        IngestCoordinator,
-        WriteResult,
-        open_ingest_state,
-    )
+    from airflow_provider_pravega.client.ingest import IngestCoordinator, WriteResult
+    from airflow_provider_pravega.client.ingest_errors import ForgottenFileError
+    from airflow_provider_pravega.client.ingest_location import open_ingest_state
 
     scope = unique_name("prune")
     client.admin.create_scope(scope)
@@ -340,7 +333,8 @@ def test_independent_writes_never_recover_each_other_and_a_dead_one_is_dropped_a
     """Data-source writes without a write_id share one state: a job never takes another's run over
     (a slow live job would be fenced off), and a run whose driver stopped a day ago is dropped, its
     open transactions aborted, so dead runs do not pile up in the state."""
-    from airflow_provider_pravega.client.ingest import IngestCoordinator, open_ingest_state, register_txn
+    from airflow_provider_pravega.client.ingest import IngestCoordinator, register_txn
+    from airflow_provider_pravega.client.ingest_location import open_ingest_state
 
     scope = unique_name("drop")
     client.admin.create_scope(scope)

@@ -17,17 +17,11 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pravega.client.controller import TxnStatus
-from airflow_provider_pravega.client.ingest import (
-    COMMITTING,
-    REQUESTED,
-    WRITING,
-    IngestCoordinator,
-    file_identity,
-    open_ingest_state,
-    open_state_store,
-    register_txn,
-)
+from airflow_provider_pravega.client.controller_types import TxnStatus
+from airflow_provider_pravega.client.ingest import IngestCoordinator, register_txn
+from airflow_provider_pravega.client.ingest_location import open_ingest_state, open_state_store
+from airflow_provider_pravega.client.ingest_plan import file_identity
+from airflow_provider_pravega.client.ingest_state import COMMITTING, REQUESTED, WRITING
 from airflow_provider_pravega.client.ingest_resume import (
     RESUMABLE,
     WRITTEN,
@@ -36,12 +30,8 @@ from airflow_provider_pravega.client.ingest_resume import (
     run_identity,
     written_holds,
 )
-from airflow_provider_pravega.spark.ingest_job import (
-    IngestSpec,
-    resume_ingest,
-    resume_status_of,
-    state_location,
-)
+from airflow_provider_pravega.spark.ingest_job import resume_ingest, resume_status_of, state_location
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 from pravega_testing.faults import fault_env
 
 TI = "dag/ingest/run1/-1"
@@ -181,7 +171,7 @@ def test_a_run_that_cannot_be_resumed_is_left_alone(client, tmp_path, unique_nam
 
 def _run(files: list[str], txns: list[str], written: dict[str, list[str]], phase: str = WRITING,
          owner: str = "o1") -> dict:
-    from airflow_provider_pravega.client.ingest import encode_holds
+    from airflow_provider_pravega.client.ingest_state import encode_holds
 
     return {"phase": phase, "owner": owner, "files": {f: {} for f in files}, "txns": txns, "commit": [],
             "written": {t: {"holds": encode_holds({t: u}, files)[t], "events": 1, "bytes": 1}

@@ -314,7 +314,8 @@ def test_a_read_only_user_is_told_it_cannot_write_the_stream(
     from airflow_provider_pravega.client import PravegaClient
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
     from airflow_provider_pravega.client.errors import PravegaPermissionError
-    from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+    from airflow_provider_pravega.spark.ingest_job import run_ingest
+    from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 
     server = pravega_secure_embedded
     scope = unique_name("ro")
@@ -345,7 +346,7 @@ def test_a_state_scope_the_user_cannot_create_is_named(pravega_secure_embedded: 
     from airflow_provider_pravega.client import PravegaClient
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
     from airflow_provider_pravega.client.errors import PravegaPermissionError
-    from airflow_provider_pravega.client.ingest import open_ingest_state, state_location
+    from airflow_provider_pravega.client.ingest_location import open_ingest_state, state_location
 
     server = pravega_secure_embedded
     stream, state_scope = unique_name("stated"), unique_name("iot-state")

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_pravega.client.ingest import (
+from airflow_provider_pravega.client.ingest_errors import ChangedFileError
+from airflow_provider_pravega.client.ingest_plan import file_identity, needs_fingerprint, plan_files, same_file
+from airflow_provider_pravega.client.ingest_state import (
     COMMITTING,
     STAGED_TTL_MS,
     WRITING,
-    ChangedFileError,
     apply_update,
     decode_holds,
     encode_holds,
-    file_identity,
     initial_state,
-    needs_fingerprint,
-    plan_files,
-    same_file,
 )
 
 
@@ -160,7 +157,7 @@ def test_identity_is_size_and_time_and_old_fingerprint_records_still_compare():
 
 
 def test_prune_forgets_old_files_and_a_forgotten_file_listed_again_is_refused():
-    from airflow_provider_pravega.client.ingest import ForgottenFileError
+    from airflow_provider_pravega.client.ingest_errors import ForgottenFileError
 
     state = fold(
         {"op": "start", "run": "r1", "files": {"/d/old": {"size": 1, "mtime": 100}}, "owner": "o", "ts": 1},
@@ -185,7 +182,7 @@ def test_plan_of_line_file_pieces():
     """A measured piece (see measure_pieces) continues the committed end; an empty one is skipped,
     a stale one (another run committed the file meanwhile) stops the run, a changed one is refused
     naming the lines that would repeat; what planning learnt (``changed``) is never recorded."""
-    from airflow_provider_pravega.client.ingest import IngestError
+    from airflow_provider_pravega.client.ingest_errors import IngestError
 
     first = {"size": 300, "mtime": 1, "base": 0, "start": 0, "end": 250, "fp": "f1", "line": 1, "lines": 5,
              "open": False}

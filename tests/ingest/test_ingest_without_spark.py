@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pravega.spark.ingest_job import list_sources, precheck_sources
+from airflow_provider_pravega.spark.ingest_sources import list_sources, precheck_sources
 
 
 def _write(path: Path, lines: int, *, tag: str) -> list[str]:

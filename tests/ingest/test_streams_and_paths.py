@@ -16,16 +16,13 @@ import pytest
 from bad_input_doc import check_section
 
 from airflow_provider_pravega.client.errors import InvalidStreamCutError
-from airflow_provider_pravega.client.ingest import RecreatedStreamError, reset_ingest_state
+from airflow_provider_pravega.client.ingest import reset_ingest_state
+from airflow_provider_pravega.client.ingest_errors import RecreatedStreamError
 from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.spark.export_job import ExportError, ExportSpec, reset_export_state, run_export
-from airflow_provider_pravega.spark.ingest_job import (
-    IngestSpec,
-    SourceError,
-    list_sources,
-    precheck_sources,
-    run_ingest,
-)
+from airflow_provider_pravega.spark.ingest_job import run_ingest
+from airflow_provider_pravega.spark.ingest_sources import list_sources, precheck_sources
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec, SourceError
 
 ROWS: dict[str, tuple[str, str]] = {}  # what -> (what, "`Error`: message"), filled by the tests below
 
@@ -130,7 +127,7 @@ def test_skipped_files_are_logged_and_named(tmp_path, caplog):
     jsonl(d / "a.jsonl", [{"n": 1}])
     (d / "x.jsonl").symlink_to(tmp_path / "gone.jsonl")
     (d / "e.jsonl").write_text("")
-    with caplog.at_level(logging.WARNING, logger="airflow_provider_pravega.spark.ingest_job"):
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_pravega.spark.ingest_sources"):
         assert precheck_sources(str(d)).empty is False
     logged = [r.getMessage().replace(str(tmp_path), "/data") for r in caplog.records]
     assert ("source '/data/in': skipping /data/in/x.jsonl: a dangling symbolic link to /data/gone.jsonl, which "

@@ -25,7 +25,7 @@ from spark_cluster import SparkCluster, start_spark_cluster
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
-from airflow_provider_pravega.client.ingest import open_state_store, state_location
+from airflow_provider_pravega.client.ingest_location import open_state_store, state_location
 from airflow_provider_pravega.client.streamcut import StreamCut
 
 

@@ -19,10 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.ingest import ChangedFileError
+from airflow_provider_pravega.client.ingest_errors import ChangedFileError
 from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
-from airflow_provider_pravega.spark.ingest_job import BadRecordError, IngestSpec, SourceError, run_ingest
+from airflow_provider_pravega.spark.ingest_job import run_ingest
+from airflow_provider_pravega.spark.ingest_spec import BadRecordError, IngestSpec, SourceError
 from pravega_testing.hdfs import Hdfs, HdfsUnavailable, hdfs_minicluster
 
 from export_files import stable_name

@@ -79,7 +79,10 @@ import airflow_provider_pravega
 from airflow_provider_pravega import operators, sensors, triggers
 from airflow_provider_pravega.hooks.pravega import PravegaHook
 loaded = [PravegaHook] + [getattr(package, name) for package in (operators, sensors, triggers) for name in package.__all__]
-for module in ("spark.datasource", "spark.ingest_job", "spark.export_job", "spark.delta_export", "spark.export_output",
+for module in ("spark.datasource", "spark.datasource_options", "spark.datasource_read", "spark.datasource_write",
+               "spark.ingest_job", "spark.export_job", "spark.export_spec", "spark.export_state",
+               "spark.export_plan", "spark.export_claims", "spark.export_frame", "spark.export_write",
+               "spark.delta_export", "spark.export_output",
                "assets", "openlineage", "state_admin"):
     importlib.import_module(f"airflow_provider_pravega.{module}")
 provider = airflow_provider_pravega.get_provider_info()

@@ -47,12 +47,14 @@ from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.batch import plan_segment_ranges, read_segment_range
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.job_results import JobResults
-from airflow_provider_pravega.client.ingest import COMMITTING, open_state_store, state_location
+from airflow_provider_pravega.client.ingest_location import open_state_store, state_location
+from airflow_provider_pravega.client.ingest_state import COMMITTING
 from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.embedded.pytest_plugin import _start_secure
 from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator
 from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
 from airflow_provider_pravega.spark import ingest_job
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 from airflow_provider_pravega.spark.submit import PASSWORD_FILE, ApplicationRun, SparkApplicationError
 from leftovers import secrets_on_disk
 from pravega_testing.faults import fault_spark_conf
@@ -402,7 +404,7 @@ def test_a_driver_left_running_by_a_lost_submission_is_harmless(
     assert app_a != app_b
     [tags_a] = [a["applicationTags"] for a in applications(yarn) if a["id"] == app_a]
     with PravegaClient(pravega) as client:
-        outcome_a = JobResults(client, *ingest_job.state_location(ingest_job.IngestSpec(
+        outcome_a = JobResults(client, *ingest_job.state_location(IngestSpec(
             scope=scope, stream="readings", source="-", ingest_id="gap"))).get(tags_a.split("pravega-submission-")[1])
     assert not outcome_a.ok and outcome_a.error_type == "FencedError", outcome_a  # it stopped, fenced
 

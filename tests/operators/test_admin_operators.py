@@ -16,7 +16,7 @@ import pytest
 from pravega_clients import stream_writer
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.controller import RetentionPolicy, ScalingPolicy
+from airflow_provider_pravega.client.controller_types import RetentionPolicy, ScalingPolicy
 from airflow_provider_pravega.client.errors import ScaleError
 from airflow_provider_pravega.protocol.naming import qualified_segment_name
 from airflow_provider_pravega.protocol.streamcut import streamcut_from_text

@@ -22,7 +22,7 @@ from bad_input_doc import check_section
 from pravega_clients import official_client_installed, require_official_client
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.controller import TransactionInfo
+from airflow_provider_pravega.client.controller_types import TransactionInfo
 from pravega_testing.dag_test import run_dag
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")

@@ -64,8 +64,11 @@ def test_repeated_values_schemas_and_refusals():
 _WORKER = """
 import json, pickle, sys
 import pyspark.daemon, pyarrow as pa
-from airflow_provider_pravega.spark.datasource import Decoding, _read_partition, connection_config
-from airflow_provider_pravega.spark.ingest_job import _DIGEST_SCHEMA, piece_lines, task_result
+from airflow_provider_pravega.spark.datasource_options import connection_config
+from airflow_provider_pravega.spark.datasource_read import Decoding, _read_partition
+from airflow_provider_pravega.spark.ingest_frames import piece_lines
+from airflow_provider_pravega.spark.ingest_pieces import _DIGEST_SCHEMA
+from airflow_provider_pravega.spark.ingest_task import task_result
 from airflow_provider_pravega.spark.arrow_columns import record_batch, schema_of
 
 uri, ranges = pickle.load(open(sys.argv[1], "rb"))

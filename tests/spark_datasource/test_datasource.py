@@ -376,14 +376,16 @@ def test_a_read_of_the_callers_plan_keeps_its_partitions_order_and_columns(regis
          .load().collect())
 
 
-def test_a_worker_interpreter_without_the_providers_dependencies_is_told_what_to_install():
-    """Spark imports the data source in its Python workers: one whose interpreter lacks grpc (a
-    cluster host without the provider) gets the remedy, not just "No module named 'grpc'"."""
+@pytest.mark.parametrize("module", ["datasource", "datasource_options", "datasource_read", "datasource_write"])
+def test_a_worker_interpreter_without_the_providers_dependencies_is_told_what_to_install(module):
+    """Spark imports the data source's modules in its Python workers (each reader or writer from
+    its own module): one whose interpreter lacks grpc (a cluster host without the provider) gets
+    the remedy, not just "No module named 'grpc'"."""
     import subprocess
     import sys
 
     probe = ("import sys; sys.modules['grpc'] = None\n"
-             "import airflow_provider_pravega.spark.datasource")
+             f"import airflow_provider_pravega.spark.{module}")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode != 0
@@ -397,7 +399,7 @@ def test_a_write_keeps_its_record_in_the_state_scope(registered, client, pravega
     and a rerun with the same write_id finds it (nothing written twice); a bad one is refused."""
     from pyspark.errors import PySparkException
 
-    from airflow_provider_pravega.client.ingest import state_location
+    from airflow_provider_pravega.client.ingest_location import state_location
 
     scope, state_scope = unique_name("ds-user"), unique_name("ds-state")
     frame = registered.range(0, 60, 1, 3).selectExpr("cast(id as string) as event")

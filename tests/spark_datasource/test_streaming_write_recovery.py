@@ -19,7 +19,7 @@ from collections import Counter
 from held_jobs import kill_if_running, release, wait_until_held
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.ingest import open_ingest_state
+from airflow_provider_pravega.client.ingest_location import open_ingest_state
 from pravega_testing.faults import fault_env
 
 EVENTS = 600

@@ -37,7 +37,8 @@ import pytest
 from spark_cluster import QUICK_JVM, SparkCluster, start_spark_cluster
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.ingest import apply_update, initial_state, state_location
+from airflow_provider_pravega.client.ingest_location import state_location
+from airflow_provider_pravega.client.ingest_state import apply_update, initial_state
 from airflow_provider_pravega.client.synchronizer import StateSynchronizer
 from pravega_testing.faults import fault_env
 

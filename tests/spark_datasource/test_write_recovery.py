@@ -16,7 +16,7 @@ from collections import Counter
 from held_jobs import wait_until_held
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.ingest import open_ingest_state
+from airflow_provider_pravega.client.ingest_location import open_ingest_state
 from pravega_testing.faults import fault_env
 
 ROWS, PARTITIONS = 2000, 4

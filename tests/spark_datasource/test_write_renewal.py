@@ -18,7 +18,7 @@ import pytest
 from held_jobs import kill_if_running, release, wait_until_held
 
 from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.ingest import open_ingest_state
+from airflow_provider_pravega.client.ingest_location import open_ingest_state
 from pravega_testing.faults import fault_env
 
 ROWS, PARTITIONS, LEASE_MS = 1000, 3, 10_000

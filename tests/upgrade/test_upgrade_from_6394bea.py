@@ -30,14 +30,16 @@ from bad_input_doc import check_section
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.committed_files import files_table_name
-from airflow_provider_pravega.client.controller import ScalingPolicy
+from airflow_provider_pravega.client.controller_types import ScalingPolicy
 from airflow_provider_pravega.client.streamcut import segments_of
 from airflow_provider_pravega.client.synchronizer import _ConditionalAppender
 from airflow_provider_pravega.client.tables import UNCONDITIONAL, TableSegment
 from airflow_provider_pravega.protocol import naming
-from airflow_provider_pravega.spark import export_job, export_output
-from airflow_provider_pravega.spark.export_job import ExportSpec, OutputPathError, open_export_state, run_export
-from airflow_provider_pravega.spark.ingest_job import IngestSpec, run_ingest
+from airflow_provider_pravega.spark import export_claims, export_output
+from airflow_provider_pravega.spark.export_job import ExportSpec, OutputPathError, run_export
+from airflow_provider_pravega.spark.export_state import ExportState, open_export_state
+from airflow_provider_pravega.spark.ingest_job import run_ingest
+from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "6394bea"
 STREAM = "readings"
@@ -196,10 +198,10 @@ def test_the_markers_of_that_release_are_read_as_it_wrote_them(tmp_path):
     def check(day: int = 1, **kw: str) -> bool:
         spec = ExportSpec(**{"scope": scope, "stream": STREAM, "output_path": str(folder), "export_id": EXPORT_ID,
                              "interval_key": day_key(day), "from_ingest": INGEST_ID, **kw})
-        return export_job.check_output(spec, export_job.ExportState(), visible, "", "",
-                                       lambda: export_job.earlier_release_claim(spec, None))
+        return export_claims.check_output(spec, ExportState(), visible, "", "",
+                                       lambda: export_claims.earlier_release_claim(spec, None))
 
-    assert export_job.earlier_release_claim(ExportSpec(scope=scope, stream=STREAM, output_path=str(folder),
+    assert export_claims.earlier_release_claim(ExportSpec(scope=scope, stream=STREAM, output_path=str(folder),
                                                        export_id=EXPORT_ID), None) == {
         "interval": day_key(1), "start": marker["start_cut"], "end": marker["end_cut"],
         "marker": "_PRAVEGA_EXPORT.json"}
