@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -217,6 +218,17 @@ class KeycloakTokenSource:
 
 _SOURCES: dict[tuple[str, str], KeycloakTokenSource] = {}
 _SOURCES_LOCK = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    """A forked child (a Spark Python worker) starts without token sources: a lock another thread
+    of the parent held at the fork would never be released in the child."""
+    global _SOURCES_LOCK
+    _SOURCES_LOCK = threading.Lock()
+    _SOURCES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def token_source(keycloak_json: str, audience: str = DEFAULT_AUDIENCE) -> KeycloakTokenSource:

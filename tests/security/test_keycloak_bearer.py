@@ -235,3 +235,23 @@ def test_rpt_permissions_map_to_an_acl_whose_highest_matching_grant_decides() ->
     assert permission_in(acl, "prn::/scope:delta") == Permission.NONE
     assert permission_in(acl, "prn::/") == Permission.NONE
     assert KeycloakVerifier.acl({}) == []
+
+
+def test_a_forked_child_gets_token_sources_of_its_own(keycloak_json: Callable[..., str]) -> None:
+    import os
+
+    text = keycloak_json(**{"fork-test": uuid.uuid4().hex})
+    parent = keycloak.token_source(text)
+    read, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a new source, so no lock or token of the parent's
+        os.close(read)
+        os.write(write_end, b"1" if keycloak.token_source(text) is not parent else b"0")
+        os._exit(0)
+    os.close(write_end)
+    try:
+        assert os.read(read, 1) == b"1"
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert keycloak.token_source(text) is parent
