@@ -73,6 +73,39 @@ def test_connection_arguments_keep_the_password_out_of_argv(monkeypatch, tmp_pat
         config_from_arguments(parser.parse_args(missing))
 
 
+def test_bearer_credentials_travel_as_the_password_does(monkeypatch, tmp_path: Path) -> None:
+    """A keycloak.json in the connection reaches the jobs (environment or password file) and the data
+    source's tasks (their options) the way a password does; its path alone goes on the command line."""
+    import argparse
+
+    from airflow_provider_pravega.spark.connection_args import add_connection_arguments, config_from_arguments
+    from airflow_provider_pravega.spark.datasource import connection_config, connection_options
+
+    keycloak_json = json.dumps({"realm": "r", "auth-server-url": "https://kc", "resource": "app",
+                                "credentials": {"secret": "kc-s3cret"}}, indent=2)
+    config = PravegaConnectionConfig.from_connection_fields(host="tcp://c1:9090", password=keycloak_json,
+                                                            extra={"auth_method": "Bearer"})
+    parser = argparse.ArgumentParser()
+    add_connection_arguments(parser)
+    argv = connection_arguments(config)
+    assert "kc-s3cret" not in " ".join(argv) and argv[-2:] == ["--auth-method", "Bearer"]
+    monkeypatch.setenv("PRAVEGA_PASSWORD", config.password)
+    assert config_from_arguments(parser.parse_args(argv)) == config
+    monkeypatch.delenv("PRAVEGA_PASSWORD")
+    (tmp_path / "pw").write_text(config.password + "\n")  # one line: the password file's first line
+    argv = connection_arguments(config, password_file=str(tmp_path / "pw"))
+    assert "kc-s3cret" not in " ".join(argv)
+    assert config_from_arguments(parser.parse_args(argv)) == config
+    assert connection_config(connection_options(config)) == config
+
+    by_path = PravegaConnectionConfig.from_connection_fields(host="tcp://c1:9090",
+                                                             extra={"keycloak_file": "/etc/pravega/keycloak.json"})
+    argv = connection_arguments(by_path, password_file=str(tmp_path / "pw"))
+    assert argv[-4:] == ["--auth-method", "Bearer", "--keycloak-file", "/etc/pravega/keycloak.json"]
+    assert config_from_arguments(parser.parse_args(argv)) == by_path
+    assert connection_config(connection_options(by_path)) == by_path
+
+
 def test_job_arguments_give_the_jobs_the_same_spec(monkeypatch, tmp_path: Path) -> None:
     """What the operator builds is what the job's own parser reads back, option for option."""
     seen = []

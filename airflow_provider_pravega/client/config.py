@@ -32,7 +32,8 @@ SCHEMES = (PLAINTEXT_SCHEME, TLS_SCHEME)
 
 #: Keys of ``Connection.extra`` that mean something to us. Airflow's UI stores conn-fields under
 #: their plain name; older forms stored them as ``extra__pravega__<name>``; both are read.
-EXTRA_FIELDS = ("scope", "tls", "trust_store", "validate_hostname", "transaction_lease_ms")
+EXTRA_FIELDS = ("scope", "tls", "trust_store", "validate_hostname", "transaction_lease_ms", "auth_method",
+                "keycloak_file")
 _LEGACY_EXTRA_PREFIX = "extra__pravega__"
 
 # Environment variables read by the official client (pravega-client-rust config) at StreamManager build.
@@ -40,7 +41,14 @@ ENV_AUTH_PREFIX = "pravega_client_auth_"
 ENV_AUTH_METHOD = "pravega_client_auth_method"
 ENV_AUTH_USERNAME = "pravega_client_auth_username"
 ENV_AUTH_PASSWORD = "pravega_client_auth_password"
+ENV_AUTH_KEYCLOAK = "pravega_client_auth_keycloak"
 ENV_TLS_CERT_PATH = "pravega_client_tls_cert_path"
+
+#: How the controller is told who calls (Pravega's ``pravega_client_auth_method``): a user and
+#: password, or a Keycloak bearer token obtained from a keycloak.json.
+BASIC = "Basic"
+BEARER = "Bearer"
+AUTH_METHODS = (BASIC, BEARER)
 
 _TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
 _FALSE_WORDS = frozenset({"false", "0", "no", "off"})
@@ -82,6 +90,10 @@ class PravegaConnectionConfig:
     #: Further controllers of the same cluster, tried in order when the one in use cannot be
     #: reached (the host field's ``h1:9090,h2:9090`` list; ``host``/``port`` are its first entry).
     more_controllers: tuple[tuple[str, int], ...] = ()
+    #: ``Bearer``: Keycloak credentials. The password then holds the keycloak.json itself (one line of
+    #: JSON), so it travels and is hidden wherever a password is; or ``keycloak_file`` names the file.
+    auth_method: str = BASIC
+    keycloak_file: str | None = None
 
     def __post_init__(self) -> None:
         _check_host(self.host)
@@ -103,7 +115,13 @@ class PravegaConnectionConfig:
             raise PravegaConfigError("login", self.username, "the username must be a non-empty string")
         if self.password is not None and not isinstance(self.password, str):
             raise PravegaConfigError("password", _HIDDEN, "the password must be a string")
-        if self.password and not self.username:
+        if self.auth_method not in AUTH_METHODS:
+            raise PravegaConfigError("auth_method", self.auth_method, f"use {' or '.join(AUTH_METHODS)}")
+        if self.auth_method == BEARER:
+            self._check_bearer()
+        elif self.keycloak_file is not None:
+            raise PravegaConfigError("keycloak_file", self.keycloak_file, "a keycloak.json needs auth_method Bearer")
+        elif self.password and not self.username:
             raise PravegaConfigError(
                 "login", self.username, "a password is set but no username; set both or neither"
             )
@@ -122,6 +140,28 @@ class PravegaConnectionConfig:
             raise PravegaConfigError(
                 "transaction_lease_ms", lease, "must be a positive whole number of milliseconds"
             )
+
+    def _check_bearer(self) -> None:
+        if self.username is not None:
+            raise PravegaConfigError("login", self.username, "Bearer credentials come from a keycloak.json; "
+                                     "leave the login empty")
+        if self.keycloak_file is not None:
+            if not isinstance(self.keycloak_file, str) or not self.keycloak_file.strip():
+                raise PravegaConfigError("keycloak_file", self.keycloak_file, "must be a file path")
+            if self.password:
+                raise PravegaConfigError("password", _HIDDEN, "both a keycloak.json in the password and "
+                                         "keycloak_file are set; use one")
+            return
+        if not self.password:
+            raise PravegaConfigError("password", None, "auth_method Bearer needs the keycloak.json: its JSON in "
+                                     "the password, or its path in keycloak_file")
+        try:
+            parsed = json.loads(self.password)
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise PravegaConfigError("password", _HIDDEN, "with auth_method Bearer the password holds the "
+                                     "keycloak.json, a JSON object")
 
     # ----------------------------------------------------------------------------------- derived
 
@@ -147,14 +187,32 @@ class PravegaConnectionConfig:
 
     @property
     def auth_enabled(self) -> bool:
-        """Basic authentication is used exactly when a username is configured."""
-        return self.username is not None
+        """Credentials are sent: Basic when a username is configured, or Bearer."""
+        return self.username is not None or self.auth_method == BEARER
+
+    @property
+    def bearer(self) -> bool:
+        return self.auth_method == BEARER
+
+    def keycloak_json(self) -> str:
+        """The keycloak.json text of Bearer credentials (read from ``keycloak_file`` when it is set)."""
+        if not self.bearer:
+            raise PravegaConfigError("auth_method", self.auth_method, "no keycloak.json without Bearer")
+        if self.keycloak_file is None:
+            return self.password or ""
+        try:
+            with open(self.keycloak_file, encoding="utf-8") as f:
+                return f.read()
+        except OSError as exc:
+            raise PravegaConfigError("keycloak_file", self.keycloak_file,
+                                     f"cannot read it: {exc.strerror or exc}") from None
 
     def __repr__(self) -> str:
         password = "'***'" if self.password else repr(self.password)
         return (
             f"PravegaConnectionConfig(controller_uri={self.controller_uri!r}, scope={self.scope!r}, "
-            f"username={self.username!r}, password={password}, tls_enabled={self.tls_enabled}, "
+            f"username={self.username!r}, password={password}, auth_method={self.auth_method!r}, "
+            f"keycloak_file={self.keycloak_file!r}, tls_enabled={self.tls_enabled}, "
             f"trust_store={self.trust_store!r}, validate_hostname={self.validate_hostname}, "
             f"transaction_lease_ms={self.transaction_lease_ms})"
         )
@@ -182,8 +240,14 @@ class PravegaConnectionConfig:
     def client_environment(self) -> dict[str, str]:
         """The environment variables through which the official client takes auth and TLS settings."""
         env: dict[str, str] = {}
-        if self.auth_enabled:
-            env[ENV_AUTH_METHOD] = "Basic"
+        if self.bearer:
+            # The official client reads a keycloak.json from a file only (create_stream_manager refuses
+            # a keycloak.json held in the password).
+            env[ENV_AUTH_METHOD] = BEARER
+            if self.keycloak_file:
+                env[ENV_AUTH_KEYCLOAK] = self.keycloak_file
+        elif self.auth_enabled:
+            env[ENV_AUTH_METHOD] = BASIC
             env[ENV_AUTH_USERNAME] = self.username or ""
             env[ENV_AUTH_PASSWORD] = self.password or ""
         if self.tls_enabled:
@@ -219,6 +283,10 @@ class PravegaConnectionConfig:
         unreachable controller for about a minute before it raises).
         """
         pravega_client = import_official_client("PravegaConnectionConfig.create_stream_manager()")
+        if self.bearer and not self.keycloak_file:
+            raise PravegaConfigError("keycloak_file", None, "the official client reads a keycloak.json from a "
+                                     "file only: set keycloak_file (this provider's own client, get_client(), "
+                                     "takes it from the password)")
         with official_client_env(self):
             return pravega_client.StreamManager(**self.stream_manager_kwargs())
 
@@ -240,7 +308,9 @@ class PravegaConnectionConfig:
         ``host`` may carry a scheme and port (``tls://ctrl:9090``), or list several controllers of
         one cluster (``tcp://c1:9090,c2:9090``; ``port`` is the default for entries without one); ``schema`` may be ``tcp`` or
         ``tls`` (so the URI ``pravega://ctrl:9090/tls`` turns TLS on); ``extra`` holds ``scope``,
-        ``tls``, ``trust_store``, ``validate_hostname`` and ``transaction_lease_ms``.
+        ``tls``, ``trust_store``, ``validate_hostname``, ``transaction_lease_ms``, ``auth_method``
+        and ``keycloak_file``. With ``auth_method`` Bearer (implied by ``keycloak_file``) the
+        password is the keycloak.json, kept as one line of JSON.
         """
         extras = _read_extra(extra)
         host_scheme, host_name, host_port, more = _split_hosts(host, port)
@@ -266,6 +336,10 @@ class PravegaConnectionConfig:
         tls_enabled = scheme == TLS_SCHEME if scheme is not None else bool(tls_flag)
 
         validate_hostname = _read_bool("validate_hostname", extras.get("validate_hostname"))
+        keycloak_file = _read_text(extras.get("keycloak_file"))
+        auth_method = _read_auth_method(extras.get("auth_method"), keycloak_file)
+        if auth_method == BEARER and password not in (None, "") and keycloak_file is None:
+            password = _one_line_json(password)
         return cls(
             host=host_name or DEFAULT_HOST,
             port=final_port if final_port is not None else DEFAULT_CONTROLLER_PORT,
@@ -277,6 +351,8 @@ class PravegaConnectionConfig:
             validate_hostname=True if validate_hostname is None else validate_hostname,
             transaction_lease_ms=_read_lease(extras.get("transaction_lease_ms")),
             more_controllers=more,
+            auth_method=auth_method,
+            keycloak_file=keycloak_file,
         )
 
 
@@ -481,6 +557,26 @@ def _read_text(value: Any) -> str | None:
         return value  # type is checked (with the field's name) in __post_init__
     value = value.strip()
     return value or None
+
+
+def _read_auth_method(value: Any, keycloak_file: str | None) -> str:
+    if value is None:
+        return BEARER if keycloak_file else BASIC
+    for method in AUTH_METHODS:
+        if isinstance(value, str) and value.strip().lower() == method.lower():
+            return method
+    raise PravegaConfigError("auth_method", value, f"use {' or '.join(AUTH_METHODS)}")
+
+
+def _one_line_json(password: Any) -> Any:
+    """A keycloak.json as one line (a password file's first line is the password); anything else is
+    left for __post_init__ to refuse."""
+    if not isinstance(password, str):
+        return password
+    try:
+        return json.dumps(json.loads(password), separators=(",", ":"))
+    except json.JSONDecodeError:
+        return password
 
 
 def _read_lease(value: Any) -> int:

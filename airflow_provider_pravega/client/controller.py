@@ -62,8 +62,8 @@ from airflow_provider_pravega.client.errors import (
     StreamNotFoundError,
 )
 from airflow_provider_pravega.client.security import (
+    CallCredentials,
     TokenCache,
-    basic_auth_metadata,
     certificate_name,
     grpc_channel_credentials,
     speaks_tls,
@@ -150,8 +150,8 @@ class ControllerClient:
         self.connect_timeout_s = float(min(connect_timeout_s, timeout_s))
         self.long_timeout_s = float(max(long_timeout_s, timeout_s))
         # Sent with every RPC; never logged (repr shows the URI only).
-        self._metadata: tuple[tuple[str, str], ...] = basic_auth_metadata(self.config)
-        self.username: str | None = self.config.username if self.config is not None else None
+        self._metadata = CallCredentials(self.config)
+        self.username: str | None = self._metadata.principal
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._stub: pb_grpc.ControllerServiceStub | None = None
@@ -309,7 +309,7 @@ class ControllerClient:
             stub = self._get_stub()
             try:
                 return getattr(stub, method)(
-                    request, timeout=deadline, metadata=self._metadata or None
+                    request, timeout=deadline, metadata=self._metadata.headers() or None
                 )
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None

@@ -22,7 +22,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import PravegaTLSError
 from airflow_provider_pravega.client.security import (
-    basic_auth_metadata,
+    CallCredentials,
     certificate_name,
     grpc_channel_credentials,
     speaks_tls,
@@ -107,8 +107,8 @@ def _open_channel(config: PravegaConnectionConfig, timeout: float) -> grpc.Chann
 
 
 def _metadata(config: PravegaConnectionConfig) -> list[tuple[str, str]]:
-    """The authorization header the official client sends with Basic credentials."""
-    return list(basic_auth_metadata(config))
+    """The authorization header the official client sends (Basic, or a Keycloak bearer token)."""
+    return list(CallCredentials(config).headers())
 
 
 def list_scopes(config: PravegaConnectionConfig, timeout: float) -> list[str]:

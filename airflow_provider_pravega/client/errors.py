@@ -65,6 +65,26 @@ class PravegaAuthenticationError(AuthenticationError):
         self.where = "controller"
 
 
+class KeycloakTokenError(AuthenticationError):
+    """No bearer token could be had from Keycloak: the realm refused the client (wrong secret,
+    unknown or disabled client, no permission granted for the audience), or could not be reached.
+    Never retried when refused. ``realm`` and ``client`` name the keycloak.json's realm and client
+    id; ``status`` is the HTTP status of a refusal (None when Keycloak did not answer)."""
+
+    def __init__(self, realm: str, client: str, reason: str, *, status: int | None = None) -> None:
+        self.where = "Keycloak"
+        self.realm = realm
+        self.client = client
+        self.reason = reason
+        self.status = status
+        PravegaError.__init__(
+            self,
+            f"Keycloak realm {realm!r} gave no token to client {client!r}: {reason}. Check the client id "
+            f"and secret of the connection's keycloak.json, that the client has a service account, and that "
+            f"the realm's authorization policies grant it permissions on the Pravega controller's client.",
+        )
+
+
 class PravegaPermissionError(AuthenticationError):
     """Authenticated, but not allowed to do this on this resource (controller PERMISSION_DENIED, or a
     segment store that refused the delegation token). Never retried."""

@@ -3,7 +3,9 @@
 One place decides:
 
 * what the controller is sent to authenticate (``authorization: Basic base64(user:password)``,
-  the header pravega-client-rust's controller client sends with Basic credentials);
+  the header pravega-client-rust's controller client sends with Basic credentials, or
+  ``authorization: Bearer <RPT>`` with Keycloak credentials, the token renewed before it expires by
+  :mod:`~airflow_provider_pravega.client.keycloak`);
 * how long a delegation token is used (its JWT ``exp``, read without verifying the signature:
   the token is opaque to us, only the segment store checks it) and when it is fetched again;
 * how TLS is set up for gRPC (the controller) and for plain sockets (the segment store) from a
@@ -28,10 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_pravega.client.config import PravegaConnectionConfig
+from airflow_provider_pravega.client import keycloak
+from airflow_provider_pravega.client.config import PravegaConfigError, PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import PravegaTLSError
 
 __all__ = [
+    "CallCredentials",
     "TokenCache",
     "basic_auth_metadata",
     "certificate_name",
@@ -58,6 +62,41 @@ def basic_auth_metadata(config: PravegaConnectionConfig | None) -> tuple[tuple[s
         return ()
     raw = f"{config.username}:{config.password or ''}".encode()
     return (("authorization", "Basic " + base64.b64encode(raw).decode("ascii")),)
+
+
+class CallCredentials:
+    """The credentials sent with every controller call: none, Basic (a fixed header) or Bearer
+    (a Keycloak RPT, shared by the process's clients and renewed before it expires).
+
+    True when credentials are sent; :meth:`headers` is the gRPC metadata for the next call, and
+    raises KeycloakTokenError (naming the realm and client) when Keycloak gives no token.
+    """
+
+    def __init__(self, config: PravegaConnectionConfig | None) -> None:
+        self._basic = () if config is None or config.bearer else basic_auth_metadata(config)
+        self.source: keycloak.KeycloakTokenSource | None = None
+        if config is not None and config.bearer:
+            text = config.keycloak_json()
+            try:
+                self.source = keycloak.token_source(text)
+            except ValueError as exc:  # a keycloak.json that cannot work: the connection is at fault
+                raise PravegaConfigError("password" if config.keycloak_file is None else "keycloak_file",
+                                         "<hidden>", str(exc)) from None
+        #: Who the controller is told calls, for error messages (a user, or the Keycloak client and realm).
+        self.principal: str | None = (self.source.who if self.source is not None
+                                      else config.username if config is not None else None)
+
+    def __bool__(self) -> bool:
+        return bool(self._basic) or self.source is not None
+
+    def __repr__(self) -> str:
+        kind = "Bearer" if self.source is not None else "Basic" if self._basic else "none"
+        return f"CallCredentials({kind}, {self.principal!r})"
+
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        if self.source is not None:
+            return (("authorization", self.source.authorization()),)
+        return self._basic
 
 
 # --------------------------------------------------------------------------------------- tokens

@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth-file", type=Path, default=None,
                    help="Pravega password file (username:password-hash:acl per line); every controller call "
                         "then needs Basic credentials and every segment-store request a delegation token")
+    p.add_argument("--keycloak-realm-url", default=None, metavar="URL",
+                   help="also accept Keycloak bearer tokens (RPTs) of this realm (http(s)://host:port/realms/NAME), "
+                        "verified with its published keys; their permissions are the caller's ACL")
+    p.add_argument("--keycloak-audience", default=auth.KEYCLOAK_AUDIENCE,
+                   help=f"the client id the RPTs are issued for (default {auth.KEYCLOAK_AUDIENCE})")
     p.add_argument("--token-ttl-s", type=int, default=auth.DEFAULT_TOKEN_TTL_S,
                    help=f"lifetime of delegation tokens in seconds (default {auth.DEFAULT_TOKEN_TTL_S})")
     p.add_argument("--token-signing-key-file", type=Path, default=None,
@@ -138,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         segment_stores=args.segment_stores, containers=args.containers,
         advertise_host=args.advertise_host, lease_cap_ms=args.txn_lease_cap_ms, tail_wait_s=args.tail_wait,
         fsync=not args.no_fsync, auth_file=args.auth_file, token_ttl_s=args.token_ttl_s,
+        keycloak_realm_url=args.keycloak_realm_url, keycloak_audience=args.keycloak_audience,
         token_signing_key_file=args.token_signing_key_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
         pravega_token_rules=args.pravega_token_rules, retention_interval_s=args.retention_interval_s,
         autoscale=AutoScalerConfig(window_s=args.autoscale_window_s, cooldown_s=args.autoscale_cooldown_s,
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
            if args.finished_txn_retention_ms is not None else {}),
         **({"finished_txn_limit": args.finished_txn_limit} if args.finished_txn_limit is not None else {}),
     )
-    if not is_loopback(args.host) and args.auth_file is None:
+    if not is_loopback(args.host) and not settings.auth_enabled:
         print(f"pravega-embedded: WARNING: {insecure_bind_warning(args.host)}", file=sys.stderr, flush=True)
     server = EmbeddedPravega(settings)
     stop = threading.Event()

@@ -10,6 +10,12 @@
   ``prn::/scope:S/stream:T``, ``prn::/scope:S/reader-group:R``.
 * Delegation tokens for the segment store are HS512 JWTs (as Pravega's ``JsonWebToken``) whose
   custom claims map a stream resource to the permission granted.
+* Bearer tokens are Keycloak requesting-party tokens (RPTs): signed by a key the realm publishes
+  (its JWKS, fetched and cached), issued by the configured realm for the Pravega controller's
+  client, unexpired. Their ``authorization.permissions`` become the caller's ACL: each permission's
+  resource name (``rsname``) is a resource pattern as in an ACL entry (``prn::/scope:S``,
+  ``prn::/scope:S/*``), its Keycloak scopes ``READ`` / ``READ_UPDATE`` the permission (the
+  highest one given); the highest grant matching a resource decides.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ PBKDF2_KEY_BYTES = 64
 TOKEN_ALGORITHM = "HS512"  # Pravega's JsonWebToken signs with HS512
 TOKEN_AUDIENCE = "segmentstore"
 DEFAULT_TOKEN_TTL_S = 600  # Pravega's controller.security.auth.delegationToken.ttl.seconds default
+#: The audience a Keycloak RPT must have: the Pravega controller's client (pravega-keycloak's default).
+KEYCLOAK_AUDIENCE = "pravega-controller"
 
 ROOT_RESOURCE = "prn::/"
 _RG_PREFIX = "_RG"
@@ -248,8 +256,83 @@ def auth_file_line(username: str, password: str, acl: str) -> str:
     return f"{username}:{hash_password(password)}:{acl}"
 
 
+class KeycloakVerifier:
+    """Turns a Keycloak RPT into an :class:`Account`, its ACL taken from the token's permissions.
+
+    The realm's signing keys come from its JWKS endpoint (cached, fetched again for an unknown key
+    id, so a realm's key rotation is followed); a verified token is remembered until it expires.
+    """
+
+    _CACHE_SIZE = 1024
+    SCOPES = {"READ": Permission.READ, "READ_UPDATE": Permission.READ_UPDATE}
+
+    def __init__(self, realm_url: str, audience: str = KEYCLOAK_AUDIENCE, *, ssl_context: Any = None) -> None:
+        self.realm_url = realm_url.rstrip("/")
+        self.audience = audience
+        self._keys = jwt.PyJWKClient(f"{self.realm_url}/protocol/openid-connect/certs", cache_keys=True,
+                                     timeout=10, ssl_context=ssl_context)
+        self._verified: OrderedDict[str, tuple[float, Account]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def account(self, token: str) -> Account:
+        with self._lock:
+            hit = self._verified.get(token)
+        if hit is not None:
+            if time.time() >= hit[0]:
+                raise AuthenticationFailed(f"bearer token expired (realm {self.realm_url})")
+            return hit[1]
+        try:
+            key = self._keys.get_signing_key_from_jwt(token)
+            claims = jwt.decode(token, key.key, algorithms=["RS256", "RS384", "RS512", "PS256", "ES256", "ES384"],
+                                audience=self.audience, issuer=self.realm_url,
+                                options={"require": ["exp", "iss", "aud"]})
+        except jwt.ExpiredSignatureError:
+            raise AuthenticationFailed(f"bearer token expired (realm {self.realm_url})") from None
+        except jwt.PyJWKClientConnectionError as exc:
+            raise AuthenticationFailed(f"the keys of realm {self.realm_url} cannot be fetched: {exc}") from None
+        except (jwt.InvalidTokenError, jwt.PyJWKClientError) as exc:
+            raise AuthenticationFailed(f"bearer token rejected: {exc}") from None
+        account = Account(_token_principal(claims), "", tuple(self.acl(claims)))
+        with self._lock:
+            self._verified[token] = (float(claims["exp"]), account)
+            while len(self._verified) > self._CACHE_SIZE:
+                self._verified.popitem(last=False)
+        return account
+
+    @classmethod
+    def acl(cls, claims: Mapping[str, Any]) -> list[AclEntry]:
+        """ACL entries of an RPT's ``authorization.permissions``, highest permission first (so the
+        first match is the highest grant). A permission without a READ or READ_UPDATE scope grants
+        nothing; a resource name that is no valid pattern is skipped."""
+        authorization = claims.get("authorization")
+        permissions = authorization.get("permissions") if isinstance(authorization, Mapping) else None
+        entries: list[AclEntry] = []
+        for permission in permissions if isinstance(permissions, list) else ():
+            if not isinstance(permission, Mapping) or not isinstance(permission.get("rsname"), str):
+                continue
+            scopes = permission.get("scopes")
+            granted = [cls.SCOPES[s] for s in scopes if s in cls.SCOPES] if isinstance(scopes, list) else []
+            if not granted:
+                continue
+            try:
+                entries.append(AclEntry.parse(f"{permission['rsname']},{max(granted).name}"))
+            except ValueError:
+                log.warning("bearer token permission on %r skipped: not a resource pattern", permission["rsname"])
+        entries.sort(key=lambda entry: entry.permission, reverse=True)
+        return entries
+
+
+def _token_principal(claims: Mapping[str, Any]) -> str:
+    """Who an RPT speaks for: the service account's user name, else the subject."""
+    for key in ("preferred_username", "sub", "azp"):
+        if isinstance(claims.get(key), str) and claims[key]:
+            return str(claims[key])
+    return "keycloak-caller"
+
+
 class Authenticator:
-    """Checks ``authorization: Basic base64(user:password)`` against the accounts.
+    """Checks ``authorization: Basic base64(user:password)`` against the accounts, and
+    ``authorization: Bearer <RPT>`` with the Keycloak verifier when there is one.
 
     PBKDF2 costs milliseconds by design; a small cache of successful checks (keyed by a digest of the
     header, never the password itself) keeps per-RPC cost low for clients that call often.
@@ -257,8 +340,9 @@ class Authenticator:
 
     _CACHE_SIZE = 256
 
-    def __init__(self, accounts: Mapping[str, Account]) -> None:
+    def __init__(self, accounts: Mapping[str, Account], bearer: KeycloakVerifier | None = None) -> None:
         self.accounts = dict(accounts)
+        self.bearer = bearer
         self._ok: OrderedDict[bytes, str] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -266,8 +350,11 @@ class Authenticator:
         if not header:
             raise AuthenticationFailed("no credentials: the 'authorization' metadata is missing")
         parts = header.strip().split(None, 1)
-        if len(parts) != 2 or parts[0] != "Basic":
-            raise AuthenticationFailed("unsupported authorization method (only 'Basic' is accepted)")
+        if len(parts) == 2 and parts[0] == "Bearer" and self.bearer is not None:
+            return self.bearer.account(parts[1].strip())
+        if len(parts) != 2 or parts[0] != "Basic" or not self.accounts:
+            methods = " or ".join(m for m, on in (("'Basic'", self.accounts), ("'Bearer'", self.bearer)) if on)
+            raise AuthenticationFailed(f"unsupported authorization method (only {methods} is accepted)")
         digest = hashlib.sha256(header.encode("utf-8", "surrogateescape")).digest()
         with self._lock:
             username = self._ok.get(digest)

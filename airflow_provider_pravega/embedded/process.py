@@ -41,6 +41,7 @@ class EmbeddedPravegaProcess:
         extra_args: Sequence[str] = (),
         startup_timeout_s: float = 60.0,
         auth_file: str | os.PathLike[str] | None = None,
+        keycloak_realm_url: str | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
         token_ttl_s: int | None = None,
@@ -55,6 +56,7 @@ class EmbeddedPravegaProcess:
         self.txn_lease_cap_ms = txn_lease_cap_ms
         self.extra_args = list(extra_args)
         self.auth_file = Path(auth_file) if auth_file is not None else None
+        self.keycloak_realm_url = keycloak_realm_url
         self.tls_cert = Path(tls_cert) if tls_cert is not None else None
         self.tls_key = Path(tls_key) if tls_key is not None else None
         self.token_ttl_s = token_ttl_s
@@ -83,6 +85,8 @@ class EmbeddedPravegaProcess:
             cmd += ["--txn-lease-cap-ms", str(self.txn_lease_cap_ms)]
         if self.auth_file is not None:
             cmd += ["--auth-file", str(self.auth_file)]
+        if self.keycloak_realm_url is not None:
+            cmd += ["--keycloak-realm-url", self.keycloak_realm_url]
         if self.token_ttl_s is not None:
             cmd += ["--token-ttl-s", str(self.token_ttl_s)]
         if self.token_signing_key_file is not None:

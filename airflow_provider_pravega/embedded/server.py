@@ -60,6 +60,8 @@ class ServerSettings:
     fsync: bool = True
     checkpoint_bytes: int = 256 * 1024 * 1024
     auth_file: Path | None = None  # Pravega password file; None = no authentication (as before)
+    keycloak_realm_url: str | None = None  # accept Keycloak RPTs of this realm (http(s)://host/realms/NAME)
+    keycloak_audience: str = auth.KEYCLOAK_AUDIENCE  # the controller's client id the RPTs are for
     token_ttl_s: int = auth.DEFAULT_TOKEN_TTL_S
     token_signing_key_file: Path | None = None  # None = a random key per start
     tls_cert: Path | None = None  # PEM certificate (chain); with tls_key, both endpoints serve TLS only
@@ -74,7 +76,7 @@ class ServerSettings:
 
     @property
     def auth_enabled(self) -> bool:
-        return self.auth_file is not None
+        return self.auth_file is not None or self.keycloak_realm_url is not None
 
     @property
     def tls_enabled(self) -> bool:
@@ -231,15 +233,18 @@ class EmbeddedPravega:
         """Load the auth file, token key and certificates before anything listens (fail early)."""
         s = self.settings
         authenticator = tokens = None
-        if s.auth_file is not None:
+        if s.auth_enabled:
             try:
-                authenticator = auth.Authenticator(auth.load_auth_file(s.auth_file))
+                bearer = (auth.KeycloakVerifier(s.keycloak_realm_url, s.keycloak_audience)
+                          if s.keycloak_realm_url else None)
+                accounts = auth.load_auth_file(s.auth_file) if s.auth_file is not None else {}
+                authenticator = auth.Authenticator(accounts, bearer)
                 tokens = (auth.TokenAuthority.from_key_file(s.token_signing_key_file, s.token_ttl_s)
                           if s.token_signing_key_file else auth.TokenAuthority.random(s.token_ttl_s))
             except (auth.AuthFileError, ValueError) as exc:
                 raise EmbeddedServerError(str(exc)) from None
         elif s.token_signing_key_file is not None:
-            raise EmbeddedServerError("a token signing key file was given without an auth file")
+            raise EmbeddedServerError("a token signing key file was given without an auth file or a Keycloak realm")
         server_tls = None
         if (s.tls_cert is None) != (s.tls_key is None):
             raise EmbeddedServerError("TLS needs both a certificate and a key (--tls-cert and --tls-key)")

@@ -6,6 +6,7 @@ Like the Kafka provider's hooks it only translates configuration; the Pravega se
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import time
@@ -25,6 +26,8 @@ from airflow_provider_pravega.client.controller_probe import (
     ControllerProbeTLSError,
     list_scopes,
 )
+from airflow_provider_pravega.client.errors import KeycloakTokenError
+from airflow_provider_pravega.client.security import basic_auth_metadata
 
 __all__ = ["PravegaConfigError", "PravegaConnectionConfig", "PravegaHook"]
 
@@ -220,6 +223,8 @@ class PravegaHook(BaseHook):
             return False, f"The Pravega controller at {uri} accepted TCP but no time was left to call it"
         try:
             scopes = list_scopes(config, timeout)
+        except KeycloakTokenError as err:
+            return False, f"No bearer token for the Pravega controller at {uri}: {err}"
         except ControllerProbePermissionError as err:
             return True, f"Connected to Pravega controller at {uri}; the credentials were accepted, but {err}"
         except ControllerProbeTLSError as err:
@@ -256,8 +261,9 @@ class PravegaHook(BaseHook):
 
 
 def mask_credentials(config: PravegaConnectionConfig) -> None:
-    """Teach this process's secrets masker the Basic header built from the password, so it never
-    appears in task logs even if some library logs it.
+    """Teach this process's secrets masker the Basic header built from the password (with Bearer
+    credentials: the keycloak.json as the client keeps it, one line, and its client secret), so
+    it never appears in task logs even if some library logs it.
 
     The password itself is not sent again: Airflow masks it whenever it hands out the connection
     (``mask_secret(conn.password)`` in every ``get_connection``). The derived header goes to the
@@ -266,18 +272,29 @@ def mask_credentials(config: PravegaConnectionConfig) -> None:
     """
     if not config.password:
         return
-    from airflow_provider_pravega.client.security import basic_auth_metadata
-
-    # The header our client and the official client send: its base64 part decodes to the password.
-    basic = basic_auth_metadata(config)[0][1].removeprefix("Basic ")
+    if config.bearer:
+        secrets = [config.password, *_keycloak_secret(config.password)]
+    else:
+        # The header our client and the official client send: its base64 part decodes to the password.
+        secrets = [basic_auth_metadata(config)[0][1].removeprefix("Basic ")]
     try:
         # The masker the task SDK's log pipeline uses (Airflow 3.2 and 3.3; not re-exported by 3.2's
         # airflow.sdk.log).
         from airflow.sdk._shared.secrets_masker import _secrets_masker  # type: ignore[attr-defined]
 
-        _secrets_masker().add_mask(basic, None)
+        for secret in secrets:
+            _secrets_masker().add_mask(secret, None)
     except Exception:  # noqa: BLE001 - masking is best effort outside a configured Airflow
         pass
+
+
+def _keycloak_secret(keycloak_json: str) -> list[str]:
+    """The client secret of a keycloak.json (none when it has none: the client then refuses it)."""
+    try:
+        secret = json.loads(keycloak_json).get("credentials", {}).get("secret")
+    except (ValueError, AttributeError):
+        return []
+    return [secret] if isinstance(secret, str) and secret else []
 
 
 def check_credentials(config: PravegaConnectionConfig, timeout: float) -> None:

@@ -2,7 +2,9 @@
 
 Both jobs can run outside Airflow (``spark-submit``, a shell); they take the same connection
 settings as the ``pravega`` connection. The password never comes from argv (every user of the
-machine can read it there): from an environment variable or from a file.
+machine can read it there): from an environment variable or from a file. With Bearer credentials
+the "password" is the keycloak.json (one line of JSON), found the same way, and every process of
+the job obtains and renews its own Keycloak tokens from it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from airflow_provider_pravega.client.config import PravegaConnectionConfig
+from airflow_provider_pravega.client.config import AUTH_METHODS, PravegaConnectionConfig
 
 #: Where the command lines take the password from by default.
 PASSWORD_ENV = "PRAVEGA_PASSWORD"
@@ -27,6 +29,10 @@ def add_connection_arguments(parser: argparse.ArgumentParser, *, lease: bool = F
     if lease:
         group.add_argument("--lease-ms", type=int, default=90_000, help="transaction lease (default 90000)")
     group.add_argument("--username", help="Pravega user (Basic authentication); the password comes from --password-env")
+    group.add_argument("--auth-method", choices=AUTH_METHODS, default=None,
+                       help="Bearer: Keycloak credentials, the keycloak.json as the password (or --keycloak-file)")
+    group.add_argument("--keycloak-file", metavar="PATH",
+                       help="keycloak.json of a confidential client with a service account (implies Bearer)")
     group.add_argument("--password-env", default=PASSWORD_ENV, metavar="NAME",
                        help=f"environment variable holding the password (default {PASSWORD_ENV}); never pass it in argv")
     group.add_argument("--password-file", metavar="PATH",
@@ -76,8 +82,12 @@ def connection_arguments(config: PravegaConnectionConfig, *, lease: bool = False
         argv += ["--lease-ms", str(config.transaction_lease_ms)]
     if config.username:
         argv += ["--username", config.username]
-        if config.password and password_file:
-            argv += ["--password-file", password_file]
+    if config.bearer:
+        argv += ["--auth-method", config.auth_method]
+        if config.keycloak_file:
+            argv += ["--keycloak-file", config.keycloak_file]
+    if config.password and password_file and config.auth_enabled:
+        argv += ["--password-file", password_file]
     if config.trust_store:
         argv += ["--trust-store", config.trust_store]
     if not config.validate_hostname:
@@ -94,13 +104,18 @@ def config_from_arguments(args: argparse.Namespace) -> PravegaConnectionConfig:
         extra["trust_store"] = args.trust_store
     if args.no_validate_hostname:
         extra["validate_hostname"] = False
+    if getattr(args, "auth_method", None):
+        extra["auth_method"] = args.auth_method
+    if getattr(args, "keycloak_file", None):
+        extra["keycloak_file"] = args.keycloak_file
     return PravegaConnectionConfig.from_connection_fields(
         host=args.controller_uri, login=args.username, password=_password(args), extra=extra,
     )
 
 
 def _password(args: argparse.Namespace) -> str | None:
-    """The password from a file or an environment variable, only when a user is named."""
+    """The password from a file or an environment variable, only when a user is named (or, with
+    Bearer credentials and no --keycloak-file, the keycloak.json)."""
     if args.password_file:
         try:
             with open(args.password_file, encoding="utf-8") as f:
@@ -108,7 +123,7 @@ def _password(args: argparse.Namespace) -> str | None:
         except OSError as exc:
             raise ValueError(f"--password-file {args.password_file!r}: cannot read the password: "
                              f"{exc.strerror or exc}") from None
-    if args.username:
+    if args.username or (getattr(args, "auth_method", None) == "Bearer" and not getattr(args, "keycloak_file", None)):
         return os.environ.get(args.password_env) or None
     return None
 

@@ -128,7 +128,9 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("scope", ANY_USE, _text, "scope of the stream (required)"),
     OptionSpec("stream", ANY_USE, _text, "stream name (required)"),
     OptionSpec("username", ANY_USE, _text, "Basic-auth user"),
-    OptionSpec("password", ANY_USE, _text, "its password"),
+    OptionSpec("password", ANY_USE, _text, "its password (with auth_method Bearer: the keycloak.json)"),
+    OptionSpec("auth_method", ANY_USE, _text, "Basic, or Bearer for Keycloak credentials", "Basic"),
+    OptionSpec("keycloak_file", ANY_USE, _text, "keycloak.json path for Bearer credentials (implies Bearer)"),
     OptionSpec("tls", ANY_USE, _text, "true/false; also implied by a tls:// controller URI", "false"),
     OptionSpec("trust_store", ANY_USE, _text, "CA certificate (PEM file or directory) for TLS"),
     OptionSpec("validate_hostname", ANY_USE, _text, "true/false", "true"),
@@ -191,7 +193,8 @@ _SPECS = {spec.name: spec for spec in OPTION_SPECS}
 OPTIONS = {spec.name: spec.doc for spec in OPTION_SPECS}
 #: Options Spark itself passes to the data source (lower-cased), and the uses it passes them for.
 _SPARK_OPTIONS = {"checkpointlocation": frozenset({STREAM_WRITE})}
-_CONNECTION_OPTIONS = ("tls", "trust_store", "validate_hostname", "transaction_lease_ms")
+_CONNECTION_OPTIONS = ("tls", "trust_store", "validate_hostname", "transaction_lease_ms", "auth_method",
+                       "keycloak_file")
 _CUT_WORDS = {"head": HEAD, "earliest": HEAD, "tail": TAIL, "latest": TAIL}
 #: The columns a read gives besides the event, with their Spark types.
 _METADATA_COLUMNS = {"scope": "string", "stream": "string", "segment_id": "bigint", "offset": "bigint"}
@@ -309,6 +312,10 @@ def connection_options(config: PravegaConnectionConfig) -> dict[str, str]:
         options["username"] = config.username
     if config.password is not None:
         options["password"] = config.password
+    if config.bearer:
+        options["auth_method"] = config.auth_method
+    if config.keycloak_file is not None:
+        options["keycloak_file"] = config.keycloak_file
     if config.trust_store is not None:
         options["trust_store"] = config.trust_store
     return options

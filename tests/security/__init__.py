@@ -1,0 +1,1 @@
+"""Tests of credentials against real identity servers (Keycloak)."""
