@@ -64,33 +64,61 @@ def test_layers_import_only_what_the_table_allows() -> None:
     assert not violations, "\n".join(violations)
 
 
-def test_every_exactly_once_write_goes_through_the_one_transactional_stage() -> None:
-    """The ingest's Spark job and the data source's batch and streaming writes register and commit
-    their transactions only through client/ingest.py's stage: no other module commits a Pravega
-    transaction or registers one itself (so a fix to the stage reaches every path)."""
-    import ast
+#: Where a Pravega transaction may be begun, committed, aborted or renewed: the stage (the driver
+#: side in client/ingest.py, the task side in client/task_stage.py) and the transaction manager
+#: that implements those calls (client/transactions.py, with its lease keeper).
+STAGE_MODULES = ("airflow_provider_pravega/client/ingest.py", "airflow_provider_pravega/client/task_stage.py",
+                 "airflow_provider_pravega/client/transactions.py")
+TXN_CALLS = ("begin", "commit", "abort", "ping")
 
-    package = REPO / "airflow_provider_pravega"
-    committers = []
-    for path in package.rglob("*.py"):
-        rel = path.relative_to(REPO).as_posix()
-        if rel.startswith("airflow_provider_pravega/embedded/") or rel in (
-                "airflow_provider_pravega/client/ingest.py", "airflow_provider_pravega/client/transactions.py",
-                "airflow_provider_pravega/client/controller.py"):
+
+def transaction_calls_outside_the_stage(package: Path) -> list[str]:
+    """Calls that begin, commit, abort or renew a transaction (the method names of
+    TransactionManager, called with a scope and a stream) in a module outside STAGE_MODULES; the
+    embedded server implements them and is not a user of the stage."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package.parent).as_posix()
+        if rel in STAGE_MODULES or rel.startswith("airflow_provider_pravega/embedded/"):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "commit"
-                    and "session" not in ast.unparse(node.func.value) and "conn" not in ast.unparse(node.func.value)):
-                committers.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
-    assert committers == []
-    stage = {"register_txn", "IngestCoordinator"}
-    # The ingest job (its driver in ingest_job.py, its write task in ingest_task.py) and the data source.
-    for rels in (("airflow_provider_pravega/spark/ingest_job.py", "airflow_provider_pravega/spark/ingest_task.py"),
-                 ("airflow_provider_pravega/spark/datasource_write.py",)):
-        imported = {alias.name for rel in rels for node in ast.walk(ast.parse((REPO / rel).read_text()))
-                    if isinstance(node, ast.ImportFrom) and node.module == "airflow_provider_pravega.client.ingest"
-                    for alias in node.names}
-        assert stage <= imported, f"{rels} import {sorted(imported)} from the stage"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in TXN_CALLS
+                    and len(node.args) + len(node.keywords) >= 2):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_exactly_once_write_goes_through_the_one_transactional_stage() -> None:
+    """The ingest's write tasks and the data source's batch and streaming writes begin, register,
+    keep alive, abort and commit their transactions only through the stage: no other module makes
+    one of those calls (so a fix to the stage reaches every path), and each write path uses the
+    stage's task side."""
+    assert transaction_calls_outside_the_stage(REPO / "airflow_provider_pravega") == []
+    for rel, names in (("airflow_provider_pravega/spark/ingest_task.py", {"TaskTransaction"}),
+                       ("airflow_provider_pravega/spark/datasource_write.py", {"TaskTransaction"}),
+                       ("airflow_provider_pravega/spark/ingest_job.py", {"IngestCoordinator"}),
+                       ("airflow_provider_pravega/spark/datasource_write.py", {"IngestCoordinator"})):
+        imported = {alias.name for node in ast.walk(ast.parse((REPO / rel).read_text()))
+                    if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
+                        "airflow_provider_pravega.client.") for alias in node.names}
+        assert names <= imported, f"{rel} imports {sorted(imported)}"
+
+
+def test_the_stage_check_finds_a_transaction_call_outside_it(tmp_path: Path) -> None:
+    package = tmp_path / "airflow_provider_pravega"
+    (package / "spark").mkdir(parents=True)
+    (package / "spark" / "job.py").write_text(
+        "def f(client, txn):\n"
+        "    client.transactions.commit('s', 'st', txn)\n"
+        "    manager = client.transactions\n"
+        "    manager.abort(scope='s', stream='st', txn_id=txn)\n"
+        "    conn.abort()\n")  # a connection's abort: no scope, no stream
+    (package / "client").mkdir()
+    (package / "client" / "task_stage.py").write_text("def g(m):\n    m.begin('s', 'st', 1000)\n")
+    assert transaction_calls_outside_the_stage(package) == [
+        "airflow_provider_pravega/spark/job.py:2: client.transactions.commit('s', 'st', txn)",
+        "airflow_provider_pravega/spark/job.py:4: manager.abort(scope='s', stream='st', txn_id=txn)",
+    ]
 
 
 #: Words of an environment variable that asks for a fault (split at "_", so DEFAULT is not FAULT).
@@ -144,3 +172,83 @@ def test_the_fault_check_finds_an_environment_read_and_a_self_kill(tmp_path: Pat
     found = fault_injection_in(module.parents[1])
     assert sorted(f.split(": ", 1)[1] for f in found) == [
         "a fault variable 'PRAVEGA_INGEST_CRASH_AT'", "os._exit(137)", "os.kill(os.getpid(), 9)"], found
+
+
+#: Files of the package allowed over MAX_LINES, and why: declarative or generated code.
+LONG_FILES_ALLOWED = {
+    "airflow_provider_pravega/protocol/wire.py": "the wire codec: one declarative class per command",
+    "airflow_provider_pravega/protocol/controller_pb2_grpc.py": "generated by grpcio-tools",
+    "airflow_provider_pravega/protocol/controller_pb2.py": "generated by grpcio-tools",
+}
+MAX_LINES = 1_000
+
+
+def test_no_module_is_over_the_size_of_one_job() -> None:
+    """A file does one job: none is over MAX_LINES lines, but declarative and generated code."""
+    long = {p.relative_to(REPO).as_posix(): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert {p: n for p, n in long.items() if p not in LONG_FILES_ALLOWED} == {}
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node, but those under ``if TYPE_CHECKING:`` (annotations only, never imported)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and ast.unparse(child.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, at module level or inside functions (not the
+    imports for annotations only, under ``if TYPE_CHECKING:``)."""
+    root = package.name
+    graph: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found = graph.setdefault(module, set())
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.startswith(root + "."))
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith(root):
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+    return {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles of the import graph (each once, from its smallest module), ignoring a package's
+    imports of its own modules (``__init__`` re-exports)."""
+    cycles = []
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for dep in sorted(graph[node]):
+                if dep == start and len(path) > 1:
+                    cycles.append(path)
+                elif dep > start and dep not in path and not any(m.startswith(dep + ".") for m in path):
+                    stack.append((dep, path + [dep]))
+    return [c for c in cycles if not any(c[i + 1].startswith(c[i] + ".") or c[i].startswith(c[i + 1] + ".")
+                                         for i in range(len(c) - 1))]
+
+
+def test_no_import_cycle() -> None:
+    assert import_cycles(import_graph(PACKAGE)) == []
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_function_local_import(tmp_path: Path) -> None:
+    package = tmp_path / "airflow_provider_pravega"
+    package.mkdir()
+    (package / "a.py").write_text("from airflow_provider_pravega.b import x\n")
+    (package / "b.py").write_text("def x():\n    from airflow_provider_pravega import a\n")
+    (package / "c.py").write_text("import airflow_provider_pravega.a\n")
+    # d and e refer to each other, but d to e only in annotations: no cycle.
+    (package / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from airflow_provider_pravega.e import y\n")
+    (package / "e.py").write_text("from airflow_provider_pravega.d import z\n")
+    assert import_cycles(import_graph(package)) == [["airflow_provider_pravega.a", "airflow_provider_pravega.b"]]

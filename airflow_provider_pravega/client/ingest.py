@@ -94,6 +94,7 @@ from airflow_provider_pravega.client.ingest_state import (
     encode_holds,
     now_ms,
 )
+from airflow_provider_pravega.client.transactions import abort_quietly
 
 log = logging.getLogger(__name__)
 
@@ -858,11 +859,8 @@ class IngestCoordinator:
             pass
 
     def _abort_quietly(self, hex_ids: Iterable[str]) -> None:
-        for hex_id in hex_ids:
-            try:
-                self.txns.abort(self.scope, self.stream, int(hex_id, 16))
-            except PravegaError as exc:  # already committed/aborted/expired: nothing to undo
-                log.debug("abort of %s: %s", hex_id, exc)
+        # Already committed, aborted or expired: nothing to undo.
+        abort_quietly(self.txns, self.scope, self.stream, (int(h, 16) for h in hex_ids), level=logging.DEBUG)
 
 
 class RunKeeper(threading.Thread):
@@ -905,23 +903,6 @@ class RunKeeper(threading.Thread):
         self.join(timeout=30)
         if self.leases is not None:
             self.leases.close()
-
-
-def register_txn(store: StateStore, run_id: str, hex_id: str, owner: str | None = None) -> None:
-    """Called by a task before it writes: fenced if the run is gone, past its commit point, or
-    (with ``owner``) taken over by another driver."""
-
-    def fn(state: dict[str, Any]) -> dict | None:
-        run = state["runs"].get(run_id)
-        if run is None or run["phase"] != WRITING:
-            raise FencedError(run_id, "the run was recovered by another copy or already reached its commit point")
-        if owner is not None and run["owner"] != owner:
-            raise FencedError(run_id, "another copy of the task took the run over")
-        if hex_id in run["txns"]:
-            return None
-        return {"op": "register", "run": run_id, "txn": hex_id}
-
-    store.update(fn)
 
 
 def record_run_done(store: StateStore, run_id: str, end: Mapping[str, int] | None = None) -> bool:

@@ -9,14 +9,37 @@ aborted at once, rather than left for its lease to end, and nothing of it is eve
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow_provider_pravega import fault_points
-from airflow_provider_pravega.client.errors import PravegaError
+from airflow_provider_pravega.client.ingest import RunKeeper
+from airflow_provider_pravega.client.ingest_errors import FencedError
+from airflow_provider_pravega.client.ingest_resume import record_written
+from airflow_provider_pravega.client.ingest_state import WRITING, StateStore
+from airflow_provider_pravega.client.transactions import abort_quietly
 
-log = logging.getLogger(__name__)
+
+def begin_transaction(manager: Any, scope: str, stream: str, lease_ms: int) -> Any:
+    """A new transaction of ``scope/stream`` with a lease of ``lease_ms``."""
+    return manager.begin(scope, stream, lease_ms)
+
+
+def register_txn(store: StateStore, run_id: str, hex_id: str, owner: str | None = None) -> None:
+    """Called by a task before it writes (the stage's registration, fenced): fenced if the run is gone, past its commit point, or
+    (with ``owner``) taken over by another driver."""
+
+    def fn(state: dict[str, Any]) -> dict | None:
+        run = state["runs"].get(run_id)
+        if run is None or run["phase"] != WRITING:
+            raise FencedError(run_id, "the run was recovered by another copy or already reached its commit point")
+        if owner is not None and run["owner"] != owner:
+            raise FencedError(run_id, "another copy of the task took the run over")
+        if hex_id in run["txns"]:
+            return None
+        return {"op": "register", "run": run_id, "txn": hex_id}
+
+    store.update(fn)
 
 
 class TaskTransaction:
@@ -31,7 +54,7 @@ class TaskTransaction:
         self.client, self.store = client, store
         self.scope, self.stream, self.run_id, self.owner = scope, stream, run_id, owner
         self.lease_ms, self._renew_run = lease_ms, renew_run
-        self._begin = begin or (lambda manager: manager.begin(scope, stream, lease_ms))
+        self._begin = begin or (lambda manager: begin_transaction(manager, scope, stream, lease_ms))
         self.manager = client.transactions
         self.info: Any = None
         self.writer: Any = None
@@ -43,8 +66,6 @@ class TaskTransaction:
         return f"{self.info.txn_id:032x}"
 
     def __enter__(self) -> TaskTransaction:
-        from airflow_provider_pravega.client.ingest import RunKeeper, register_txn
-
         self.info = self._begin(self.manager)
         try:
             register_txn(self.store, self.run_id, self.hex_id, self.owner)
@@ -68,8 +89,6 @@ class TaskTransaction:
         (a full lease from here to the commit), and, with ``units``, record what it holds: what a
         later try needs to commit it without this task's driver (``pieces``: what the task learnt
         of each unit while writing it, recorded at the commit point)."""
-        from airflow_provider_pravega.client.ingest_resume import record_written
-
         self.writer.flush()
         if self._renew_run is not None:
             self._keeper.check()
@@ -79,10 +98,7 @@ class TaskTransaction:
         self._finished = True
 
     def abort(self) -> None:
-        try:
-            self.manager.abort(self.scope, self.stream, self.info.txn_id)
-        except PravegaError as exc:  # its lease ends it then
-            log.warning("could not abort transaction %s on %s/%s: %s", self.hex_id, self.scope, self.stream, exc)
+        abort_quietly(self.manager, self.scope, self.stream, [self.info.txn_id])
 
     def _close(self) -> None:
         if self._keeper is not None:

@@ -253,6 +253,17 @@ class TransactionManager:
         return TransactionalWriter(self, scope, stream, txn, **options)
 
 
+def abort_quietly(manager: TransactionManager, scope: str, stream: str, txn_ids: Iterable[int], *,
+                  level: int = logging.WARNING) -> None:
+    """Abort each transaction, logging (at ``level``, not raising) one that cannot be: one already
+    committed or aborted, or one its lease will end; nothing of an aborted one is ever committed."""
+    for txn_id in txn_ids:
+        try:
+            manager.abort(scope, stream, txn_id)
+        except PravegaError as exc:
+            log.log(level, "could not abort transaction %032x on %s/%s: %s", txn_id, scope, stream, exc)
+
+
 def _txn_id(txn_id: int | str | TransactionInfo) -> int:
     return parse_txn_id(txn_id)
 

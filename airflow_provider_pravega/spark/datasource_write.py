@@ -146,35 +146,21 @@ class _TaskWrites:
 
     def _write_in_run(self, client: Any, store: Any, coord: Any, run_id: str, iterator: Iterator[Any],
                       digest: RowDigest | None = None) -> tuple[int, int]:
-        """The task side of the transactional stage, for batch and streaming writes alike: begin a
-        transaction, register it in ``run_id`` (fenced: refused once the run reached its commit
-        point or was taken over), write the rows, flush. While it writes the task renews every
-        transaction registered in the run, so a finished task's transaction stays alive while any
-        task of the job still runs, on no host of its own. ``digest`` is fed the rows written.
-        Returns (transaction id, events)."""
-        from airflow_provider_pravega.client.ingest import RunKeeper, register_txn
+        """The task side of the transactional stage (client/task_stage.py), for batch and streaming
+        writes alike: begin a transaction, register it in ``run_id`` (fenced: refused once the run
+        reached its commit point or was taken over), write the rows, flush. While it writes the task
+        renews every transaction registered in the run, so a finished task's transaction stays alive
+        while any task of the job still runs, on no host of its own. ``digest`` is fed the rows
+        written. Returns (transaction id, events)."""
+        from airflow_provider_pravega.client.task_stage import TaskTransaction
 
-        manager = client.transactions
-        txn = _begin(manager, self.scope, self.stream, self.config.transaction_lease_ms)
-        writer = manager.writer(self.scope, self.stream, txn, check_open=False)
-        keeper = None
-        try:
-            register_txn(store, run_id, f"{txn.txn_id:032x}", self.owner)
-            fault_points.reached("task_registered")
-            keeper = RunKeeper(coord, run_id)
-            keeper.start()
-            count = self._write_rows(iterator, writer.write_event, digest)
-            writer.flush()
-            keeper.check()
-            manager.ping(self.scope, self.stream, txn.txn_id)  # a full lease from here to the commit
-        except BaseException:
-            _abort_quietly(manager, self.scope, self.stream, txn.txn_id)  # else the lease ends it
-            raise
-        finally:
-            if keeper is not None:
-                keeper.stop()
-            writer.close()
-        return txn.txn_id, count
+        lease_ms = self.config.transaction_lease_ms
+        with TaskTransaction(client, store, scope=self.scope, stream=self.stream, run_id=run_id, owner=self.owner,
+                             lease_ms=lease_ms, renew_run=coord,
+                             begin=lambda manager: _begin(manager, self.scope, self.stream, lease_ms)) as txn:
+            count = self._write_rows(iterator, txn.writer.write_event, digest)
+            txn.finish()
+        return txn.info.txn_id, count
 
     def _write_micro_batch(self, iterator: Iterator[Any]) -> PravegaCommitMessage:
         """A streaming write's task, through the transactional stage like a batch write's: the
@@ -484,8 +470,10 @@ def _begin(manager: Any, scope: str, stream: str, lease_ms: int) -> Any:
     """A transaction with the options' lease; a lease the controller refuses is named as the option."""
     import re
 
+    from airflow_provider_pravega.client.task_stage import begin_transaction
+
     try:
-        return manager.begin(scope, stream, lease_ms)
+        return begin_transaction(manager, scope, stream, lease_ms)
     except PravegaError as exc:
         text = str(exc)
         maximum = re.search(r"max(?:imum)?(?: value)?(?: is| of) (\d+)", text)
@@ -512,10 +500,9 @@ def _abort_all(config: Any, scope: str, stream: str, messages: Sequence[PravegaC
 
 
 def _abort_quietly(manager: Any, scope: str, stream: str, txn_id: int) -> None:
-    try:
-        manager.abort(scope, stream, txn_id)
-    except PravegaError as exc:
-        log.warning("could not abort transaction %032x on %s/%s: %s", txn_id, scope, stream, exc)
+    from airflow_provider_pravega.client.transactions import abort_quietly
+
+    abort_quietly(manager, scope, stream, [txn_id])
 
 
 def _check_columns(schema: Any) -> tuple[bool, bool]:

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pravega.client.ingest import IngestCoordinator, WriteResult, register_txn
+from airflow_provider_pravega.client.ingest import IngestCoordinator, WriteResult
+from airflow_provider_pravega.client.task_stage import register_txn
 from airflow_provider_pravega.client.ingest_location import open_ingest_state
 from airflow_provider_pravega.client.ingest_state import REQUESTED, apply_update, initial_state, interval_pieces
 

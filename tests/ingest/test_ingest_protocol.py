@@ -333,7 +333,8 @@ def test_independent_writes_never_recover_each_other_and_a_dead_one_is_dropped_a
     """Data-source writes without a write_id share one state: a job never takes another's run over
     (a slow live job would be fenced off), and a run whose driver stopped a day ago is dropped, its
     open transactions aborted, so dead runs do not pile up in the state."""
-    from airflow_provider_pravega.client.ingest import IngestCoordinator, register_txn
+    from airflow_provider_pravega.client.ingest import IngestCoordinator
+    from airflow_provider_pravega.client.task_stage import register_txn
     from airflow_provider_pravega.client.ingest_location import open_ingest_state
 
     scope = unique_name("drop")

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_pravega.client.controller_types import TxnStatus
-from airflow_provider_pravega.client.ingest import IngestCoordinator, register_txn
+from airflow_provider_pravega.client.ingest import IngestCoordinator
+from airflow_provider_pravega.client.task_stage import register_txn
 from airflow_provider_pravega.client.ingest_location import open_ingest_state, open_state_store
 from airflow_provider_pravega.client.ingest_plan import file_identity
 from airflow_provider_pravega.client.ingest_state import COMMITTING, REQUESTED, WRITING
