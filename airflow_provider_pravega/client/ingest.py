@@ -67,9 +67,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from airflow_provider_pravega.client.errors import PravegaError
+from airflow_provider_pravega.client.errors import PravegaError, TransactionAbortedError
 from airflow_provider_pravega.client.ingest_errors import (
     FencedError,
     IngestError,
@@ -94,7 +94,7 @@ from airflow_provider_pravega.client.ingest_state import (
     encode_holds,
     now_ms,
 )
-from airflow_provider_pravega.client.transactions import abort_quietly
+from airflow_provider_pravega.client.transactions import TransactionManager, abort_quietly
 
 log = logging.getLogger(__name__)
 
@@ -137,18 +137,6 @@ def check_timing(stale_after_s: float, lease_ms: int) -> float:
             f"{MIN_HEARTBEAT_S:g} s, three times per lease; use at least {int(3 * MIN_HEARTBEAT_S * 1000)} ms"
         )
     return max(MIN_HEARTBEAT_S, min(MAX_HEARTBEAT_S, lease_ms / 3000, stale_after_s / HEARTBEATS_PER_STALE))
-
-
-class TransactionOps(Protocol):
-    """The transaction calls the coordinator needs (client.transactions.TransactionManager)."""
-
-    def status(self, scope: str, stream: str, txn_id: int) -> Any: ...
-
-    def commit(self, scope: str, stream: str, txn_id: int, *args: Any, **kwargs: Any) -> Any: ...
-
-    def abort(self, scope: str, stream: str, txn_id: int, *args: Any, **kwargs: Any) -> Any: ...
-
-    def wait_for(self, scope: str, stream: str, txn_id: int, states: Any, timeout_s: float, **kw: Any) -> Any: ...
 
 
 @dataclass
@@ -196,7 +184,7 @@ class IngestCoordinator:
     def __init__(
         self,
         store: StateStore,
-        txns: TransactionOps,
+        txns: TransactionManager,
         scope: str,
         stream: str,
         *,
@@ -666,10 +654,7 @@ class IngestCoordinator:
         states = {hex_id: _state_name(self.txns.status(self.scope, self.stream, int(hex_id, 16))) for hex_id in txns}
         aborted = [t for t, state in states.items() if state in ("ABORTED", "ABORTING")]
         if aborted:
-            if run is None:
-                run = self.store.fetch()["runs"].get(run_id) or {}
-            self.returned[run_id] = self.heal_lost(run_id, run, aborted)
-            self.lost[run_id] = aborted
+            self._heal(run_id, run, aborted)
             states = {t: state for t, state in states.items() if t not in set(aborted)}
             if not states:
                 return False  # the whole run was lost: its files are planned again
@@ -693,13 +678,25 @@ class IngestCoordinator:
                 return False
             log.warning("ingest run %s: transaction(s) %s are UNKNOWN; unknown_commits='committed': counting "
                         "them as committed", run_id, ", ".join(unknown))
+        self._crash("before_commit_requests")
+        lapsed = []  # OPEN when read, aborted by their lapsed lease before their commit request
         for i, (hex_id, state) in enumerate(states.items()):
             if state == "OPEN":
-                self.txns.commit(self.scope, self.stream, int(hex_id, 16), wait=False)
+                try:
+                    self.txns.commit(self.scope, self.stream, int(hex_id, 16), wait=False)
+                except TransactionAbortedError:
+                    lapsed.append(hex_id)
             if i == 0:
                 self._crash("after_first_commit")
+        if lapsed:
+            self._heal(run_id, None, lapsed)
         self._crash("after_commit_acks")
-        return True
+        return len(lapsed) < len(states)
+
+    def _heal(self, run_id: str, run: Mapping[str, Any] | None, aborted: list[str]) -> None:
+        run = run if run is not None else self.store.fetch()["runs"].get(run_id) or {}
+        self.returned[run_id] = self.returned.get(run_id, []) + self.heal_lost(run_id, run, aborted)
+        self.lost[run_id] = self.lost.get(run_id, []) + aborted
 
     def heal_lost(self, run_id: str, run: Mapping[str, Any], aborted: Sequence[str]) -> list[str]:
         """Transactions of a run past its commit point were aborted (their leases lapsed: the

@@ -33,27 +33,29 @@ def file_frame(spark: Any, requests: Mapping[str, Mapping[str, Any]], spec: Inge
     """(path, content) of each line file to write, one partition per write task: whole files,
     consecutive in path order, about equal bytes per task (:func:`write_groups`), in path order
     within a task when a routing key orders events (a key's events keep source order). Each group
-    is read by Spark tasks on its own (``binaryFile``: files up to 2 GiB each) and coalesced into
-    one partition, so no shuffle moves the bytes. With ``here`` (:func:`files_read_here`: a few
-    small local files) this process reads them, in path order, and their bytes go to Spark in the
-    query as one task's input. Each file up to its listed size: what lies beyond is left for a
-    later run."""
+    is read on its own and coalesced into one partition, so no shuffle moves the bytes: by Spark
+    tasks (``binaryFile``: files up to 2 GiB each), or, with ``here`` (:func:`files_read_here`), by
+    this process, whose bytes go to Spark in the query. Each file up to its listed size: what lies
+    beyond is left for a later run."""
     import pyarrow as pa
 
-    if here:  # one local relation, one task: Spark folds a union of local relations into one anyway
-        keys = sorted(requests)
-        contents = []
-        for key in keys:
-            content = local_bytes(key, upto=int(requests[key]["size"]))
-            if content is None:
-                raise file_gone(key)
-            contents.append(content)
-        table = pa.table({"path": ["file:" + k for k in keys], "content": contents},  # as binaryFile names them
-                         schema=pa.schema([("path", pa.string()), ("content", pa.binary())]))
-        return one_task_per_group([spark.createDataFrame(table)])
     groups = write_groups(requests, writers)
+    if here:
+        parts = []
+        for keys in groups:
+            contents = []
+            for key in keys:
+                content = local_bytes(key, upto=int(requests[key]["size"]))
+                if content is None:
+                    raise file_gone(key)
+                contents.append(content)
+            table = pa.table({"path": ["file:" + k for k in keys], "content": contents},  # as binaryFile names them
+                             schema=pa.schema([("path", pa.string()), ("content", pa.binary())]))
+            parts.append(spark.createDataFrame(table))
+    else:
+        parts = [file_contents(spark, keys) for keys in groups]
     keyed = spec.routing_key_field and any(len(keys) > 1 for keys in groups)
-    return one_task_per_group([file_contents(spark, keys) for keys in groups], ("path",) if keyed else ())
+    return one_task_per_group(parts, ("path",) if keyed else ())
 
 
 EVENT_LIMIT = 8 * 1024 * 1024  # Pravega's event size limit (protocol.wire.MAX_EVENT_SIZE)

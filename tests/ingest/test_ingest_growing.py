@@ -287,10 +287,10 @@ def test_the_write_task_takes_each_piece_from_the_bytes_it_reads(tmp_path):
 
 
 def test_line_files_read_here_or_by_spark_reach_their_tasks_alike(tmp_path, spark):
-    """The bytes a line file's write task gets: read by Spark tasks (binaryFile), one partition per
-    write group, or by the task's process (small local files, sent in the query as one task's
-    input); whole files in path order, each up to its listed size, the same bytes either way. A
-    file gone before it is read is named."""
+    """The bytes a line file's write task gets: read by the task's process (small local files, sent
+    in the query) or by Spark tasks (binaryFile), one partition per write group, whole files in
+    path order within it, each up to its listed size, the same bytes either way. A file gone
+    before it is read is named."""
     requests = {}
     for i in range(5):
         path = tmp_path / f"f{i}.jsonl"
@@ -321,8 +321,7 @@ def test_line_files_read_here_or_by_spark_reach_their_tasks_alike(tmp_path, spar
         by_task: dict[int, list[str]] = {}
         for r in rows:
             by_task.setdefault(r["p"], []).append(ingest_sources.key_of(r["path"]))
-        # Read by Spark: group i is task i; read here (a few small files): one task. In path order.
-        assert [by_task[p] for p in sorted(by_task)] == ([sorted(requests)] if here else groups)
+        assert [by_task[p] for p in sorted(by_task)] == groups, here  # group i is task i, in path order
     assert seen[0] == seen[1]
     assert ingest_frames.files_read_here(requests, listed_here=True)
     assert not ingest_frames.files_read_here(requests, listed_here=False)  # listed by Spark: not on this disk

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_pravega.client.ingest import IngestCoordinator, WriteResult
-from airflow_provider_pravega.client.task_stage import register_txn
 from airflow_provider_pravega.client.ingest_location import open_ingest_state
+from airflow_provider_pravega.client.ingest_plan import known_files
 from airflow_provider_pravega.client.ingest_state import REQUESTED, apply_update, initial_state, interval_pieces
+from airflow_provider_pravega.client.task_stage import register_txn
 
 
 def fold(*ops):
@@ -248,3 +249,36 @@ def test_a_transaction_registered_just_before_the_commit_point_is_aborted(client
         txns, status, _ = coord.commit_written(run_id, written)
     assert status == "COMMITTED" and txns == written.txns and late
     assert client.transactions.status(scope, stream, late[0]).name in ("ABORTING", "ABORTED")
+
+
+def test_a_lease_that_lapses_between_the_state_check_and_the_commit_request_is_healed(client, unique_name):
+    """A transaction read OPEN at the commit point whose lease lapses before its commit request
+    (driven here by aborting it at that step) is taken out of the run like one found aborted: the
+    others are committed, its file is returned for the next run, and nothing raises."""
+    from airflow_provider_pravega.client.ingest_plan import file_identity
+
+    scope, stream = unique_name("lapse"), "s"
+    client.admin.create_scope(scope)
+    client.admin.create_stream(scope, stream, 1)
+    store = open_ingest_state(client, scope, stream, "lapse")
+    txns: list[str] = []
+
+    def write(run_id: str, plan: Any) -> WriteResult:
+        for name in sorted(plan.to_ingest):
+            info = client.transactions.begin(scope, stream)
+            register_txn(store, run_id, f"{info.txn_id:032x}", coord.owner)
+            w = client.transactions.writer(scope, stream, info)
+            w.write_event(name.encode(), "k")
+            w.flush()
+            w.close()
+            txns.append(f"{info.txn_id:032x}")
+        return WriteResult(list(txns), len(txns), holds={t: [n] for t, n in zip(txns, sorted(plan.to_ingest))})
+
+    def lapse(step: str) -> None:
+        if step == "before_commit_requests":
+            client.transactions.abort(scope, stream, int(txns[1], 16))
+
+    coord = IngestCoordinator(store, client.transactions, scope, stream, stale_after_s=30, crash_hook=lapse)
+    outcome = coord.run({"a": file_identity(1, 1), "b": file_identity(1, 1)}, write)
+    assert outcome.returned == ["b"] and outcome.txns == [txns[0]] and outcome.status == "COMMITTED"
+    assert "a" in known_files(store, store.fetch(), ["a", "b"]) and "b" not in known_files(store, store.fetch(), ["b"])

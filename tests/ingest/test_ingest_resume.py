@@ -19,7 +19,6 @@ import pytest
 
 from airflow_provider_pravega.client.controller_types import TxnStatus
 from airflow_provider_pravega.client.ingest import IngestCoordinator
-from airflow_provider_pravega.client.task_stage import register_txn
 from airflow_provider_pravega.client.ingest_location import open_ingest_state, open_state_store
 from airflow_provider_pravega.client.ingest_plan import file_identity
 from airflow_provider_pravega.client.ingest_state import COMMITTING, REQUESTED, WRITING
@@ -31,6 +30,7 @@ from airflow_provider_pravega.client.ingest_resume import (
     run_identity,
     written_holds,
 )
+from airflow_provider_pravega.client.task_stage import register_txn
 from airflow_provider_pravega.spark.ingest_job import resume_ingest, resume_status_of, state_location
 from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 from pravega_testing.faults import fault_env
