@@ -691,7 +691,7 @@ class IngestCoordinator:
         if lapsed:
             self._heal(run_id, None, lapsed)
         self._crash("after_commit_acks")
-        return len(lapsed) < len(states)
+        return not lapsed or len(lapsed) < len(states)  # False: the whole run was lost
 
     def _heal(self, run_id: str, run: Mapping[str, Any] | None, aborted: list[str]) -> None:
         run = run if run is not None else self.store.fetch()["runs"].get(run_id) or {}
