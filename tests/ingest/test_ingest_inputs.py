@@ -100,8 +100,11 @@ def test_identity_from_the_listing_and_states_recorded_with_fingerprints(tmp_pat
     digest = hashlib.blake2b(old.read_bytes(), digest_size=20).hexdigest()
     run_id, *_ = coord.start_run({str(old): {"size": old.stat().st_size, "fp": digest}})
     coord.finish(run_id)
-    skipped = run_ingest(client, spark, old_spec)  # fingerprinted in a Spark task: unchanged
-    assert skipped.run_id is None and skipped.files_skipped == [str(old)]
+    # Read by its write task, which finds the committed bytes unchanged and nothing new: no event,
+    # and the record is rewritten as a piece with the listed time (the next run reads nothing).
+    skipped = run_ingest(client, spark, old_spec)
+    assert (skipped.events, skipped.files_ingested, skipped.files_skipped) == (0, [], [str(old)])
+    assert run_ingest(client, spark, old_spec).run_id is None
     jsonl(old, [{"v": n} for n in range(5, 9)])
     with pytest.raises(ChangedFileError, match=r"fingerprint " + digest[:16]):
         run_ingest(client, spark, old_spec)
