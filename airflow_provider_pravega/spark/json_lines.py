@@ -13,9 +13,16 @@ from typing import Any
 
 import msgspec
 
-#: How deep the check follows nesting: its parser's bound (Python's recursion limit), about as deep
-#: as Spark's own JSON parser goes (1,000 levels).
+#: How deep the check follows nesting, about as deep as Spark's own JSON parser goes: explicit, so
+#: that no Python version's recursion limit decides what is accepted.
+MAX_DEPTH = 1_000
 DEPTH_NOTE = "deeper than the check follows (about 1,000 levels, as Spark's JSON parser)"
+
+
+def may_nest_too_deep(line: bytes) -> bool:
+    """Whether ``line`` holds enough brackets to nest deeper than :data:`MAX_DEPTH` (a cheap test
+    before the exact one)."""
+    return line.count(b"[") + line.count(b"{") > MAX_DEPTH
 
 _DECODE = msgspec.json.Decoder().decode
 
@@ -32,6 +39,8 @@ _EXACT = json.JSONDecoder(parse_int=str, parse_float=str, parse_constant=_no_con
 def json_line_problem(line: bytes) -> str | None:
     """Why ``line`` (without its line end) is not one JSON object, or None when it is one. A line of
     spaces only is not a record (the ingest skips it): None."""
+    if may_nest_too_deep(line) and (depth := _depth(line)) > MAX_DEPTH:
+        return f"JSON nested {depth} levels deep, {DEPTH_NOTE}"
     try:
         value = _DECODE(line)
     except msgspec.ValidationError:  # valid so far, but a number the fast parser cannot convert

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from airflow_provider_pravega.protocol.wire import MAX_EVENT_SIZE
-from airflow_provider_pravega.spark.json_lines import JsonNumber, exact_fields, json_line_problem
+from airflow_provider_pravega.spark.json_lines import JsonNumber, exact_fields, json_line_problem, may_nest_too_deep
 
 
 @dataclass
@@ -170,4 +170,6 @@ def piece_events(data: bytes | memoryview, first_line: int, reader: FieldReader 
         str(data, "utf-8")  # every byte checked once, in C (the decode below skips unread fields)
     except UnicodeDecodeError:
         return reader._exactly(lines, first_line, numbers)
+    if may_nest_too_deep(data) and any(may_nest_too_deep(x) for x in lines):
+        return reader._exactly(lines, first_line, numbers)  # the nesting limit is the exact check's
     return reader.read(lines, first_line, numbers)
