@@ -27,12 +27,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus
 
-import httpx
-
 from airflow_provider_pravega.client.errors import KeycloakTokenError
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "DEFAULT_AUDIENCE",
@@ -178,6 +179,10 @@ class KeycloakTokenSource:
         return min(cap, lifetime * RENEW_SHARE)
 
     def _fetch(self) -> tuple[str, float]:
+        # Imported here: only bearer credentials need it, and the Spark workers of a connection
+        # with a password (a Spark Connect server's, a cluster's) need not have it installed.
+        import httpx
+
         s = self.settings
         with httpx.Client(timeout=HTTP_TIMEOUT_S, verify=_verify(s), trust_env=False) as http:
             access = self._grant(http, "the client-credentials grant", {"grant_type": "client_credentials"},
@@ -191,6 +196,8 @@ class KeycloakTokenSource:
         return str(rpt["access_token"]), float(lifetime)
 
     def _grant(self, http: httpx.Client, what: str, form: dict[str, str], **kwargs: Any) -> dict[str, Any]:
+        import httpx  # see _fetch
+
         s = self.settings
         wait = FIRST_RETRY_WAIT_S
         for attempt in range(1, ATTEMPTS + 1):
