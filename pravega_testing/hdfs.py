@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from airflow_provider_pravega._cache import cache_dir
 from pravega_testing.object_store import hadoop_version
+from pravega_testing.spark_connect import stop_group
 
 #: JUnit 5 as Hadoop 3.5's build uses it (MiniDFSCluster calls its assertions).
 _JUNIT = ("org.junit.jupiter:junit-jupiter-api:5.13.3", "org.junit.platform:junit-platform-commons:1.13.3",
@@ -103,12 +103,5 @@ def hdfs_minicluster(work: Path, *, timeout_s: float = 180.0) -> Iterator[Hdfs]:
             time.sleep(0.5)
         yield Hdfs(f"hdfs://127.0.0.1:{port}", process, log)
     finally:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+        stop_group(process.pid, reap=process.poll)
+        process.wait()

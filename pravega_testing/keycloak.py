@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tarfile
 import tempfile
@@ -20,6 +19,7 @@ import httpx
 
 from airflow_provider_pravega._cache import cache_dir
 from pravega_testing.net import free_port
+from pravega_testing.spark_connect import stop_group
 from pravega_testing.wait import wait_until
 
 #: The newest keycloak-quarkus-dist Maven Central serves that these tests were run with.
@@ -134,12 +134,5 @@ def keycloak_server(work: Path, *, version: str = VERSION, timeout_s: float = 30
         built.touch()
         yield server
     finally:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+        stop_group(process.pid, reap=process.poll)
+        process.wait()

@@ -26,7 +26,7 @@ def begin_transaction(manager: Any, scope: str, stream: str, lease_ms: int) -> A
 
 
 def register_txn(store: StateStore, run_id: str, hex_id: str, owner: str | None = None) -> None:
-    """Called by a task before it writes (the stage's registration, fenced): fenced if the run is gone, past its commit point, or
+    """Called by a task before it writes: fenced if the run is gone, past its commit point, or
     (with ``owner``) taken over by another driver."""
 
     def fn(state: dict[str, Any]) -> dict | None:

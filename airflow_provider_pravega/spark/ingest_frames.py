@@ -18,9 +18,6 @@ from airflow_provider_pravega.spark.ingest_spec import BadRecordError, IngestSpe
 #: task's disk. Larger ones are read in Spark tasks (``binaryFile``), never on the driver.
 LOCAL_LINES_MAX_BYTES = 16 * 1024 * 1024
 
-#: The rows a line file's write task gets: the file's path and its bytes, whole.
-FILE_COLUMNS = "path string, content binary"
-
 
 def files_read_here(requests: Mapping[str, Mapping[str, Any]], listed_here: bool) -> bool:
     """Whether :func:`file_frame` reads these line files in this process: they were listed here
