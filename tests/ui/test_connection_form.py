@@ -44,6 +44,7 @@ EXTRA_FIELDS = {  # conn-fields key -> (label, a selector of its widget; the UI 
     "validate_hostname": ("Validate server certificate", "input[name=element_validate_hostname]"),
     # An integer schema becomes a number input whose buttons carry the field name.
     "transaction_lease_ms": ("Transaction lease (ms)", "[id='number-input:element_transaction_lease_ms:inc']"),
+    "keycloak_file": ("keycloak.json path", "input[name=element_keycloak_file]"),
 }
 
 
@@ -149,7 +150,7 @@ def test_pravega_connection_form(chromium_executable: str, airflow_api_server: A
     # Airflow 3.3's form stores every conn-field, the untouched ones with the defaults it showed.
     assert json.loads(stored["extra"] or "{}") == {
         "scope": SCOPE, "tls": False, "trust_store": None, "validate_hostname": True,
-        "transaction_lease_ms": LEASE_MS,
+        "transaction_lease_ms": LEASE_MS, "auth_method": "Basic", "keycloak_file": None,
     }, stored["extra"]
 
     # ---- PravegaHook reads exactly this connection (handed over as a deployment would, AIRFLOW_CONN_*)
@@ -164,3 +165,4 @@ def test_pravega_connection_form(chromium_executable: str, airflow_api_server: A
     assert config.validate_hostname is True
     assert config.transaction_lease_ms == LEASE_MS
     assert config.username is None and config.password is None
+    assert config.auth_method == "Basic" and config.keycloak_file is None
