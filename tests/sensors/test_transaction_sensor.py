@@ -78,8 +78,7 @@ def test_transaction_sensor_modes(
     # Kept open however long the DAG takes on a loaded machine (its lease lapsed once in CI's tier).
     keeper = client.lease_keeper(10.0)
     keeper.add(scope, stream, still_open)
-    late_commit = txns.begin(scope, stream, lease_ms=110_000).txn_id
-    late_abort = txns.begin(scope, stream, lease_ms=110_000).txn_id
+    late: dict[str, int] = {}  # begun by start_timers, so their leases start when their timers do
 
     outputs: dict[str, Any] = {}
 
@@ -99,18 +98,23 @@ def test_transaction_sensor_modes(
             return [f"{t:032x}" for t in committed]
 
         @task
-        def start_timers() -> None:
-            """Commit one transaction and abort another while their sensors wait."""
+        def start_timers() -> dict[str, str]:
+            """Begin two transactions, then commit one and abort the other while their sensors wait."""
+            with PravegaClient(pravega_controller_uri) as c:
+                late.update(commit=c.transactions.begin(scope, stream).txn_id,
+                            abort=c.transactions.begin(scope, stream).txn_id)
+
             def finish() -> None:
                 with PravegaClient(pravega_controller_uri) as c:
-                    c.transactions.commit(scope, stream, late_commit, wait=False)
+                    c.transactions.commit(scope, stream, late["commit"], wait=False)
 
             def cancel() -> None:
                 with PravegaClient(pravega_controller_uri) as c:
-                    c.transactions.abort(scope, stream, late_abort)
+                    c.transactions.abort(scope, stream, late["abort"])
 
             threading.Timer(1.5, finish).start()
             threading.Timer(3.5, cancel).start()
+            return {name: f"{txn:032x}" for name, txn in late.items()}
 
         @task
         def keep(value: Any) -> None:
@@ -132,9 +136,13 @@ def test_transaction_sensor_modes(
         PravegaTransactionSensor(
             task_id="still_open", transaction_ids=[official, still_open], **{**sensor_args, "timeout": 2}
         )
-        late_ok = PravegaTransactionSensor(task_id="late_commit", transaction_ids=late_commit, **sensor_args)
+        late_ok = PravegaTransactionSensor(
+            task_id="late_commit", transaction_ids="{{ ti.xcom_pull(task_ids='start_timers')['commit'] }}",
+            **sensor_args,
+        )
         late_bad = PravegaTransactionSensor(
-            task_id="late_abort", transaction_ids=late_abort, trigger_rule="all_done", **sensor_args
+            task_id="late_abort", transaction_ids="{{ ti.xcom_pull(task_ids='start_timers')['abort'] }}",
+            trigger_rule="all_done", **sensor_args,
         )
         start_timers() >> late_ok >> late_bad
 
@@ -157,7 +165,7 @@ def test_transaction_sensor_modes(
     assert f"{unknown:032x}" in errors["unknown"][1] and "UNKNOWN" in errors["unknown"][1]
     assert f"{aborted:032x}" in errors["mixed"][1] and "ABORTED" in errors["mixed"][1]
     assert errors["late_abort"][0] == "PravegaTransactionFailedError"
-    assert f"{late_abort:032x}" in errors["late_abort"][1] and "ABORT" in errors["late_abort"][1]
+    assert f"{late['abort']:032x}" in errors["late_abort"][1] and "ABORT" in errors["late_abort"][1]
     assert errors["still_open"][0] == "AirflowSensorTimeout", errors["still_open"]
     if mode == "deferrable":
         assert f"{still_open:032x} is OPEN" in errors["still_open"][1]
