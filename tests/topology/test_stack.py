@@ -660,7 +660,7 @@ def _check_ui(stack: Stack, days: list[str]) -> None:
             ui.ui_login(page, f"{stack.api}/dags/{DAG}", "admin", stack.password)
             for run_id in runs:  # every run's bar, and every task's badge, painted success
                 bar = page.locator(f"a[href='/dags/{DAG}/runs/{run_id}/'] > div")
-                expect(bar).to_have_count(1)
+                expect(bar).to_have_count(1, timeout=30_000)  # the grid paints late on a loaded machine
                 badges = page.locator(f"[data-testid^='grid-{run_id}-'] [data-testid=task-state-badge]")
                 expect(badges).to_have_count(5)
                 colours = [bar.evaluate("e => getComputedStyle(e).backgroundColor")] + [
