@@ -150,7 +150,7 @@ def test_pravega_connection_form(chromium_executable: str, airflow_api_server: A
     # Airflow 3.3's form stores every conn-field, the untouched ones with the defaults it showed.
     assert json.loads(stored["extra"] or "{}") == {
         "scope": SCOPE, "tls": False, "trust_store": None, "validate_hostname": True,
-        "transaction_lease_ms": LEASE_MS, "auth_method": "Basic", "keycloak_file": None,
+        "transaction_lease_ms": LEASE_MS, "auth_method": None, "keycloak_file": None,
     }, stored["extra"]
 
     # ---- PravegaHook reads exactly this connection (handed over as a deployment would, AIRFLOW_CONN_*)
