@@ -160,7 +160,7 @@ class PravegaHook(BaseHook):
         Airflow 3.3 builds the form from ``conn-fields`` and never calls this while they exist;
         it is kept, derived from the same data, for tools that still ask the hook. Needs wtforms.
         """
-        from wtforms import BooleanField, IntegerField, PasswordField, StringField
+        from wtforms import BooleanField, IntegerField, PasswordField, SelectField, StringField
 
         widgets: dict[str, Any] = {}
         for name, spec in _connection_type_info().get("conn-fields", {}).items():
@@ -176,6 +176,9 @@ class PravegaHook(BaseHook):
                 field_class = IntegerField
             elif schema.get("format") == "password":
                 field_class = PasswordField
+            elif "enum" in schema:  # empty first: the hook's own choice when nothing is picked
+                field_class = SelectField
+                kwargs["choices"] = [("", ""), *((v, v) for v in schema["enum"])]
             else:
                 field_class = StringField
             widgets[name] = field_class(spec["label"], **kwargs)

@@ -281,10 +281,11 @@ def test_ui_field_behaviour() -> None:
 
 
 def test_connection_form_widgets() -> None:
-    from wtforms import BooleanField, IntegerField, StringField
+    from wtforms import BooleanField, IntegerField, SelectField, StringField
 
     widgets = PravegaHook.get_connection_form_widgets()
-    assert set(widgets) == {"scope", "tls", "trust_store", "validate_hostname", "transaction_lease_ms"}
+    assert set(widgets) == {"scope", "tls", "trust_store", "validate_hostname", "transaction_lease_ms",
+                            "auth_method", "keycloak_file"}
     assert widgets["tls"].field_class is BooleanField
     assert widgets["validate_hostname"].field_class is BooleanField
     assert widgets["validate_hostname"].kwargs["default"] is True
@@ -292,6 +293,9 @@ def test_connection_form_widgets() -> None:
     assert widgets["transaction_lease_ms"].kwargs["default"] == 90000
     assert widgets["scope"].field_class is StringField
     assert widgets["trust_store"].field_class is StringField
+    assert widgets["keycloak_file"].field_class is StringField
+    assert widgets["auth_method"].field_class is SelectField
+    assert widgets["auth_method"].kwargs["choices"] == [("", ""), ("Basic", "Basic"), ("Bearer", "Bearer")]
 
 
 # ------------------------------------------------------------------------------- test_connection
