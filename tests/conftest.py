@@ -418,6 +418,16 @@ def client(pravega_controller_uri: str):
 
 
 @pytest.fixture
+def embedded_client(pravega_embedded: Any):
+    """This provider's client on the embedded server alone, for a test that is not run on each
+    backend (closed after the test)."""
+    from airflow_provider_pravega.client import PravegaClient
+
+    with PravegaClient(pravega_embedded.controller_uri) as c:
+        yield c
+
+
+@pytest.fixture
 def pravega_conn(monkeypatch, pravega_embedded) -> None:
     """``pravega_default`` pointed at the session's embedded server (AIRFLOW_CONN_* JSON)."""
     import json

@@ -152,15 +152,6 @@ def test_json_lines_spark_would_misread_are_valid_json_and_committed(tmp_path, c
     assert Counter(read_stream(pravega_controller_uri, scope, "s", expected=len(lines))) == Counter(lines)
 
 
-@pytest.fixture
-def embedded_client(pravega_embedded):
-    """The provider's client on the embedded server alone (no backend parametrization)."""
-    from airflow_provider_pravega.client import PravegaClient
-
-    with PravegaClient(pravega_embedded.controller_uri) as c:
-        yield c
-
-
 def test_bad_inputs_fail_before_writing_and_make_the_readme_table(tmp_path, embedded_client, spark, unique_name):
     """Every bad input: the error and its message, nothing written; the table of them is
     docs/bad-input.md (kept in step with these messages).

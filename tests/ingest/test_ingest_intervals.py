@@ -64,11 +64,8 @@ def test_an_empty_interval_is_recorded_once_and_the_index_is_bounded():
 
 
 @pytest.fixture
-def client(pravega_embedded):
-    from airflow_provider_pravega.client import PravegaClient
-
-    with PravegaClient(pravega_embedded.controller_uri) as c:
-        yield c
+def client(embedded_client):
+    return embedded_client
 
 
 def tail(client: Any, scope: str, stream: str) -> dict[str, int]:
