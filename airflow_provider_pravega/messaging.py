@@ -2,7 +2,7 @@
 ``queues``), so an ``AssetWatcher`` can watch a stream the Airflow 3 way::
 
     MessageQueueTrigger(scheme="pravega", scope="iot", stream="readings", after_cut="head")
-    MessageQueueTrigger(queue="pravega://controller:9090/iot/readings")   # the older queue-URI form
+    MessageQueueTrigger(queue="pravega://controller:9090/iot/readings")   # the older form (deprecated in 2.2)
 
 Either becomes a :class:`~airflow_provider_pravega.triggers.stream.PravegaStreamTrigger` (other
 keyword arguments go to it: ``pravega_conn_id``, ``after_cut``, ``poll_interval``,

@@ -206,6 +206,18 @@ def test_the_pravega_message_queue_trigger_runs_as_the_shared_stream_trigger() -
     assert "create_shared_stream_producer" in vars(type(stored))  # ack mode
 
 
+def test_a_trigger_queue_name_is_no_pravega_queue_uri() -> None:
+    """common.messaging 2.2 reads ``queue=`` beside ``scheme=`` as a trigger queue unless a
+    provider's ``queue_matches`` claims it as its broker URI: only a ``pravega://`` URI is ours."""
+    pytest.importorskip("airflow.providers.common.messaging")
+    from airflow_provider_pravega.messaging import PravegaMessageQueueProvider
+
+    provider = PravegaMessageQueueProvider()
+    assert provider.queue_matches("pravega://ctrl:9090/iot/readings")
+    assert provider.queue_matches("PRAVEGA://ctrl/iot/readings")
+    for name in ("default", "pravega", "pravega-watchers", "kafka://broker/topic"):
+        assert not provider.queue_matches(name), name
+
 
 def test_a_poll_a_watcher_failed_on_saves_no_cut_and_the_others_save_with_their_next_event(
     stream: tuple[str, str, PravegaClient],
