@@ -171,7 +171,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 #: Heavy scenarios with their own servers that run in part 2 of ``scripts/test`` (beside part 1).
-SECOND_PART = ("tests/topology/", "tests/lake/", "tests/test_demo.py",
+#: tests/test_demo.py (a whole demo, about 3.5 minutes) runs in part 1: part 1 ended a quarter of an
+#: hour before part 2, and the interpreter tiers start when it ends.
+SECOND_PART = ("tests/topology/", "tests/lake/",
                "tests/dags/test_example_dags.py::test_delta_export_dag", "tests/export/test_stream_into_delta.py",
                "tests/export/test_export_delta_bad_input.py", "tests/triggers/test_shared_stream_triggerer.py")
 
