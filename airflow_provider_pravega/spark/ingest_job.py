@@ -77,8 +77,8 @@ log = logging.getLogger(__name__)
 
 
 def state_location(spec: IngestSpec) -> tuple[str, str]:
-    """Where an ingest keeps its synchronizer state: keyed by the target stream and the ingest id,
-    in its state scope."""
+    """The state of ``spec``'s ingest (client/ingest_location.py's ``state_location``): the
+    location a job module gives the job command and submit.py, as export_job's does."""
     return _state_location(spec.scope, spec.stream, spec.effective_ingest_id, spec.state_scope)
 
 
