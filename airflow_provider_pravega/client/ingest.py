@@ -69,6 +69,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.client.errors import PravegaError, TransactionAbortedError
 from airflow_provider_pravega.client.ingest_errors import (
     FencedError,
@@ -92,7 +93,6 @@ from airflow_provider_pravega.client.ingest_state import (
     WRITING,
     StateStore,
     encode_holds,
-    now_ms,
 )
 from airflow_provider_pravega.client.transactions import TransactionManager, abort_quietly
 

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from airflow_provider_pravega.client.ingest_errors import IngestError, RecreatedStreamError
-from airflow_provider_pravega.client.ingest_state import apply_update, initial_state, now_ms
+from airflow_provider_pravega._clock import now_ms
+from airflow_provider_pravega.client.ingest_state import apply_update, initial_state
 from airflow_provider_pravega.protocol.naming import state_stream
 
 log = logging.getLogger(__name__)

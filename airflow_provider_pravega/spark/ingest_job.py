@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow_provider_pravega import fault_points
+from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import PravegaError, ScopeNotFoundError, StreamNotFoundError
 from airflow_provider_pravega.client.ingest import IngestCoordinator, WriteResult, check_timing
@@ -117,7 +118,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
         log.info("source %r: %d file(s), listed without Spark", spec.source, len(listed))
     else:
         listed = list_sources(get_spark(), spec.source)
-        listed_at_ms = int(time.time() * 1000)
+        listed_at_ms = now_ms()
     fault_points.reached("after_listing")
     if not listed:
         result = _nothing_to_ingest(spec, precheck.skipped)
