@@ -856,7 +856,8 @@ class IngestCoordinator:
             pass
 
     def _abort_quietly(self, hex_ids: Iterable[str]) -> None:
-        # Already committed, aborted or expired: nothing to undo.
+        """``abort_quietly`` of the run's ids as the state records them (hex), at debug level: the
+        recovery aborts what may already be committed, aborted or expired, nothing to undo then."""
         abort_quietly(self.txns, self.scope, self.stream, (int(h, 16) for h in hex_ids), level=logging.DEBUG)
 
 
