@@ -31,7 +31,6 @@ from typing import Any
 
 from airflow_provider_pravega import fault_points
 from airflow_provider_pravega._clock import now_ms
-from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import PravegaError, ScopeNotFoundError, StreamNotFoundError
 from airflow_provider_pravega.client.ingest import IngestCoordinator, WriteResult, check_timing
 from airflow_provider_pravega.client.ingest_errors import ChangedFileError, IngestError
@@ -146,7 +145,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
         if on_run is not None and spec.mode == "exactly_once":
             on_run(run_identity(scope=spec.scope, stream=spec.stream, ingest_id=spec.effective_ingest_id,
                                 state_scope=state_scope, state_stream=state_stream, run_id=run_id, owner=coord.owner))
-        ctx = TaskContext(config_of(client), spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
+        ctx = TaskContext(client.connection_config, spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
         spark = get_spark()
         writers = writers_of(spark, spec, plan.to_ingest)
         if spec.format in LINE_FORMATS:
@@ -318,13 +317,6 @@ def _record_empty_interval(client: Any, spec: IngestSpec) -> None:
         coord.record_empty_interval(spec.interval_key)
     finally:
         store.close()
-
-
-def config_of(client: Any) -> PravegaConnectionConfig:
-    """The connection configuration tasks rebuild their client from."""
-    if client.config is not None:
-        return client.config
-    return PravegaConnectionConfig.from_connection_fields(host=client.controller_uri)
 
 
 def _tail_text(client: Any, spec: IngestSpec) -> str | None:
