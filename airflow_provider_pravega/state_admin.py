@@ -27,8 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-INGEST_PREFIX = "ingest-state-"
-EXPORT_PREFIX = "export-state-"
+from airflow_provider_pravega.protocol.naming import state_stream_prefix
+
+INGEST_PREFIX = state_stream_prefix("ingest")
+EXPORT_PREFIX = state_stream_prefix("export")
 
 
 @dataclass

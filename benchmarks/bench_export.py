@@ -299,7 +299,6 @@ def main() -> None:
     from airflow_provider_pravega.spark import export_write
     from airflow_provider_pravega.spark.export_frame import build_frame
     from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
-    from airflow_provider_pravega.spark.ingest_job import config_of
     from airflow_provider_pravega.spark.session import get_spark_session
 
     work = Path(tempfile.mkdtemp(prefix="bench-export-"))
@@ -370,14 +369,14 @@ def main() -> None:
                 spec = ExportSpec(scope, stream, "unused", event_format=args.event_format)
 
                 def noop() -> tuple[int, int, float]:
-                    frame = build_frame(spark, config_of(client), spec, ranges)
+                    frame = build_frame(spark, client.connection_config, spec, ranges)
                     t0 = time.perf_counter()
                     frame.write.format("noop").mode("overwrite").save()
                     return args.events, payload, time.perf_counter() - t0
 
                 cached = None
                 if args.profile:  # Spark's writer alone: the same rows held in the JVM's memory.
-                    cached = build_frame(spark, config_of(client), spec, ranges).cache()
+                    cached = build_frame(spark, client.connection_config, spec, ranges).cache()
                     cached.count()
 
                 def from_memory(label: str) -> tuple[int, int, float]:

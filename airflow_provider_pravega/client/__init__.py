@@ -74,6 +74,16 @@ class PravegaClient:
     def controller_uri(self) -> str:
         return self.controller.uri
 
+    @property
+    def connection_config(self) -> PravegaConnectionConfig:
+        """The configuration another process (a Spark task) rebuilds this client from: the one it
+        was made with, or its controller URI's."""
+        if self.config is not None:
+            return self.config
+        from airflow_provider_pravega.client.config import PravegaConnectionConfig
+
+        return PravegaConnectionConfig.from_connection_fields(host=self.controller_uri)
+
     def lease_keeper(
         self, interval_s: float | None = None, **options: Any
     ) -> LeaseKeeper:

@@ -27,6 +27,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import grpc  # noqa: E402
 
+from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.controller_replies import (
     ANSWERS,
@@ -719,7 +720,7 @@ class ControllerClient:
             newKeyRanges=[
                 pb.ScaleRequest.KeyRangeEntry(start=lo, end=hi) for lo, hi in ranges
             ],
-            scaleTimestamp=int(time.time() * 1000),
+            scaleTimestamp=now_ms(),
         )
         about = {"scope": scope, "stream": stream, "sealed": sealed, "ranges": ranges,
                  "what": f"scale of {scope}/{stream} (seal {sealed}, new ranges {ranges})"}

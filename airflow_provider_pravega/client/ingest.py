@@ -69,6 +69,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.client.errors import PravegaError, TransactionAbortedError
 from airflow_provider_pravega.client.ingest_errors import (
     FencedError,
@@ -92,7 +93,6 @@ from airflow_provider_pravega.client.ingest_state import (
     WRITING,
     StateStore,
     encode_holds,
-    now_ms,
 )
 from airflow_provider_pravega.client.transactions import TransactionManager, abort_quietly
 
@@ -856,7 +856,8 @@ class IngestCoordinator:
             pass
 
     def _abort_quietly(self, hex_ids: Iterable[str]) -> None:
-        # Already committed, aborted or expired: nothing to undo.
+        """``abort_quietly`` of the run's ids as the state records them (hex), at debug level: the
+        recovery aborts what may already be committed, aborted or expired, nothing to undo then."""
         abort_quietly(self.txns, self.scope, self.stream, (int(h, 16) for h in hex_ids), level=logging.DEBUG)
 
 

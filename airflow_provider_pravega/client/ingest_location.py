@@ -4,14 +4,15 @@ it is used (write access, a moved or re-created stream), and a state of the old 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import re
 from collections.abc import Iterator
 from typing import Any
 
 from airflow_provider_pravega.client.ingest_errors import IngestError, RecreatedStreamError
-from airflow_provider_pravega.client.ingest_state import apply_update, initial_state, now_ms
+from airflow_provider_pravega._clock import now_ms
+from airflow_provider_pravega.client.ingest_state import apply_update, initial_state
+from airflow_provider_pravega.protocol.naming import state_stream
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +54,14 @@ def state_scope_access(scope: str, state_scope: str | None) -> Iterator[None]:
 
 
 def state_location(scope: str, stream: str, ingest_id: str, state_scope: str | None = None) -> tuple[str, str]:
-    """The state of ingest ``ingest_id`` into ``scope/stream``: a one-segment stream in
-    ``state_scope`` (default: the target's own scope; not `_`-prefixed: Pravega reserves those
-    names). The digest covers scope, stream and id, so targets sharing a state scope never collide."""
-    digest = hashlib.sha1(f"{scope}/{stream}\n{ingest_id}".encode()).hexdigest()[:20]
-    return state_scope or scope, f"ingest-state-{digest}"
+    """The state of ingest ``ingest_id`` into ``scope/stream`` (see ``state_stream``): its key covers
+    scope, stream and id, so targets sharing a state scope never collide."""
+    return state_stream("ingest", f"{scope}/{stream}\n{ingest_id}", scope, state_scope)
 
 
 def legacy_state_location(scope: str, ingest_id: str) -> tuple[str, str]:
     """Where versions before 0.2 kept an ingest's state (keyed by the ingest id only)."""
-    return scope, f"ingest-state-{hashlib.sha1(ingest_id.encode()).hexdigest()[:20]}"
+    return state_stream("ingest", ingest_id, scope)
 
 
 def check_write_access(client: Any, scope: str, stream: str) -> None:

@@ -24,11 +24,11 @@ and finishes it with the coordinator's own steps (:meth:`IngestCoordinator.commi
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.client.ingest import IngestCoordinator, RunKeeper, WriteResult
 from airflow_provider_pravega.client.ingest_errors import FencedError
 from airflow_provider_pravega.client.ingest_state import REQUESTED, WRITING, decode_holds, encode_holds
@@ -149,7 +149,7 @@ def resume_run(coord: IngestCoordinator, identity: Mapping[str, Any], *, wait_fo
         run = state["runs"].get(run_id)
         if run is None or run["phase"] != WRITING or run["owner"] != identity["owner"] or written_holds(run) is None:
             raise _NotResumable()
-        return {"op": "takeover", "run": run_id, "owner": coord.owner, "ts": int(time.time() * 1000),
+        return {"op": "takeover", "run": run_id, "owner": coord.owner, "ts": now_ms(),
                 "ti": coord.task_instance, "try": coord.try_number}
 
     try:

@@ -3,7 +3,6 @@ replays them in every process), the interval index kept in it, and the store it 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -252,6 +251,3 @@ class StateStore(Protocol):
     def update(self, fn: Callable[[dict[str, Any]], list[dict] | dict | None]) -> dict[str, Any]:
         """Append ``fn(latest state)``'s update(s) conditionally; re-read and retry on conflict."""
 
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

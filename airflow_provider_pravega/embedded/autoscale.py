@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.embedded.backend import SegmentBackend, SegmentInfo
 from airflow_provider_pravega.protocol import naming
 
@@ -274,7 +275,7 @@ class AutoScaler:
             except queue.Empty:
                 event = None
             if event is not None and self._handler is not None:
-                if time.time() * 1000 - event.timestamp_ms <= self.config.mute_s * 1000:  # still valid
+                if now_ms() - event.timestamp_ms <= self.config.mute_s * 1000:  # still valid
                     try:
                         self._handler(event)
                     except Exception:

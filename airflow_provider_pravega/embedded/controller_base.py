@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.embedded.backend import SegmentBackend
 from airflow_provider_pravega.embedded.controller_access import ControllerAccess, RpcFailure
 from airflow_provider_pravega.embedded.controller_config import ControllerConfig
@@ -105,8 +105,8 @@ class ControllerBase:
         self._cold: dict[tuple[str, str, int], int] = {}  # auto-scaling's cold markers -> valid until (ms)
 
     def _now_ms(self) -> int:
-        """The controller's wall clock in ms (the one place every part reads it)."""
-        return int(time.time() * 1000)
+        """The controller's wall clock in ms (every part reads it here, so a test can step it)."""
+        return now_ms()
 
     # ------------------------------------------------------------------ helpers
 

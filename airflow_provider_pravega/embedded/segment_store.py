@@ -16,11 +16,11 @@ import heapq
 import logging
 import ssl
 import threading
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.embedded import storage as st
 from airflow_provider_pravega.embedded.auth import (
     Permission,
@@ -455,7 +455,7 @@ class _Connection(asyncio.Protocol):
     def _appending(self, segment: str) -> bool:
         """Whether the segment was appended to within the last TAIL_COALESCE_S (a burst under way)."""
         info = self.storage.segment_info(segment)
-        return info is not None and time.time() * 1000 - info.last_modified_ms < TAIL_COALESCE_S * 1000
+        return info is not None and now_ms() - info.last_modified_ms < TAIL_COALESCE_S * 1000
 
     def on_get_stream_segment_info(self, cmd: wire.GetStreamSegmentInfo) -> None:
         info = self.storage.segment_info(cmd.segment_name)

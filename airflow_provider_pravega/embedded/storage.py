@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.embedded.backend import SegmentInfo
 
 log = logging.getLogger(__name__)
@@ -135,9 +136,6 @@ class _Pending:
     done: Callable[[object], None] | None  # gets apply()'s result (after the lock is released)
     sync_fid: int = 0  # a segment file to fdatasync before the journal record is written
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _b64(b: bytes) -> str:
@@ -378,7 +376,7 @@ class SegmentStorage:
                     raise SegmentExists(name)
                 return False
             fid = self._next_fid
-            rec = {"op": "create", "name": name, "fid": fid, "table": table, "ts": _now_ms()}
+            rec = {"op": "create", "name": name, "fid": fid, "table": table, "ts": now_ms()}
             self._apply_meta(rec)
             self._wait_durable_locked(self._meta_record(rec))
         return True
@@ -457,7 +455,7 @@ class SegmentStorage:
             self._copy(src.fid, tgt.fid, offset, n)
             tgt.pending_length = offset + n
             rec = {"op": "merge", "src": src.fid, "dst": tgt.fid, "offset": offset, "length": n,
-                   "ts": _now_ms()}
+                   "ts": now_ms()}
             self._apply_meta(rec)  # removes the source now; target bytes readable once durable
 
             def apply(tgt=tgt, offset=offset, n=n) -> int:
@@ -597,7 +595,7 @@ class SegmentStorage:
             seg.length = offset + n
         if seg.writers.get(writer_id, NO_EVENT_NUMBER) < event_number:
             seg.writers[writer_id] = event_number
-        seg.last_modified_ms = _now_ms()
+        seg.last_modified_ms = now_ms()
         self._dirty_fids.add(seg.fid)
         self._changed.add(seg.name)
 

@@ -7,6 +7,7 @@ transient segments).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import NamedTuple
 
@@ -19,6 +20,7 @@ __all__ = [
     "transient_segment_name", "is_transient_segment", "transient_parent",
     "txn_id_to_bits", "bits_to_txn_id", "txn_epoch", "table_segment_name",
     "validate_scope_name", "validate_stream_name", "validate_reader_group_name",
+    "state_stream_prefix", "state_stream",
 ]
 
 EPOCH_DELIMITER = ".#epoch."
@@ -251,6 +253,23 @@ def txn_epoch(txn_id: int) -> int:
 def table_segment_name(scope: str, reader_group: str) -> str:
     """The table segment holding a reader group's state: ``<scope>/<rg>_kvtable/0.#epoch.0``."""
     return f"{scope}/{reader_group}{KVTABLE_SUFFIX}/0{EPOCH_DELIMITER}0"
+
+
+# --------------------------------------------------------------------------------------------
+# The provider's own state streams
+# --------------------------------------------------------------------------------------------
+
+
+def state_stream_prefix(kind: str) -> str:
+    """How the names of the provider's ``kind`` state streams start (``ingest``, ``export``)."""
+    return f"{kind}-state-"
+
+
+def state_stream(kind: str, key: str, scope: str, state_scope: str | None = None) -> tuple[str, str]:
+    """Where the provider keeps the ``kind`` state named by ``key``: in ``state_scope`` (default:
+    ``scope``), a stream named by a digest of the key (not ``_``-prefixed: Pravega reserves those
+    names). Existing states are found by this name, so it never changes."""
+    return state_scope or scope, f"{state_stream_prefix(kind)}{hashlib.sha1(key.encode()).hexdigest()[:20]}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -86,6 +86,8 @@ class _TaskWrites:
         self.run_id: str | None = None  # the run of a batch write (see PravegaBatchWriter)
         self.owner: str | None = None
         create = _value(options, "create_stream")
+        from airflow_provider_pravega.client.transactions import abort_quietly  # this step's import (the module's note)
+
         with _client(self.config) as client:
             if create:
                 _create_stream(client, self.scope, self.stream, options)
@@ -95,7 +97,7 @@ class _TaskWrites:
                 # (MIN_LEASE_MS..MAX_LEASE_MS by default, up to 120000 ms on the embedded server), which
                 # no call but a begin tells, and a lease it refuses would fail every task instead of save().
                 txn = _begin(client.transactions, self.scope, self.stream, self.config.transaction_lease_ms)
-                _abort_quietly(client.transactions, self.scope, self.stream, txn.txn_id)
+                abort_quietly(client.transactions, self.scope, self.stream, [txn.txn_id])
 
     def write(self, iterator: Iterator[Any]) -> PravegaCommitMessage:
         prepare_worker_heap()
@@ -388,7 +390,9 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
         it replays the batch and writes only the partitions not committed."""
         if self.mode != "exactly_once":
             return
+        # this step's imports (the module's note)
         from airflow_provider_pravega.client.ingest import WRITING, WriteResult
+        from airflow_provider_pravega.client.transactions import abort_quietly
 
         done = [m for m in messages if m is not None and m.txn_id is not None]
         hex_ids = [f"{m.txn_id:032x}" for m in done]
@@ -403,8 +407,7 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
                     # commit is to be finished: nothing of this attempt is in it.
                     if run is not None:
                         coord.finish_past_commit_point(run_id, run)
-                    for m in done:
-                        _abort_quietly(client.transactions, self.scope, self.stream, m.txn_id)
+                    abort_quietly(client.transactions, self.scope, self.stream, [m.txn_id for m in done])
                     log.info("micro-batch %d of writer %s: committed before (a replay)", batchId, self.writer_id)
                     return
                 _, status, returned = coord.commit_written(
@@ -494,15 +497,10 @@ def _abort_all(config: Any, scope: str, stream: str, messages: Sequence[PravegaC
     txns = [m.txn_id for m in messages if m is not None and m.txn_id is not None]
     if not txns:
         return
+    from airflow_provider_pravega.client.transactions import abort_quietly  # this step's import (the module's note)
+
     with _client(config) as client:
-        for t in txns:
-            _abort_quietly(client.transactions, scope, stream, t)
-
-
-def _abort_quietly(manager: Any, scope: str, stream: str, txn_id: int) -> None:
-    from airflow_provider_pravega.client.transactions import abort_quietly
-
-    abort_quietly(manager, scope, stream, [txn_id])
+        abort_quietly(client.transactions, scope, stream, txns)
 
 
 def _check_columns(schema: Any) -> tuple[bool, bool]:

@@ -5,12 +5,12 @@ record is kept, opened, checked against the stream it describes, and forgotten."
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_pravega.client.ingest_location import state_scope_access
 from airflow_provider_pravega.client.synchronizer import StateSynchronizer
+from airflow_provider_pravega.protocol.naming import state_stream
 from airflow_provider_pravega.spark.export_spec import ExportError, ExportSpec
 
 
@@ -59,16 +59,14 @@ def apply_update(state: ExportState, op: dict[str, Any]) -> ExportState:
 
 
 def state_location(spec: ExportSpec) -> tuple[str, str]:
-    """Where an export id keeps its state: a one-segment stream in ``spec.state_scope`` (default:
-    the exported stream's scope; not ``_``-prefixed: Pravega reserves those names). In the stream's
-    own scope the digest is of the export id (as it always was); in another scope it also covers
-    the stream's scope and name, so exports of streams of several scopes sharing one state scope
-    never collide."""
+    """Where an export id keeps its state (see ``state_stream``). In the stream's own scope the key
+    is the export id (as it always was); in another scope it also covers the stream's scope and
+    name, so exports of streams of several scopes sharing one state scope never collide."""
     state_scope = spec.state_scope or spec.scope
     key = spec.effective_export_id
     if state_scope != spec.scope:
         key = f"{spec.scope}/{spec.stream}\n{key}"
-    return state_scope, f"export-state-{hashlib.sha1(key.encode()).hexdigest()[:20]}"
+    return state_stream("export", key, spec.scope, state_scope)
 
 
 def open_export_state(client: Any, spec: ExportSpec) -> Any:

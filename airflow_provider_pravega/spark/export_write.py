@@ -33,7 +33,6 @@ from airflow_provider_pravega.spark.export_spec import (
     ExportSpec,
     OutputPathError,
 )
-from airflow_provider_pravega.spark.ingest_job import config_of
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +138,7 @@ def write_files(spark: Any, client: Any, spec: ExportSpec, ranges: Sequence[Segm
     # Partitions in plan order: Spark names part file i after partition i, so reading the files in
     # name order gives the rows in plan order (not launched largest first, as Delta's writes are).
     groups = group_ranges(ranges, partitions_of(spec, ranges))
-    frame = build_frame(spark, config_of(client), spec, ranges, groups, observation)
+    frame = build_frame(spark, client.connection_config, spec, ranges, groups, observation)
     writer = frame.write.mode("overwrite").format(_SPARK_FORMAT[spec.format])
     if spec.format == "csv":  # RFC 4180 quoting ("" inside quotes), readable by any CSV reader
         writer = writer.option("header", True).option("escape", '"')
@@ -186,7 +185,7 @@ def export_to_delta(client: Any, spark: Any, spec: ExportSpec, decision: Any,
     (spark/delta_export.py)."""
     groups = group_ranges(decision.ranges, partitions_of(spec, decision.ranges))
     order = launch_order(decision.ranges, groups)
-    frame = build_frame(spark, config_of(client), spec, decision.ranges, [groups[g] for g in order])
+    frame = build_frame(spark, client.connection_config, spec, decision.ranges, [groups[g] for g in order])
     written_at = time.monotonic()
     result.phases["prepare"] = round(written_at - started, 3)
     try:

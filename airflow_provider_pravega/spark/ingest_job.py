@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow_provider_pravega import fault_points
-from airflow_provider_pravega.client.config import PravegaConnectionConfig
+from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.client.errors import PravegaError, ScopeNotFoundError, StreamNotFoundError
 from airflow_provider_pravega.client.ingest import IngestCoordinator, WriteResult, check_timing
 from airflow_provider_pravega.client.ingest_errors import ChangedFileError, IngestError
@@ -77,8 +77,8 @@ log = logging.getLogger(__name__)
 
 
 def state_location(spec: IngestSpec) -> tuple[str, str]:
-    """Where an ingest keeps its synchronizer state: keyed by the target stream and the ingest id,
-    in its state scope."""
+    """The state of ``spec``'s ingest (client/ingest_location.py's ``state_location``): the
+    location a job module gives the job command and submit.py, as export_job's does."""
     return _state_location(spec.scope, spec.stream, spec.effective_ingest_id, spec.state_scope)
 
 
@@ -117,7 +117,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
         log.info("source %r: %d file(s), listed without Spark", spec.source, len(listed))
     else:
         listed = list_sources(get_spark(), spec.source)
-        listed_at_ms = int(time.time() * 1000)
+        listed_at_ms = now_ms()
     fault_points.reached("after_listing")
     if not listed:
         result = _nothing_to_ingest(spec, precheck.skipped)
@@ -145,7 +145,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
         if on_run is not None and spec.mode == "exactly_once":
             on_run(run_identity(scope=spec.scope, stream=spec.stream, ingest_id=spec.effective_ingest_id,
                                 state_scope=state_scope, state_stream=state_stream, run_id=run_id, owner=coord.owner))
-        ctx = TaskContext(config_of(client), spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
+        ctx = TaskContext(client.connection_config, spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
         spark = get_spark()
         writers = writers_of(spark, spec, plan.to_ingest)
         if spec.format in LINE_FORMATS:
@@ -317,13 +317,6 @@ def _record_empty_interval(client: Any, spec: IngestSpec) -> None:
         coord.record_empty_interval(spec.interval_key)
     finally:
         store.close()
-
-
-def config_of(client: Any) -> PravegaConnectionConfig:
-    """The connection configuration tasks rebuild their client from."""
-    if client.config is not None:
-        return client.config
-    return PravegaConnectionConfig.from_connection_fields(host=client.controller_uri)
 
 
 def _tail_text(client: Any, spec: IngestSpec) -> str | None:

@@ -8,11 +8,11 @@ import logging
 import os
 import re
 import stat
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.spark.ingest_spec import SourceError, source_items
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ def precheck_sources(source: str | Sequence[str]) -> Precheck:
     definitely_empty = True
     skipped: list[tuple[str, str]] = []
     files: dict[str, SourceFile] | None = {}
-    started_ms = int(time.time() * 1000)
+    started_ms = now_ms()
     for item in source_items(source):
         path = local_path(item)
         if path is None:

@@ -10,6 +10,7 @@ import pytest
 
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.appends import _ABE_HEAD, _ABE_OVERHEAD, _ABE_TAIL
+from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.connection import ConnectionPool, SegmentStoreConnection
 from airflow_provider_pravega.client.controller_types import Endpoint
 from airflow_provider_pravega.client.errors import SegmentStoreError
@@ -235,3 +236,10 @@ def test_an_append_refused_with_invalid_event_number_is_set_up_again_and_resent_
         server.set_hooks()
         stuck.close()
         assert read_segments_direct(client, scope, stream) == {0: expected}
+
+
+def test_a_client_names_the_configuration_a_task_rebuilds_it_from():
+    config = PravegaConnectionConfig.from_connection_fields(host="ctrl", port=9191, extra={"scope": "iot"})
+    with PravegaClient(config) as made_from_config, PravegaClient("tcp://127.0.0.1:9090") as made_from_uri:
+        assert made_from_config.connection_config is config
+        assert made_from_uri.connection_config.controller_uri == "tcp://127.0.0.1:9090"

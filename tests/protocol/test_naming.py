@@ -190,3 +190,11 @@ def test_validation_messages_name_the_bad_name() -> None:
         n.validate_stream_name(None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="invalid stream name 'abc\\\\n'"):
         n.validate_stream_name("abc\n")
+
+
+def test_state_streams_keep_the_names_existing_states_have() -> None:
+    """States written by earlier versions are found by these names: the digest rule never changes."""
+    assert n.state_stream("ingest", "iot/readings\ndaily", "iot") == ("iot", "ingest-state-c61d8bd763f75a118f09")
+    assert n.state_stream("export", "daily", "iot", "iot-state") == ("iot-state", "export-state-2fe14b9b993ea6eb953f")
+    assert n.state_stream("export", "daily", "iot", None)[0] == "iot"
+    assert n.state_stream_prefix("ingest") == "ingest-state-"
