@@ -137,7 +137,6 @@ class _Pending:
     sync_fid: int = 0  # a segment file to fdatasync before the journal record is written
 
 
-
 def _b64(b: bytes) -> str:
     return base64.b64encode(b).decode("ascii")
 

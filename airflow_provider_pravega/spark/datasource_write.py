@@ -20,6 +20,7 @@ from airflow_provider_pravega.spark.worker_imports import missing_dependency
 try:
     from airflow_provider_pravega import fault_points
     from airflow_provider_pravega.client.errors import PravegaError
+    from airflow_provider_pravega.client.transactions import abort_quietly
     from airflow_provider_pravega.spark import row_digest
     from airflow_provider_pravega.spark.datasource_options import (
         MAX_LEASE_MS,
@@ -86,8 +87,6 @@ class _TaskWrites:
         self.run_id: str | None = None  # the run of a batch write (see PravegaBatchWriter)
         self.owner: str | None = None
         create = _value(options, "create_stream")
-        from airflow_provider_pravega.client.transactions import abort_quietly  # this step's import (the module's note)
-
         with _client(self.config) as client:
             if create:
                 _create_stream(client, self.scope, self.stream, options)
@@ -390,9 +389,7 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
         it replays the batch and writes only the partitions not committed."""
         if self.mode != "exactly_once":
             return
-        # this step's imports (the module's note)
         from airflow_provider_pravega.client.ingest import WRITING, WriteResult
-        from airflow_provider_pravega.client.transactions import abort_quietly
 
         done = [m for m in messages if m is not None and m.txn_id is not None]
         hex_ids = [f"{m.txn_id:032x}" for m in done]
@@ -497,8 +494,6 @@ def _abort_all(config: Any, scope: str, stream: str, messages: Sequence[PravegaC
     txns = [m.txn_id for m in messages if m is not None and m.txn_id is not None]
     if not txns:
         return
-    from airflow_provider_pravega.client.transactions import abort_quietly  # this step's import (the module's note)
-
     with _client(config) as client:
         abort_quietly(client.transactions, scope, stream, txns)
 
