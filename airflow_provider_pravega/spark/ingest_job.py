@@ -58,7 +58,7 @@ from airflow_provider_pravega.spark.ingest_frames import (
     first_bad_record,
     record_frame,
 )
-from airflow_provider_pravega.spark.ingest_partitions import groups_kept_apart, whole_file_holds, writers_of
+from airflow_provider_pravega.spark.ingest_partitions import whole_file_holds, write_job_settings, writers_of
 from airflow_provider_pravega.spark.ingest_pieces import fingerprint_files, line_requests
 from airflow_provider_pravega.spark.ingest_sources import EMPTY_FILE, file_gone, list_sources, precheck_sources
 from airflow_provider_pravega.spark.ingest_spec import (
@@ -148,13 +148,13 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
         ctx = TaskContext(client.connection_config, spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
         spark = get_spark()
         writers = writers_of(spark, spec, plan.to_ingest)
-        if spec.format in LINE_FORMATS:
-            here = files_read_here(plan.to_ingest, precheck.files is not None)
-            frame = file_frame(spark, plan.to_ingest, spec, writers, here)
-            task = make_line_writer(ctx, plan.to_ingest)
-        else:
-            frame, task = record_frame(spark, plan.to_ingest, spec, writers), make_writer(ctx)
-        with groups_kept_apart(spark):
+        with write_job_settings(spark, listed_here=precheck.files is not None):
+            if spec.format in LINE_FORMATS:
+                here = files_read_here(plan.to_ingest, precheck.files is not None)
+                frame = file_frame(spark, plan.to_ingest, spec, writers, here)
+                task = make_line_writer(ctx, plan.to_ingest)
+            else:
+                frame, task = record_frame(spark, plan.to_ingest, spec, writers), make_writer(ctx)
             rows = frame.mapInArrow(task, RESULT_SCHEMA).collect()
         failed = sorted((r for r in rows if r["error"]), key=lambda r: r["bad_file"] or "")
         if failed:

@@ -76,7 +76,7 @@ def write_groups(files: Mapping[str, Mapping[str, Any]], writers: int) -> list[l
 def one_task_per_group(parts: Sequence[Any], order: Sequence[str] = ()) -> Any:
     """The union of each write group's own read (``parts``, in group order), each coalesced into one
     partition: task *i* writes group *i*, and no shuffle moves the data (run it under
-    :func:`groups_kept_apart`). ``order``: the columns sorting the rows within each task (with a
+    :func:`write_job_settings`). ``order``: the columns sorting the rows within each task (with a
     routing key, its events in source order)."""
     frame = parts[0].coalesce(1)
     for part in parts[1:]:
@@ -88,23 +88,34 @@ def one_task_per_group(parts: Sequence[Any], order: Sequence[str] = ()) -> Any:
 #: partitioning (one partition each, here): every group would land in one task. Whole files in
 #: path order either way (correct, only without parallelism); off while the write job is planned.
 _UNION_PARTITIONING = "spark.sql.unionOutputPartitioning"
+#: Spark lists the paths a read names before reading them, in a Spark job of a task per path (up to
+#: its parallelism setting, 10,000 by default) when there are more than the threshold (32). A write
+#: group names each of its files: a folder of small files cost a listing task per file.
+_LISTING_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
+_LISTING_TASKS = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 
 
 @contextlib.contextmanager
-def groups_kept_apart(spark: Any) -> Iterator[None]:
-    """While the write job is planned and run: a union of the groups' one-partition reads keeps
-    one partition per group (see :data:`_UNION_PARTITIONING`); the session's setting is restored
-    after."""
+def write_job_settings(spark: Any, *, listed_here: bool) -> Iterator[None]:
+    """While the write job's reads are made, planned and run: a union of the groups' one-partition
+    reads keeps one partition per group (see :data:`_UNION_PARTITIONING`), and the files the reads
+    name are listed by no more tasks than the cluster runs at once, or, when this process listed
+    them (local files), by the driver without a job. The session's settings are restored after."""
+    settings = {_UNION_PARTITIONING: "false", _LISTING_TASKS: str(_parallelism(spark))}
+    if listed_here:
+        settings[_LISTING_THRESHOLD] = str(2**31 - 1)
     conf = spark.conf
-    before = conf.get(_UNION_PARTITIONING, None)
-    conf.set(_UNION_PARTITIONING, "false")
+    before = {name: conf.get(name, None) for name in settings}
+    for name, value in settings.items():
+        conf.set(name, value)
     try:
         yield
     finally:
-        if before is None:
-            conf.unset(_UNION_PARTITIONING)
-        else:
-            conf.set(_UNION_PARTITIONING, before)
+        for name, value in before.items():
+            if value is None:
+                conf.unset(name)
+            else:
+                conf.set(name, value)
 
 
 def _planned_bytes(ident: Mapping[str, Any]) -> int:

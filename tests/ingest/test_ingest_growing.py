@@ -311,8 +311,8 @@ def test_line_files_read_here_or_by_spark_reach_their_tasks_alike(tmp_path, spar
 
     seen = []
     for here in (True, False):
-        frame = ingest_frames.file_frame(spark, requests, spec, 2, here=here)
-        with ingest_partitions.groups_kept_apart(spark):
+        with ingest_partitions.write_job_settings(spark, listed_here=True):
+            frame = ingest_frames.file_frame(spark, requests, spec, 2, here=here)
             rows = frame.mapInArrow(tasks, "path string, content binary, p int").collect()
         if here:  # read no further than the listed size (Spark's reader reads the file whole; the task cuts it)
             assert all(len(r["content"]) == requests[ingest_sources.key_of(r["path"])]["size"] for r in rows)

@@ -215,3 +215,35 @@ def test_a_small_run_is_one_write_task_and_a_large_one_spreads_over_the_cores(tm
                       routing_key_field="sensor_id", create_stream=True)
     result = run_ingest(client, spark, spec)
     assert result.events == len(lines) and len(result.transactions) == 1
+
+
+def test_ten_thousand_small_files_cost_a_few_spark_tasks(tmp_path, pravega_embedded, spark, read_stream, unique_name,
+                                                        monkeypatch):
+    """A folder of 10,000 small files read in Spark tasks (past the size read in this process) costs
+    the write job's tasks and nothing per file: Spark lists the files each write group names in a
+    job of a task per file unless told otherwise (spark/ingest_partitions.write_job_settings)."""
+    from airflow_provider_pravega.spark import ingest_frames
+
+    monkeypatch.setattr(ingest_frames, "LOCAL_LINES_MAX_BYTES", 0)  # read by Spark, not sent in the query
+    source = tmp_path / "day"
+    source.mkdir()
+    lines = []
+    for i in range(10_000):
+        line = json.dumps({"sensor_id": f"s{i % 7}", "n": i})
+        (source / f"part-{i:05d}.jsonl").write_text(line + "\n")
+        lines.append(line)
+    scope, uri = unique_name("small"), pravega_embedded.controller_uri  # listing is the backend's no matter
+    tracker = spark.sparkContext.statusTracker()
+    spark.sparkContext.setJobGroup(scope, "10,000 small files")
+    try:
+        with PravegaClient(uri) as client:
+            result = run_ingest(client, spark, IngestSpec(scope=scope, stream="s", source=str(source),
+                                                          routing_key_field="sensor_id", create_stream=True,
+                                                          stream_segments=2, num_writers=2))
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    tasks = sum(tracker.getStageInfo(stage).numTasks for job in tracker.getJobIdsForGroup(scope)
+                for stage in tracker.getJobInfo(job).stageIds)
+    assert result.events == 10_000 and len(result.files_ingested) == 10_000
+    assert tasks <= 2 * 2, f"{tasks} Spark tasks for 2 writers"  # the writes, and at most one task more each
+    assert Counter(e.decode() for e in read_stream(uri, scope, "s", expected=10_000)) == Counter(lines)
