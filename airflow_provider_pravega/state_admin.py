@@ -203,7 +203,7 @@ def load_dags(folder: str) -> list[Any]:
         # import cost: see expected_states
         from airflow.dag_processing.dagbag import DagBag
     except ImportError:  # Airflow before 3.2
-        from airflow.models.dagbag import DagBag
+        from airflow.models.dagbag import DagBag  # import cost: see expected_states
 
     with contextlib.redirect_stdout(sys.stderr):  # Airflow logs the parse on stdout: keep it for our output
         bag = DagBag(dag_folder=folder, safe_mode=False)

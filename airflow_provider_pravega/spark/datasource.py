@@ -48,6 +48,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 
+from airflow_provider_pravega.spark import write_renewal
 from airflow_provider_pravega.spark.worker_imports import missing_dependency
 
 try:
@@ -178,8 +179,6 @@ def register(spark: Any, *, renew_writes: Mapping[str, str] | None = None) -> An
             spark.dataSource.register(PravegaDataSource)
             _REGISTERED[spark] = PravegaDataSource
         return None
-    from airflow_provider_pravega.spark import write_renewal
-
     with _first_line():
         config = connection_config(renew_writes)
         scope = _required(renew_writes, "scope", "the scope of the write renewer's registry")
