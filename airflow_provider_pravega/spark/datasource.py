@@ -48,11 +48,11 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 
-from airflow_provider_pravega.spark import write_renewal
 from airflow_provider_pravega.spark.worker_imports import missing_dependency
 
 try:
     from airflow_provider_pravega.client.errors import PravegaError
+    from airflow_provider_pravega.spark import write_renewal
     from airflow_provider_pravega.spark.datasource_options import (
         _METADATA_COLUMNS,
         BATCH_READ,

@@ -16,15 +16,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_pravega.client import PravegaClient
-from airflow_provider_pravega.client.admin import build_retention_policy, build_scaling_policy
-from airflow_provider_pravega.client.ingest_location import check_state_scope
 from airflow_provider_pravega.spark.worker_imports import missing_dependency
 
 try:
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.client.admin import build_retention_policy, build_scaling_policy
     from airflow_provider_pravega.client.batch import SegmentRange
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
     from airflow_provider_pravega.client.errors import PravegaError
+    from airflow_provider_pravega.client.ingest_location import check_state_scope
     from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
 except ImportError as _missing:
     raise missing_dependency(_missing) from _missing

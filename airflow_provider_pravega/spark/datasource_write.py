@@ -19,19 +19,19 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType
 
-from airflow_provider_pravega.client.ingest import WRITING, IngestCoordinator, WriteResult, check_timing
-from airflow_provider_pravega.client.ingest_errors import IngestError
-from airflow_provider_pravega.client.ingest_location import open_ingest_state, open_state_store, state_location
-from airflow_provider_pravega.client.ingest_plan import known_files
-from airflow_provider_pravega.client.task_stage import TaskTransaction, begin_transaction
-from airflow_provider_pravega.spark import write_renewal
 from airflow_provider_pravega.spark.worker_imports import missing_dependency
 
 try:
     from airflow_provider_pravega import fault_points
     from airflow_provider_pravega.client.errors import PravegaError
+    from airflow_provider_pravega.client.ingest import WRITING, IngestCoordinator, WriteResult, check_timing
+    from airflow_provider_pravega.client.ingest_errors import IngestError
+    from airflow_provider_pravega.client.ingest_location import open_ingest_state, open_state_store, state_location
+    from airflow_provider_pravega.client.ingest_plan import known_files
+    from airflow_provider_pravega.client.task_stage import TaskTransaction, begin_transaction
     from airflow_provider_pravega.client.transactions import abort_quietly
     from airflow_provider_pravega.spark import row_digest
+    from airflow_provider_pravega.spark import write_renewal
     from airflow_provider_pravega.spark.datasource_options import (
         MAX_LEASE_MS,
         MIN_LEASE_MS,
