@@ -254,6 +254,15 @@ def test_the_cycle_check_finds_a_cycle_through_a_function_local_import(tmp_path:
     assert import_cycles(import_graph(package)) == [["airflow_provider_pravega.a", "airflow_provider_pravega.b"]]
 
 
+def _says_why(line: str) -> bool:
+    """Whether a line has a comment that says something: not only a tool's (``type: ignore``,
+    ``noqa``, ``pragma``)."""
+    if "#" not in line:
+        return False
+    notes = [note.strip() for note in line.split("#")[1:]]
+    return any(note and not note.startswith(("type:", "noqa", "pragma")) for note in notes)
+
+
 def unexplained_local_imports(package: Path) -> list[str]:
     """The imports inside functions (``path:line``) with no comment saying why they are not at module
     level: on the import's own lines, on the line above it, or above the block of imports it belongs
@@ -278,7 +287,8 @@ def unexplained_local_imports(package: Path) -> list[str]:
 
         def explained(node: ast.AST) -> bool:
             own = lines[node.lineno - 1:node.end_lineno]
-            return any("#" in line for line in own) or (node.lineno >= 2 and lines[node.lineno - 2].strip().startswith("#"))
+            above = lines[node.lineno - 2].strip() if node.lineno >= 2 else ""
+            return any(_says_why(line) for line in own) or (above.startswith("#") and _says_why(above))
 
         for function in ast.walk(tree):
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -331,6 +341,9 @@ def test_the_local_import_check_finds_an_unexplained_import_in_a_function(tmp_pa
         "        from decimal import Decimal\n"
         "    return Decimal\n"
         "\n"
+        "def only_a_tool_comment():\n"
+        "    import ssl  # noqa: F401\n"
+        "\n"
         "def a_comment_two_lines_up_is_not_enough():\n"
         "    # optional: something\n"
         "    x = 1\n"
@@ -339,5 +352,6 @@ def test_the_local_import_check_finds_an_unexplained_import_in_a_function(tmp_pa
     )
     (package / "controller_pb2.py").write_text("def generated():\n    import grpc\n")
     assert unexplained_local_imports(package) == [
-        "airflow_provider_pravega/a.py:4", "airflow_provider_pravega/a.py:28", "airflow_provider_pravega/a.py:34",
+        "airflow_provider_pravega/a.py:4", "airflow_provider_pravega/a.py:28", "airflow_provider_pravega/a.py:32",
+        "airflow_provider_pravega/a.py:37",
     ]

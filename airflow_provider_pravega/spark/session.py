@@ -140,7 +140,7 @@ def spark_target(spark_conn_id: str | None) -> SparkTarget:
         # Airflow only where a task resolves its connection: spark/ imports no Airflow at module level (the jobs run on a cluster without it)
         from airflow.sdk import BaseHook  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - Airflow 3.0/3.1 layout
-        from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
+        from airflow.hooks.base import BaseHook  # type: ignore[no-redef]  # Airflow: see above
     try:
         conn = BaseHook.get_connection(spark_conn_id)
     except Exception as exc:
