@@ -21,6 +21,7 @@ _DISCOVERED_SECTIONS = ("operators", "sensors", "triggers")
 
 @lru_cache(maxsize=1)
 def _provider_yaml() -> dict[str, Any]:
+    # import cost: every Spark Python worker imports this package; only provider discovery reads provider.yaml
     import yaml
 
     text = resources.files(__name__).joinpath("provider.yaml").read_text(encoding="utf-8")

@@ -5,6 +5,7 @@ orphans: :mod:`airflow_provider_pravega.state_admin`)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 COMMANDS = {"state": "airflow_provider_pravega.state_admin"}
@@ -17,8 +18,6 @@ def main(argv: list[str] | None = None) -> int:
               f"  state   list, inspect and reset the ingest and export state in Pravega; find orphans",
               file=sys.stderr)
         return 0 if args and args[0] in ("-h", "--help") else 2
-    import importlib
-
     return importlib.import_module(COMMANDS[args[0]]).main(args[1:])
 
 

@@ -22,6 +22,7 @@ from airflow_provider_pravega.client.errors import (
     SegmentTruncatedError,
     TruncatedStreamCutError,
 )
+from airflow_provider_pravega.client.streamcut import StreamCut, StreamCutMismatchError
 from airflow_provider_pravega.protocol import naming
 from airflow_provider_pravega.protocol.streamcut import streamcut_to_text
 
@@ -103,8 +104,6 @@ def parse_stream_cut(value: Any, scope: str, stream: str, what: str = "stream_cu
     of another stream is refused naming both), plus a bare mapping segment id -> offset (e.g. a
     stream info's ``tail_positions``). ``UNBOUNDED`` means the head. ``what`` names the parameter.
     """
-    from airflow_provider_pravega.client.streamcut import StreamCut, StreamCutMismatchError
-
     if value is None:
         raise InvalidStreamCutError(f"{what} is missing: give 'head', 'tail', a stream-cut text or a cut from XCom")
     if isinstance(value, Mapping) and not ({"scope", "stream", "positions", "text", "bound"} & set(value)):
@@ -341,6 +340,7 @@ class PendingBatch:
         self.events = 0
 
     def _count_events(self, client: PravegaClient, found: NewData) -> None:
+        # import cost: client.batch brings gRPC; the triggerer imports this module
         from airflow_provider_pravega.client.batch import SegmentRange, read_segment_range_batches
 
         for segment, (start, end) in sorted(found.grown.items()):

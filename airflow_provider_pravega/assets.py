@@ -12,6 +12,8 @@ import os
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
+from airflow.sdk import Asset
+
 from airflow_provider_pravega.openlineage import catalog_table_identity, controller_namespace, stream_dataset_name
 from airflow_provider_pravega.protocol.naming import validate_scope_name, validate_stream_name
 
@@ -69,14 +71,13 @@ def sanitize_uri(uri: SplitResult) -> SplitResult:
 def create_asset(*, scope: str, stream: str, host: str = "localhost", port: int = DEFAULT_PORT,
                  extra: dict[str, Any] | None = None) -> Any:
     """An ``Asset`` for a stream (Airflow's asset factory for the ``pravega`` scheme)."""
-    from airflow.sdk import Asset
-
     return Asset(uri=stream_uri(host, port, scope, stream), extra=extra)
 
 
 def convert_asset_to_openlineage(asset: Any, lineage_context: Any) -> Any:
     """The OpenLineage dataset of a ``pravega://`` asset: namespace ``pravega://host:port``, name
     ``scope/stream`` (what the operators report for the same stream)."""
+    # optional: only OpenLineage calls this; its facets come with the OpenLineage provider
     from airflow.providers.common.compat.openlineage.facet import Dataset
 
     host, port, scope, stream = _parts(urllib.parse.urlsplit(asset.uri))
@@ -98,8 +99,6 @@ def table_uri(location: str) -> str:
 def table_asset(location: str, *, format: str = "delta") -> Any:
     """The ``Asset`` of the table at ``location``: what the export operator with ``format="delta"``
     updates (an outlet), so downstream DAGs can be scheduled on the table with the same call."""
-    from airflow.sdk import Asset
-
     return Asset(uri=table_uri(location), extra={"format": format})
 
 
@@ -117,6 +116,4 @@ def catalog_table_asset(name: str, *, format: str = "delta") -> Any:
     """The ``Asset`` of the catalog table ``name``: what the export operator with ``table=`` updates
     (an outlet; the table's location is not known when the DAG is parsed, so it is named by its
     name, :func:`catalog_table_uri`)."""
-    from airflow.sdk import Asset
-
     return Asset(uri=catalog_table_uri(name), extra={"format": format, "table": name})

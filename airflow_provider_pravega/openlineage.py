@@ -56,6 +56,7 @@ def stream_dataset_name(scope: str, stream: str) -> str:
 def _facet_classes() -> Any:
     """The OpenLineage facet module, or None when the OpenLineage provider is not installed."""
     try:
+        # optional: the OpenLineage provider (see the module's docstring)
         from airflow.providers.common.compat.openlineage import facet
         from airflow.providers.openlineage.extractors import OperatorLineage  # noqa: F401
     except ImportError:
@@ -106,6 +107,7 @@ def table_dataset(location: str, *, storage_layer: str = "delta", version: int |
     and, once written, the table version (None without OpenLineage)."""
     if _facet_classes() is None:
         return None
+    # optional: the openlineage client (see the module's docstring)
     from openlineage.client.facet_v2 import dataset_version_dataset, storage_dataset
 
     facets: dict[str, Any] = {"storage": storage_dataset.StorageDatasetFacet(storageLayer=storage_layer,
@@ -150,6 +152,7 @@ def catalog_table_dataset(name: str, *, storage_layer: str = "delta", version: i
     :func:`catalog_table_identity`), with the storage and version facets (None without OpenLineage)."""
     if _facet_classes() is None:
         return None
+    # optional: the openlineage client (see the module's docstring)
     from openlineage.client.facet_v2 import dataset_version_dataset, storage_dataset
 
     namespace, table = catalog_table_identity(name)
@@ -180,6 +183,7 @@ def operator_lineage(
     """An ``OperatorLineage`` of the given datasets (None entries dropped), or None without OpenLineage."""
     if _facet_classes() is None:
         return None
+    # optional: the OpenLineage provider (see the module's docstring)
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     return OperatorLineage(

@@ -27,7 +27,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.client.errors import PravegaError
+from airflow_provider_pravega.client.ingest import IngestCoordinator, reset_ingest_state
+from airflow_provider_pravega.client.ingest_location import (
+    open_state_store,
+    state_location,
+    state_location as ingest_location,
+)
+from airflow_provider_pravega.client.ingest_state import REQUESTED
+from airflow_provider_pravega.client.synchronizer import StateSynchronizer
 from airflow_provider_pravega.protocol.naming import state_stream_prefix
+from airflow_provider_pravega.spark.export_spec import ExportSpec
+from airflow_provider_pravega.spark.export_state import ExportState, apply_update, state_location as export_location
 
 INGEST_PREFIX = state_stream_prefix("ingest")
 EXPORT_PREFIX = state_stream_prefix("export")
@@ -67,26 +79,17 @@ def inspect_state(client: Any, scope: str, name: str) -> StateSummary:
 
 def ingest_state(client: Any, scope: str, name: str) -> dict[str, Any]:
     """The whole state of an ingest (runs, interval index; committed files stay in their table)."""
-    from airflow_provider_pravega.client.ingest_location import open_state_store
-
     with open_state_store(client, scope, name, create=False) as store:
         return store.fetch()
 
 
 def export_state(client: Any, scope: str, name: str) -> Any:
     """The recorded cuts of an export (``ExportState``)."""
-    from airflow_provider_pravega.client.synchronizer import StateSynchronizer
-    from airflow_provider_pravega.spark.export_state import ExportState, apply_update
-
     with StateSynchronizer(client, scope, name, ExportState(), apply_update, create=False) as sync:
         return sync.fetch()
 
 
 def _ingest_summary(client: Any, scope: str, name: str) -> StateSummary:
-    from airflow_provider_pravega.client.ingest import IngestCoordinator
-    from airflow_provider_pravega.client.ingest_location import open_state_store
-    from airflow_provider_pravega.client.ingest_state import REQUESTED
-
     with open_state_store(client, scope, name, create=False) as store:
         state = store.fetch()
         target_scope, _, target_stream = (state.get("target") or f"{scope}/").partition("/")
@@ -116,9 +119,6 @@ def reset_state(client: Any, scope: str, name: str) -> bool:
     """Forget state ``scope/name``: the next run of its ingest or export starts afresh (an ingest
     then ingests every file again; use it when its target stream was deleted and re-created, or
     for an orphan). An ingest with a live run is refused. False when there was nothing to forget."""
-    from airflow_provider_pravega.client.ingest import reset_ingest_state
-    from airflow_provider_pravega.client.ingest_location import state_location
-
     summary = inspect_state(client, scope, name)
     if summary.kind == "export":
         return client.admin.delete_stream(scope, name, seal=True)
@@ -149,12 +149,9 @@ def expected_states(dags: Iterable[Any], default_scope: str | None = None) -> tu
     """The state streams the ingest and export tasks of ``dags`` use (in each task's state scope),
     and the tasks whose state cannot be told before they run (a templated scope, stream, id or
     state scope, or no scope at all)."""
-    from airflow_provider_pravega.client.ingest_location import state_location as ingest_location
+    # import cost: Airflow (about a second) only for orphans; the other commands run on a controller URI alone
     from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator
     from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
-    from airflow_provider_pravega.spark.export_spec import ExportSpec
-    from airflow_provider_pravega.spark.export_state import state_location as export_location
-
     found: list[ExpectedState] = []
     unknown: list[str] = []
     for dag in dags:
@@ -203,9 +200,10 @@ def load_dags(folder: str) -> list[Any]:
         raise ValueError(f"the DAGs folder {folder} holds no DAG file (.py or .zip): give the folder the "
                          f"dag-processor parses (its [core] dags_folder)")
     try:
+        # import cost: see expected_states
         from airflow.dag_processing.dagbag import DagBag
     except ImportError:  # Airflow before 3.2
-        from airflow.models.dagbag import DagBag
+        from airflow.models.dagbag import DagBag  # import cost: see expected_states
 
     with contextlib.redirect_stdout(sys.stderr):  # Airflow logs the parse on stdout: keep it for our output
         bag = DagBag(dag_folder=folder, safe_mode=False)
@@ -231,10 +229,9 @@ def _iso(ms: int) -> str:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from airflow_provider_pravega.client import PravegaClient
-
     if args.controller_uri:
         return PravegaClient(args.controller_uri)
+    # import cost: Airflow only for a connection id (see expected_states)
     from airflow_provider_pravega.hooks.pravega import PravegaHook
 
     return PravegaHook(args.conn_id).get_client()
@@ -284,8 +281,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                              help="states no ingest or export task of a DAGs folder uses")
     orphans.add_argument("--dags-folder", required=True, help="the folder the dag-processor parses")
     args = ap.parse_args(argv)
-
-    from airflow_provider_pravega.client.errors import PravegaError
 
     try:
         # The DAGs first: a wrong folder is refused before anything is asked of Pravega.

@@ -252,3 +252,106 @@ def test_the_cycle_check_finds_a_cycle_through_a_function_local_import(tmp_path:
     (package / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from airflow_provider_pravega.e import y\n")
     (package / "e.py").write_text("from airflow_provider_pravega.d import z\n")
     assert import_cycles(import_graph(package)) == [["airflow_provider_pravega.a", "airflow_provider_pravega.b"]]
+
+
+def _says_why(line: str) -> bool:
+    """Whether a line has a comment that says something: not only a tool's (``type: ignore``,
+    ``noqa``, ``pragma``)."""
+    if "#" not in line:
+        return False
+    notes = [note.strip() for note in line.split("#")[1:]]
+    return any(note and not note.startswith(("type:", "noqa", "pragma")) for note in notes)
+
+
+def unexplained_local_imports(package: Path) -> list[str]:
+    """The imports inside functions (``path:line``) with no comment saying why they are not at module
+    level: on the import's own lines, on the line above it, or above the block of imports it belongs
+    to (one comment for imports separated by nothing but blank lines). Generated ``*_pb2*`` modules are left out."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if "_pb2" in path.name:
+            continue
+        text = path.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text, str(path))
+        block_head: dict[ast.AST, ast.AST] = {}  # an import -> the first import of its block
+        for parent in ast.walk(tree):
+            for field in ("body", "orelse", "finalbody"):
+                statements = getattr(parent, field, None)
+                if not isinstance(statements, list):
+                    continue
+                for before, after in zip(statements, statements[1:]):
+                    if isinstance(before, (ast.Import, ast.ImportFrom)) and isinstance(after, (ast.Import, ast.ImportFrom)) \
+                            and not any(line.strip() for line in lines[before.end_lineno:after.lineno - 1]):
+                        block_head[after] = block_head.get(before, before)
+
+        def explained(node: ast.AST) -> bool:
+            own = lines[node.lineno - 1:node.end_lineno]
+            above = lines[node.lineno - 2].strip() if node.lineno >= 2 else ""
+            return any(_says_why(line) for line in own) or (above.startswith("#") and _says_why(above))
+
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and not explained(node) \
+                        and not explained(block_head.get(node, node)):
+                    found.append(f"{path.relative_to(package.parent).as_posix()}:{node.lineno}")
+    return sorted(set(found), key=lambda where: (where.split(":")[0], int(where.split(":")[1])))
+
+
+def test_every_function_local_import_says_why_it_is_not_at_module_level() -> None:
+    """Imports sit at module level, where readers and the checks above see the import graph, unless
+    a comment says why one cannot (an optional dependency, pyspark kept out of what the scheduler
+    imports, a measured import cost, a cycle)."""
+    assert unexplained_local_imports(PACKAGE) == []
+
+
+def test_the_local_import_check_finds_an_unexplained_import_in_a_function(tmp_path: Path) -> None:
+    package = tmp_path / "airflow_provider_pravega"
+    package.mkdir()
+    (package / "a.py").write_text(
+        "import json\n"
+        "\n"
+        "def bare():\n"
+        "    import csv\n"
+        "    return csv\n"
+        "\n"
+        "def explained_above():\n"
+        "    # optional: the delta extra\n"
+        "    import delta\n"
+        "    return delta\n"
+        "\n"
+        "def explained_on_its_line():\n"
+        "    import pyspark  # pyspark: not installed in the Airflow scheduler\n"
+        "    return pyspark\n"
+        "\n"
+        "def a_block_with_one_comment():\n"
+        "    # import cost: the DAG file parser imports operators\n"
+        "    from x import (\n"
+        "        y,\n"
+        "    )\n"
+        "    import z\n"
+        "\n"
+        "    from airflow_provider_pravega import b\n"
+        "    return y, z, b\n"
+        "\n"
+        "async def bare_async():\n"
+        "    if True:\n"
+        "        from decimal import Decimal\n"
+        "    return Decimal\n"
+        "\n"
+        "def only_a_tool_comment():\n"
+        "    import ssl  # noqa: F401\n"
+        "\n"
+        "def a_comment_two_lines_up_is_not_enough():\n"
+        "    # optional: something\n"
+        "    x = 1\n"
+        "    import shlex\n"
+        "    return x, shlex\n"
+    )
+    (package / "controller_pb2.py").write_text("def generated():\n    import grpc\n")
+    assert unexplained_local_imports(package) == [
+        "airflow_provider_pravega/a.py:4", "airflow_provider_pravega/a.py:28", "airflow_provider_pravega/a.py:32",
+        "airflow_provider_pravega/a.py:37",
+    ]

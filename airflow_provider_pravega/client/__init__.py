@@ -38,6 +38,7 @@ class PravegaClient:
     def __init__(
         self, config_or_uri: PravegaConnectionConfig | str, *, timeout_s: float = 10.0
     ) -> None:
+        # import cost: this package runs before each of its modules; client.config (DAG parse) must not pull in gRPC
         from airflow_provider_pravega.client.admin import StreamAdmin
         from airflow_provider_pravega.client.config import PravegaConnectionConfig
         from airflow_provider_pravega.client.connection import ConnectionPool
@@ -80,6 +81,7 @@ class PravegaClient:
         was made with, or its controller URI's."""
         if self.config is not None:
             return self.config
+        # import cost: lazy, see __init__
         from airflow_provider_pravega.client.config import PravegaConnectionConfig
 
         return PravegaConnectionConfig.from_connection_fields(host=self.controller_uri)
@@ -88,6 +90,7 @@ class PravegaClient:
         self, interval_s: float | None = None, **options: Any
     ) -> LeaseKeeper:
         """A started LeaseKeeper using this client's transaction manager."""
+        # import cost: lazy, see __init__
         from airflow_provider_pravega.client.transactions import LeaseKeeper
 
         return LeaseKeeper(self.transactions, interval_s, **options)
@@ -96,6 +99,7 @@ class PravegaClient:
         """A pipelined writer of plain (non-transactional) events to ``scope/stream``, routed by
         routing key like the official client's, surviving scaling; ``max_inflight_events``
         (default 1,000) bounds what each segment has in flight. ``flush`` waits for every ack."""
+        # import cost: lazy, see __init__
         from airflow_provider_pravega.client.writer import EventWriter
 
         return EventWriter(self.segments, scope, stream, **options)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Literal, NamedTuple
 
+from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.connection import ConnectionPool, next_request_id
 from airflow_provider_pravega.client.controller import ControllerClient
@@ -539,8 +540,6 @@ class _ProcessLocal:
             return self.pool
 
     def get_client(self, key: Any, target: Any) -> Any:
-        from airflow_provider_pravega.client import PravegaClient
-
         with self.lock:
             client = self.clients.get(key)
             if client is None:
@@ -685,6 +684,7 @@ def _batches(target: Any, rng: SegmentRange, chunk: int, max_event_size: int, re
 
 def _arrow_batches(target: Any, rng: SegmentRange, chunk: int, max_event_size: int,
                    retries: int) -> Iterator[ArrowBatch]:
+    # import cost: numpy and pyarrow only for Arrow batches; the triggers read events without them
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
+from airflow_provider_pravega.client.errors import OfficialClientMissingError
+
 DEFAULT_HOST = "localhost"
 DEFAULT_CONTROLLER_PORT = 9090
 DEFAULT_TRANSACTION_LEASE_MS = 90_000
@@ -359,10 +361,9 @@ class PravegaConnectionConfig:
 def import_official_client(what: str) -> Any:
     """The official ``pravega_client`` module, or OfficialClientMissingError saying how to get it."""
     try:
+        # optional: the official client (the official-client extra)
         import pravega_client
     except ImportError:
-        from airflow_provider_pravega.client.errors import OfficialClientMissingError
-
         raise OfficialClientMissingError(what) from None
     return pravega_client
 

@@ -34,6 +34,7 @@ from airflow_provider_pravega.client.errors import (
     SegmentStoreError,
     SegmentStoreUnreachableError,
 )
+from airflow_provider_pravega.client.security import client_ssl_context, speaks_tls, wrap_client_socket
 from airflow_provider_pravega.protocol import wire
 
 __all__ = [
@@ -139,8 +140,6 @@ class SegmentStoreConnection:
             ) from None
         self.sock: socket.socket = raw
         if tls is not None:
-            from airflow_provider_pravega.client.security import wrap_client_socket
-
             config, context = tls
             try:
                 self.sock = wrap_client_socket(
@@ -158,8 +157,6 @@ class SegmentStoreConnection:
                 hello = self.recv()
             except SegmentStoreUnreachableError:
                 if tls is None:
-                    from airflow_provider_pravega.client.security import speaks_tls
-
                     if speaks_tls(endpoint.host, endpoint.port, min(2.0, connect_timeout_s)):
                         raise PravegaTLSError(
                             f"segment store {endpoint}",
@@ -391,8 +388,6 @@ class ConnectionPool:
         self.config = config
         self._tls: tuple[PravegaConnectionConfig, ssl.SSLContext] | None = None
         if config is not None and config.tls_enabled:
-            from airflow_provider_pravega.client.security import client_ssl_context
-
             self._tls = (config, client_ssl_context(config))
         #: Supplies current delegation tokens to the connections (set by SegmentStoreClient).
         self.tokens = tokens

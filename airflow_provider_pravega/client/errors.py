@@ -6,6 +6,8 @@ involved so callers (operators, sensors) can react without parsing text.
 
 from __future__ import annotations
 
+import platform
+
 
 class PravegaError(Exception):
     """Base of every error raised by ``airflow_provider_pravega.client``."""
@@ -316,8 +318,6 @@ class OfficialClientMissingError(PravegaError, ImportError):
     """The official ``pravega`` client (module ``pravega_client``) is not installed."""
 
     def __init__(self, what: str) -> None:
-        import platform
-
         self.what = what
         here = f"{platform.python_implementation()} {platform.python_version()}"
         super().__init__(

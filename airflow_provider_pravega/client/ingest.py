@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_pravega._clock import now_ms
+from airflow_provider_pravega.client.controller_types import TxnStatus
 from airflow_provider_pravega.client.errors import PravegaError, TransactionAbortedError
 from airflow_provider_pravega.client.ingest_errors import (
     FencedError,
@@ -937,6 +938,7 @@ def reset_ingest_state(client: Any, scope: str, stream: str, ingest_id: str, *, 
     interval index): for a target stream that was deleted and re-created, whose old positions and
     files the state would otherwise keep describing. Refused while a run still heartbeats (a live
     run would lose its bookkeeping). Idempotent; returns False when there was nothing to forget."""
+    # import cost: operators/ingest.py imports this module at DAG parse; the table client only to reset a state
     from airflow_provider_pravega.client.committed_files import CommittedFiles
 
     state_scope, state_stream = state_location(scope, stream, ingest_id, state_scope)
@@ -986,8 +988,6 @@ def _state_name(status: Any) -> str:
 
 
 def _final_states() -> Any:
-    from airflow_provider_pravega.client.controller_types import TxnStatus
-
     # Waited for only after the commit requests were acknowledged and recorded: a transaction the
     # controller forgot since (UNKNOWN) was committed.
     return {TxnStatus.COMMITTED, TxnStatus.UNKNOWN}

@@ -9,10 +9,11 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from airflow_provider_pravega.client.errors import PravegaPermissionError
 from airflow_provider_pravega.client.ingest_errors import IngestError, RecreatedStreamError
 from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.client.ingest_state import apply_update, initial_state
-from airflow_provider_pravega.protocol.naming import state_stream
+from airflow_provider_pravega.protocol.naming import state_stream, validate_scope_name
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +23,6 @@ def check_state_scope(state_scope: Any, option: str = "state_scope") -> str | No
     ValueError naming ``option`` otherwise, before anything is created there."""
     if state_scope is None:
         return None
-    from airflow_provider_pravega.protocol.naming import validate_scope_name
-
     if not isinstance(state_scope, str):
         raise ValueError(f"{option} must be a Pravega scope name (or None), got a {type(state_scope).__name__}")
     try:
@@ -36,8 +35,6 @@ def check_state_scope(state_scope: Any, option: str = "state_scope") -> str | No
 def state_scope_access(scope: str, state_scope: str | None) -> Iterator[None]:
     """A permission denied in a state scope of its own (not the target's ``scope``) named as the
     ``state_scope`` option's, with the rights the provider needs there."""
-    from airflow_provider_pravega.client.errors import PravegaPermissionError
-
     try:
         yield
     except PravegaPermissionError as exc:
@@ -67,8 +64,6 @@ def legacy_state_location(scope: str, ingest_id: str) -> tuple[str, str]:
 def check_write_access(client: Any, scope: str, stream: str) -> None:
     """Fail before anything is written when the client's user may not write ``scope/stream``
     (asks the controller for a write delegation token, as a writer would; no-op without auth)."""
-    from airflow_provider_pravega.client.errors import PravegaPermissionError
-
     try:
         client.controller.get_delegation_token(scope, stream, "write")
     except PravegaPermissionError as exc:
@@ -81,6 +76,7 @@ def check_write_access(client: Any, scope: str, stream: str) -> None:
 def open_state_store(client: Any, scope: str, stream: str, *, create: bool = True) -> Any:
     """The ingest's state synchronizer on ``scope/stream`` (created with one segment if missing),
     with its committed-file table as ``.files`` (created on first use)."""
+    # import cost: operators/ingest.py imports this module at DAG parse; the synchronizer (client.batch under it) only when a state is opened
     from airflow_provider_pravega.client.committed_files import CommittedFiles
     from airflow_provider_pravega.client.synchronizer import StateSynchronizer
 

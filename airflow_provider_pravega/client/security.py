@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from airflow_provider_pravega.client import keycloak
 from airflow_provider_pravega.client.config import PravegaConfigError, PravegaConnectionConfig
 from airflow_provider_pravega.client.errors import PravegaTLSError
@@ -111,6 +113,7 @@ def token_lifetime(token: str) -> tuple[float | None, float | None]:
     if not token or token.count(".") != 2:
         return None, None
     try:
+        # optional: PyJWT (the embedded extra); without it a token is opaque
         import jwt
 
         claims = jwt.decode(token, options={"verify_signature": False, "verify_exp": False})
@@ -229,8 +232,6 @@ def read_trust_store(path: str) -> bytes:
 
 def grpc_channel_credentials(config: PravegaConnectionConfig | None) -> Any:
     """gRPC TLS credentials trusting the connection's trust store (the system CAs without one)."""
-    import grpc
-
     trust = config.effective_trust_store() if config is not None else None
     return grpc.ssl_channel_credentials(root_certificates=read_trust_store(trust) if trust else None)
 

@@ -31,7 +31,8 @@ class CorruptMetadataError(RuntimeError):
     """The controller's metadata files are damaged in a way a crash cannot explain."""
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a file created, renamed or removed in it) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -97,7 +98,7 @@ class MetadataLog:
                 f.flush()
                 os.fsync(f.fileno())
         self._fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         last = records[-1]["seq"] if records else base_seq
         self._written = self._synced = last
         self._since_snapshot = len(records)
@@ -203,7 +204,7 @@ class MetadataLog:
             finally:
                 os.close(fd)
             os.replace(tmp, self.snapshot_path)
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
             # Everything up to seq is now in the snapshot: the log can start over.
             os.ftruncate(self._fd, 0)
             os.fsync(self._fd)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import BestAvailableEncryption, load_pem_private_key, pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
@@ -112,14 +114,6 @@ def make_java_stores(pki: TestPKI, directory: str | os.PathLike[str], java: str)
 
     Returns ``(key_store, trust_store, password_file)``.
     """
-    import subprocess
-
-    from cryptography.hazmat.primitives.serialization import (
-        BestAvailableEncryption,
-        load_pem_private_key,
-        pkcs12,
-    )
-
     work = Path(directory)
     password = "test-store-password"
     pwd_file = work / "stores.pwd"

@@ -15,6 +15,7 @@ for replies, so it could never be answered by a server inside the test process.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -52,8 +53,6 @@ OFFICIAL_CLIENT_REASON = (
 
 def official_client_installed() -> bool:
     """Whether the official client can be imported (without importing it)."""
-    import importlib.util
-
     return importlib.util.find_spec("pravega_client") is not None
 
 
@@ -94,6 +93,7 @@ def pravega_cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """``start(segment_stores=3, containers=8, **ServerSettings fields)``: an embedded server run as a
     small cluster *in this process* (loopback, free ports), so a test can drive its controls
     (``move_container``, ``stop_store``, ``restart_store``, ``set_hooks``); stopped after the test."""
+    # import cost: the in-process server (gRPC, about 0.4 s) only for this fixture; the others run it as a child
     from airflow_provider_pravega.embedded.server import EmbeddedPravega, ServerSettings
 
     started: list[EmbeddedPravega] = []

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.embedded.backend import SegmentInfo
+from airflow_provider_pravega.embedded.controller_log import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -721,7 +722,7 @@ class SegmentStorage:
         self._journal_fd = os.open(self._journal_path(seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._journal_bytes = os.fstat(self._journal_fd).st_size
         if self._fsync:
-            self._fsync_dir(self.root / "journal")
+            fsync_dir(self.root / "journal")
 
     # ------------------------------------------------------------------ files
 
@@ -748,14 +749,6 @@ class SegmentStorage:
                 os.pwrite(dst, data, dst_offset + done)
                 copied = chunk
             done += copied
-
-    @staticmethod
-    def _fsync_dir(path: Path) -> None:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -839,7 +832,7 @@ class SegmentStorage:
                 os.fsync(fh.fileno())
         os.replace(tmp, self.root / "checkpoint.json")
         if self._fsync:
-            self._fsync_dir(self.root)
+            fsync_dir(self.root)
         for path in sorted((self.root / "journal").glob("*.log")):
             if int(path.stem) < snapshot["journal_seq"]:
                 path.unlink(missing_ok=True)

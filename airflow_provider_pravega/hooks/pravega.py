@@ -14,6 +14,9 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+from airflow_provider_pravega import get_provider_info
+from airflow_provider_pravega.assets import stream_uri
+from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.config import (
     PravegaConfigError,
     PravegaConnectionConfig,
@@ -26,7 +29,7 @@ from airflow_provider_pravega.client.controller_probe import (
     ControllerProbeTLSError,
     list_scopes,
 )
-from airflow_provider_pravega.client.errors import KeycloakTokenError
+from airflow_provider_pravega.client.errors import KeycloakTokenError, PravegaPermissionError
 from airflow_provider_pravega.client.security import basic_auth_metadata
 
 __all__ = ["PravegaConfigError", "PravegaConnectionConfig", "PravegaHook"]
@@ -115,8 +118,6 @@ class PravegaHook(BaseHook):
         """This provider's own :class:`~airflow_provider_pravega.client.PravegaClient`, the hook's
         main API on every supported Python: admin, event writers (plain and transactional),
         cross-process transactions, stream cuts, batch reads. Close it (or use ``with``) when done."""
-        from airflow_provider_pravega.client import PravegaClient
-
         return PravegaClient(self.get_config())
 
     @classmethod
@@ -127,8 +128,6 @@ class PravegaHook(BaseHook):
         Meant for DAG files: when the connection is not defined where the DAG is parsed, the
         connection defaults (``localhost:9090``) are used, so the file still parses.
         """
-        from airflow_provider_pravega.assets import stream_uri
-
         try:
             conn = cls.get_connection(pravega_conn_id)
         except Exception:  # noqa: BLE001 - AirflowNotFoundException, or no Airflow context at all
@@ -160,6 +159,7 @@ class PravegaHook(BaseHook):
         Airflow 3.3 builds the form from ``conn-fields`` and never calls this while they exist;
         it is kept, derived from the same data, for tools that still ask the hook. Needs wtforms.
         """
+        # optional: WTForms (Airflow 3.3 builds the form from conn-fields without it)
         from wtforms import BooleanField, IntegerField, PasswordField, SelectField, StringField
 
         widgets: dict[str, Any] = {}
@@ -305,9 +305,8 @@ def check_credentials(config: PravegaConnectionConfig, timeout: float) -> None:
     checkScopeExists of the default scope): raises PravegaAuthenticationError, PravegaTLSError or
     ControllerUnreachableError within ``timeout`` seconds. A PERMISSION_DENIED answer means the
     credentials were accepted, which is all this checks."""
+    # import cost: the full controller client (10 more modules) only when credentials are checked; DAG files import the hook
     from airflow_provider_pravega.client.controller import ControllerClient
-    from airflow_provider_pravega.client.errors import PravegaPermissionError
-
     with ControllerClient(config, timeout_s=timeout, connect_timeout_s=min(3.0, timeout)) as controller:
         try:
             if config.scope:
@@ -320,8 +319,6 @@ def check_credentials(config: PravegaConnectionConfig, timeout: float) -> None:
 
 def _connection_type_info() -> dict[str, Any]:
     """The ``pravega`` entry of provider.yaml's ``connection-types``."""
-    from airflow_provider_pravega import get_provider_info
-
     for entry in get_provider_info().get("connection-types", []):
         if entry.get("connection-type") == PravegaHook.conn_type:
             return entry

@@ -9,6 +9,7 @@ what is gone succeed and say so in the log; ``fail_if_exists`` / ``fail_if_missi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cached_property
@@ -24,7 +25,7 @@ from airflow_provider_pravega._streams import (
     resolve_stream_cut,
     stream_info_to_dict,
 )
-from airflow_provider_pravega.client.admin import build_retention_policy, build_scaling_policy, whole_number
+from airflow_provider_pravega.client.admin import KEEP, build_retention_policy, build_scaling_policy, whole_number
 from airflow_provider_pravega.client.controller_types import SegmentRange
 from airflow_provider_pravega.client.errors import (
     PravegaError,
@@ -107,8 +108,6 @@ class _PravegaStreamOperator(_PravegaOperator):
 def _as_list(value: Any, name: str) -> list[Any]:
     """A list parameter, also accepted as rendered JSON text (e.g. from a template)."""
     if isinstance(value, str):
-        import json
-
         text = value.strip()
         try:
             value = json.loads(text) if text.startswith("[") else [t.strip() for t in text.split(",") if t.strip()]
@@ -333,8 +332,6 @@ class PravegaUpdateStreamOperator(_PravegaStreamOperator):
         self.tags = tags
 
     def _changes(self) -> dict[str, Any]:
-        from airflow_provider_pravega.client.admin import KEEP
-
         changes: dict[str, Any] = {"scaling": KEEP, "retention": KEEP, "tags": KEEP}
         scaling_args = {
             "segments": self.segments, "min_segments": self.min_segments,

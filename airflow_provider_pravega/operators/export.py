@@ -7,7 +7,18 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_provider_pravega.assets import catalog_table_asset, table_asset
+from airflow_provider_pravega.client.errors import StreamNotFoundError
+from airflow_provider_pravega.client.ingest_location import check_state_scope
 from airflow_provider_pravega.hooks.pravega import PravegaHook
+from airflow_provider_pravega.openlineage import (
+    catalog_table_dataset,
+    file_dataset,
+    operator_lineage,
+    stream_dataset,
+    table_dataset,
+)
+from airflow_provider_pravega.spark.export_spec import check_cut_option, check_target
 
 
 class PravegaStreamCutExportOperator(BaseOperator):
@@ -121,12 +132,8 @@ class PravegaStreamCutExportOperator(BaseOperator):
         _check_literal_target(format, output_path, table)
         asset = None
         if format == "delta" and isinstance(output_path, str) and not _templated(output_path):
-            from airflow_provider_pravega.assets import table_asset
-
             asset = table_asset(output_path)
         elif format == "delta" and isinstance(table, str) and not _templated(table):
-            from airflow_provider_pravega.assets import catalog_table_asset
-
             asset = catalog_table_asset(table)
         if asset is not None:
             outlets = list(kwargs.get("outlets") or [])
@@ -166,7 +173,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
         return f"{start.isoformat()}/{end.isoformat()}"
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow_provider_pravega.client.errors import StreamNotFoundError
+        # pyspark is imported with the job: kept out of the scheduler's import of this module
         from airflow_provider_pravega.spark.export_job import ExportSpec, run_export
         from airflow_provider_pravega.spark.session import get_spark_session, starts_local_session
 
@@ -187,11 +194,13 @@ class PravegaStreamCutExportOperator(BaseOperator):
         )
         spark_conf = dict(self.spark_conf)
         if spec.format == "delta":
+            # pyspark is imported with the job: kept out of the scheduler's import of this module
             from airflow_provider_pravega.spark.delta_export import session_conf
             from airflow_provider_pravega.spark.session import spark_target
 
             if spark_target(self.spark_conn_id).remote is None:  # a Connect server has its own packages
                 spark_conf = session_conf(spark_conf)
+        # pyspark: spark.submit imports spark.session, kept out of the scheduler's import of this module
         from airflow_provider_pravega.spark.submit import cluster_submission
 
         submission = cluster_submission(self.spark_conn_id, spark_conf)
@@ -218,6 +227,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
     def _run_application(self, context: Any, client: Any, config: Any, spec: Any, submission: Any) -> dict[str, Any]:
         """Cluster deploy mode: the export's command line as a Spark application (spark/submit.py);
         a later try reattaches to it through the task state store."""
+        # pyspark is imported with the job: kept out of the scheduler's import of this module
         from airflow_provider_pravega.spark import export_job
         from airflow_provider_pravega.spark.submit import ApplicationRun, run_application
 
@@ -241,16 +251,6 @@ class PravegaStreamCutExportOperator(BaseOperator):
         """The stream as input, the output directory (or the Delta table) as output (None without
         OpenLineage). A ``table=`` export's output is the table's location the run found (its
         catalog's answer), else its name-based dataset."""
-        try:
-            from airflow_provider_pravega.openlineage import (
-                catalog_table_dataset,
-                file_dataset,
-                operator_lineage,
-                stream_dataset,
-                table_dataset,
-            )
-        except ImportError:
-            return None
         config = PravegaHook(self.pravega_conn_id).get_config()
         scope = self._scope_used or self.scope or config.scope
         result = self._result or {}
@@ -275,8 +275,6 @@ def _templated(value: Any) -> bool:
 def _check_literal_cuts(scope: Any, stream: Any, start_cut: Any, end_cut: Any) -> None:
     """A bad literal cut fails when the DAG is parsed, naming ``start_cut``/``end_cut``; a
     templated one is checked at execute (by ExportSpec), before any Spark work."""
-    from airflow_provider_pravega.spark.export_spec import check_cut_option
-
     scope = scope if isinstance(scope, str) and not _templated(scope) else None
     stream = stream if isinstance(stream, str) and not _templated(stream) else None
     for option, value in (("start_cut", start_cut), ("end_cut", end_cut)):
@@ -288,8 +286,6 @@ def _check_literal_target(format: Any, output_path: Any, table: Any) -> None:
     """A bad literal format, or not exactly one of ``output_path``/``table``, or ``table`` without
     format='delta', fails when the DAG is parsed, naming the options; a templated path or table
     name is checked at execute (by ExportSpec)."""
-    from airflow_provider_pravega.spark.export_spec import check_target
-
     if _templated(output_path) or _templated(table):
         if output_path is not None and table is not None:
             check_target(format, output_path, table)  # both given: said now, whatever they render to
@@ -300,8 +296,6 @@ def _check_literal_target(format: Any, output_path: Any, table: Any) -> None:
 def _check_literal_state_scopes(**options: Any) -> None:
     """A bad literal state scope fails when the DAG is parsed, naming the option; a templated one
     is checked at execute (by ExportSpec)."""
-    from airflow_provider_pravega.client.ingest_location import check_state_scope
-
     for option, value in options.items():
         if not _templated(value):
             check_state_scope(value, option)

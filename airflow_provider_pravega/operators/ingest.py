@@ -9,7 +9,10 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_pravega.client.ingest_location import check_state_scope
+from airflow_provider_pravega.client.ingest_resume import RESUMABLE
 from airflow_provider_pravega.hooks.pravega import PravegaHook
+from airflow_provider_pravega.openlineage import file_dataset, operator_lineage, stream_dataset
+from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator, _templated
 from airflow_provider_pravega.spark.ingest_spec import IngestResult, IngestSpec, check_options
 
 try:  # common-compat hands out Airflow 3.3's mixin, or below 3.3 a stand-in that always runs afresh
@@ -117,8 +120,6 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         spark_conf: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        from airflow_provider_pravega.operators.export import _templated
-
         # A retry resumes a killed try's run while its transactions are still leased: soon.
         kwargs.setdefault("retry_delay", timedelta(seconds=5))
         if not durable:  # the mixin's own parameter (its Airflow < 3.3 stand-in warns about any value)
@@ -159,6 +160,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
     external_id_key = "pravega_ingest_run"
 
     def execute(self, context: Any) -> dict[str, Any]:
+        # pyspark: spark.submit imports spark.session, kept out of the scheduler's import of this module
         from airflow_provider_pravega.spark.submit import cluster_submission
 
         submission = cluster_submission(self.spark_conn_id, self.spark_conf)
@@ -228,8 +230,6 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
             return resume_status_of(client, spec, external_id)
 
     def is_job_active(self, status: str) -> bool:
-        from airflow_provider_pravega.client.ingest_resume import RESUMABLE
-
         return status in RESUMABLE
 
     def is_job_succeeded(self, status: str) -> bool:
@@ -283,10 +283,6 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Input files and the output stream as OpenLineage datasets (None without OpenLineage)."""
-        try:
-            from airflow_provider_pravega.openlineage import file_dataset, operator_lineage, stream_dataset
-        except ImportError:
-            return None
         config = PravegaHook(self.pravega_conn_id).get_config()
         files = (self._result or {}).get("files_ingested", [])
         return operator_lineage(
@@ -313,8 +309,6 @@ def _task_try(context: Any) -> dict[str, Any]:
 def _data_interval(context: Any) -> str | None:
     """``"<start>/<end>"`` of the run's data interval (None when it has none): the same key the
     export operator gives an interval."""
-    from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator
-
     return PravegaStreamCutExportOperator.interval_of(context) if hasattr(context, "get") else None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import json
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -10,6 +12,9 @@ from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
 from airflow_provider_pravega.client.controller_types import TxnStatus
+from airflow_provider_pravega.client.ingest_location import open_state_store
+from airflow_provider_pravega.client.ingest_state import REQUESTED
+from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.sensors._base import PravegaSensorBase
 from airflow_provider_pravega.triggers.transaction import (
     _FAILED_DETAIL,
@@ -81,6 +86,7 @@ class PravegaTransactionSensor(PravegaSensorBase):
             raise AirflowFailException(f"{self.task_id}: bad transaction_ids: {exc}") from None
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
+        # import cost: the full controller client (gRPC stubs, 10 more modules) only when poked; DAG files import the sensor
         from airflow_provider_pravega.client.controller import ControllerClient
 
         scope, ids = self._scope(), self._ids()
@@ -116,9 +122,6 @@ class PravegaTransactionSensor(PravegaSensorBase):
             text = value.strip()
             if text in ("", "None"):
                 return None
-            import ast
-            import json
-
             try:
                 value = json.loads(text)
             except ValueError:
@@ -142,9 +145,6 @@ class PravegaTransactionSensor(PravegaSensorBase):
         ingest = self._ingest()
         if ingest is None:
             return False
-        from airflow_provider_pravega.client.ingest_location import open_state_store
-        from airflow_provider_pravega.client.ingest_state import REQUESTED
-
         state_scope, state_stream, run_id = ingest
         with self.hook.get_client() as client, open_state_store(client, state_scope, state_stream, create=False) as store:
             run = store.fetch()["runs"].get(run_id)
@@ -154,10 +154,8 @@ class PravegaTransactionSensor(PravegaSensorBase):
         ingest = self._ingest()
         if ingest is None:
             return
+        # import cost: client.ingest brings the transaction manager and the controller client (see poke)
         from airflow_provider_pravega.client.ingest import record_run_done
-        from airflow_provider_pravega.client.ingest_location import open_state_store
-        from airflow_provider_pravega.client.streamcut import StreamCut
-
         state_scope, state_stream, run_id = ingest
         with self.hook.get_client() as client, open_state_store(client, state_scope, state_stream, create=False) as store:
             # Every transaction is COMMITTED: the tail now ends the run's interval piece (no other run

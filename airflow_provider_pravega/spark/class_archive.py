@@ -99,6 +99,7 @@ def _java() -> Path | None:
 
 def _spark_home() -> Path | None:
     try:
+        # optional: no pyspark here, or a Connect client only (see the except)
         from pyspark.find_spark_home import _find_spark_home
 
         home = Path(_find_spark_home()).resolve()

@@ -16,7 +16,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.config import AUTH_METHODS, PravegaConnectionConfig
+from airflow_provider_pravega.client.job_results import JobOutcome, JobResults
 
 #: Where the command lines take the password from by default.
 PASSWORD_ENV = "PRAVEGA_PASSWORD"
@@ -135,8 +137,6 @@ def run_job_command(name: str, args: argparse.Namespace, job: Callable[[Any], An
     one), run ``job(client)`` (exit 1 with the message of an expected failure), print the result's
     JSON (exit 0). With ``--submission``, the outcome (a failure of any kind included) is also
     recorded beside the job's state (``state_location()``: its scope and state stream)."""
-    from airflow_provider_pravega.client import PravegaClient
-
     try:
         config = config_from_arguments(args)
     except ValueError as exc:
@@ -161,6 +161,4 @@ def run_job_command(name: str, args: argparse.Namespace, job: Callable[[Any], An
 
 
 def _record_outcome(client: Any, location: tuple[str, str], submission: str, **outcome: Any) -> None:
-    from airflow_provider_pravega.client.job_results import JobOutcome, JobResults
-
     JobResults(client, *location).record(submission, JobOutcome(**outcome))

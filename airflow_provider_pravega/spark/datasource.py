@@ -52,6 +52,7 @@ from airflow_provider_pravega.spark.worker_imports import missing_dependency
 
 try:
     from airflow_provider_pravega.client.errors import PravegaError
+    from airflow_provider_pravega.spark import write_renewal
     from airflow_provider_pravega.spark.datasource_options import (
         _METADATA_COLUMNS,
         BATCH_READ,
@@ -178,8 +179,6 @@ def register(spark: Any, *, renew_writes: Mapping[str, str] | None = None) -> An
             spark.dataSource.register(PravegaDataSource)
             _REGISTERED[spark] = PravegaDataSource
         return None
-    from airflow_provider_pravega.spark import write_renewal
-
     with _first_line():
         config = connection_config(renew_writes)
         scope = _required(renew_writes, "scope", "the scope of the write renewer's registry")

@@ -7,6 +7,8 @@ the data source cannot work with.
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,9 +19,12 @@ from typing import Any
 from airflow_provider_pravega.spark.worker_imports import missing_dependency
 
 try:
+    from airflow_provider_pravega.client import PravegaClient
+    from airflow_provider_pravega.client.admin import build_retention_policy, build_scaling_policy
     from airflow_provider_pravega.client.batch import SegmentRange
     from airflow_provider_pravega.client.config import PravegaConnectionConfig
     from airflow_provider_pravega.client.errors import PravegaError
+    from airflow_provider_pravega.client.ingest_location import check_state_scope
     from airflow_provider_pravega.client.streamcut import HEAD, TAIL, StreamCut
 except ImportError as _missing:
     raise missing_dependency(_missing) from _missing
@@ -111,8 +116,6 @@ def _positive_seconds(text: str) -> float:
 
 
 def _state_scope(text: str) -> str:
-    from airflow_provider_pravega.client.ingest_location import check_state_scope
-
     return check_state_scope(text) or text  # never empty: an empty option is an absent one
 
 
@@ -242,8 +245,6 @@ def check_options(options: Mapping[str, str], use: str | None = None) -> None:
     BATCH_WRITE, STREAM_WRITE, or READ for either read; None: not known yet, as in the data
     source's constructor at ``load()``/``save()``), that each applies to it. An option that would
     be ignored is refused."""
-    import difflib
-
     given = {name.lower(): name for name, value in options.items() if value is not None and str(value).strip()}
     for name in sorted(given):
         if name in ("path", "paths"):
@@ -357,8 +358,6 @@ def _first_line() -> Iterator[None]:
 
 
 def _client(config: PravegaConnectionConfig) -> Any:
-    from airflow_provider_pravega.client import PravegaClient
-
     return PravegaClient(config)
 
 
@@ -387,8 +386,6 @@ def _fixed_columns(options: Mapping[str, str], decode: str) -> dict[str, str]:
 
 def _segment_ranges(options: Mapping[str, str], scope: str, stream: str) -> list[list[SegmentRange]] | None:
     """The caller's plan in option ``segment_ranges`` (None when not given), checked."""
-    import json
-
     text = _option(options, "segment_ranges")
     if text is None:
         return None
@@ -421,16 +418,12 @@ def _segment_ranges(options: Mapping[str, str], scope: str, stream: str) -> list
 
 def segment_ranges_option(partitions: Sequence[Sequence[SegmentRange]]) -> str:
     """The ``segment_ranges`` option for a plan: partition ``i`` reads ``partitions[i]`` in order."""
-    import json
-
     return json.dumps([[[r.scope, r.stream, r.segment_id, r.start_offset, r.end_offset] for r in part]
                        for part in partitions], separators=(",", ":"))
 
 
 def _stream_policies(options: Mapping[str, str]) -> tuple[Any, Any]:
     """The scaling and retention policies the options give a stream the write creates."""
-    from airflow_provider_pravega.client.admin import build_retention_policy, build_scaling_policy
-
     try:
         scaling = build_scaling_policy(
             _value(options, "scaling_policy"), segments=_option(options, "segments"),

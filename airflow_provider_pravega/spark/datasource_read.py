@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows, SupportsTriggerAvailableNow
 
 from airflow_provider_pravega.spark.worker_imports import missing_dependency
 
@@ -65,6 +66,7 @@ def read_ranges_arrow(config: Any, ranges: Sequence[SegmentRange], *,
     payload_bytes)`` per segment-store reply: ``events`` a pyarrow BinaryArray (StringArray with
     ``text``; an event that is not UTF-8 raises :class:`PravegaDataSourceError` naming its
     position), ``offsets`` an int64 numpy array. No Python object per event."""
+    # import cost: pyarrow (0.3-0.5 s) only where a batch is built, not with the module
     import pyarrow as pa
 
     string = pa.string()
@@ -111,8 +113,6 @@ class Decoding:
     @classmethod
     def of(cls, options: Mapping[str, str], schema: Any) -> Decoding:
         """``schema`` is the user's (``.schema(...)``) or ours; checked against ``decode``."""
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         kind = _value(options, "decode")
         fields = {f.name: f.dataType.simpleString() for f in schema.fields}
         expected = _fixed_columns(options, kind)
@@ -164,6 +164,7 @@ class PravegaBatchReader(DataSourceReader):
 def _read_partition(config: Any, ranges: Sequence[SegmentRange], decoding: Decoding) -> Iterator[Any]:
     """Ranges, one after the other, as Arrow record batches of the read's schema (batch and
     streaming reads); only the schema's columns are made."""
+    # import cost: pyarrow (0.3-0.5 s) only where a batch is built, not with the module (arrow_columns imports it)
     import pyarrow as pa
 
     from airflow_provider_pravega.spark.arrow_columns import int64_array, repeated
@@ -195,6 +196,7 @@ def _read_partition(config: Any, ranges: Sequence[SegmentRange], decoding: Decod
 def _parse_json(events: Any, offsets: Any, schema: Any, rng: SegmentRange) -> Any:
     """Each event one JSON object, parsed by Arrow's JSON reader in one pass over the reply
     (fields not in ``schema`` ignored, missing ones null); a bad event is named by its position."""
+    # import cost: pyarrow (0.3-0.5 s) only where a batch is built, not with the module; pyarrow.json only for JSON events
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -294,8 +296,6 @@ class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._offset(self.start.resolve(self._connected()))
 
     def getDefaultReadLimit(self) -> Any:
-        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
-
         if self.max_events is not None:
             return ReadMaxRows(self.max_events)
         if self.max_bytes is not None:
@@ -303,8 +303,6 @@ class PravegaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: Any) -> dict:
-        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
-
         client = self._connected()
         if isinstance(limit, ReadAllAvailable):
             max_events = max_bytes = None

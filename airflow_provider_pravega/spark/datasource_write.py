@@ -8,20 +8,30 @@ run per micro-batch), each task attempt writing into its own transaction; or pla
 from __future__ import annotations
 
 import logging
+import re
 import sys
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import BinaryType, StringType
 
 from airflow_provider_pravega.spark.worker_imports import missing_dependency
 
 try:
     from airflow_provider_pravega import fault_points
     from airflow_provider_pravega.client.errors import PravegaError
+    from airflow_provider_pravega.client.ingest import WRITING, IngestCoordinator, WriteResult, check_timing
+    from airflow_provider_pravega.client.ingest_errors import IngestError
+    from airflow_provider_pravega.client.ingest_location import open_ingest_state, open_state_store, state_location
+    from airflow_provider_pravega.client.ingest_plan import known_files
+    from airflow_provider_pravega.client.task_stage import TaskTransaction, begin_transaction
     from airflow_provider_pravega.client.transactions import abort_quietly
     from airflow_provider_pravega.spark import row_digest
+    from airflow_provider_pravega.spark import write_renewal
     from airflow_provider_pravega.spark.datasource_options import (
         MAX_LEASE_MS,
         MIN_LEASE_MS,
@@ -102,10 +112,6 @@ class _TaskWrites:
         prepare_worker_heap()
         if self.mode == "at_least_once":
             return self._write_at_least_once(iterator)
-        from pyspark import TaskContext
-
-        from airflow_provider_pravega.client.ingest_plan import known_files
-
         if self.run_id is None:
             return self._write_micro_batch(iterator)
         task = TaskContext.get()
@@ -153,8 +159,6 @@ class _TaskWrites:
         renews every transaction registered in the run, so a finished task's transaction stays alive
         while any task of the job still runs, on no host of its own. ``digest`` is fed the rows
         written. Returns (transaction id, events)."""
-        from airflow_provider_pravega.client.task_stage import TaskTransaction
-
         lease_ms = self.config.transaction_lease_ms
         with TaskTransaction(client, store, scope=self.scope, stream=self.stream, run_id=run_id, owner=self.owner,
                              lease_ms=lease_ms, renew_run=coord,
@@ -168,8 +172,6 @@ class _TaskWrites:
         micro-batch's run (one per batch id, the same in every attempt, started by its first
         task) registers this task's transaction under its input partition; a partition a replay
         finds committed is not written again."""
-        from pyspark import TaskContext
-
         task = TaskContext.get()
         batch = task.getLocalProperty("streaming.sql.batchId") if task is not None else None
         if batch is None:  # Spark sets it for every micro-batch's tasks; without it no replay can be told
@@ -192,15 +194,11 @@ class _TaskWrites:
         return PravegaCommitMessage(self.scope, self.stream, txn_id, count, unit)
 
     def _stream_state(self, client: Any) -> Any:
-        from airflow_provider_pravega.client.ingest_location import open_ingest_state
-
         return open_ingest_state(client, self.scope, self.stream, f"spark-stream:{self.writer_id}",
                                  stale_after_s=self.stale_after_s, state_scope=self.state_scope)
 
     def _coordinator(self, client: Any, store: Any) -> Any:
         """The transactional stage's coordinator for this write's run (driver and tasks alike)."""
-        from airflow_provider_pravega.client.ingest import IngestCoordinator
-
         return IngestCoordinator(store, client.transactions, self.scope, self.stream, owner=self.owner,
                                  stale_after_s=self.stale_after_s, lease_ms=self.config.transaction_lease_ms,
                                  lease_keeper=client.lease_keeper, crash_hook=fault_points.reached)
@@ -214,8 +212,6 @@ class _TaskWrites:
         return PravegaCommitMessage(self.scope, self.stream, None, count)
 
     def _write_rows(self, batches: Iterator[Any], write: Any, digest: RowDigest | None = None) -> int:
-        from pyspark import TaskContext
-
         count = 0
         for batch in batches:
             if digest is not None:
@@ -255,11 +251,6 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
         self.renewal_key: str | None = None
         if self.mode != "exactly_once":
             return
-        import uuid
-
-        from airflow_provider_pravega.client.ingest import check_timing
-        from airflow_provider_pravega.client.ingest_errors import IngestError
-
         try:
             check_timing(self.stale_after_s, self.config.transaction_lease_ms)
         except IngestError as exc:
@@ -286,8 +277,6 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
         renewal = self.renewal
         if renewal is None:
             return
-        from airflow_provider_pravega.spark import write_renewal
-
         if renewal.controller != self.config.controller_uri:
             if not retire and run_id is None:
                 log.warning("write into %s/%s: its controller %s is not the renewer's (%s): only its lease "
@@ -311,8 +300,6 @@ class PravegaBatchWriter(_TaskWrites, DataSourceArrowWriter):
     def commit(self, messages: Sequence[PravegaCommitMessage | None]) -> None:
         if self.mode != "exactly_once":
             return
-        from airflow_provider_pravega.client.ingest import WriteResult
-
         fault_points.reached("job_commit")
         done = [m for m in messages if m is not None and m.txn_id is not None]
         hex_ids = [f"{m.txn_id:032x}" for m in done]
@@ -375,9 +362,6 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
         self.stale_after_s = _value(options, "stale_after_s")
         self.owner = f"spark-stream:{self.writer_id}"  # every attempt of the query: a batch's run has one owner
         if self.mode == "exactly_once":
-            from airflow_provider_pravega.client.ingest import check_timing
-            from airflow_provider_pravega.client.ingest_errors import IngestError
-
             try:
                 check_timing(self.stale_after_s, self.config.transaction_lease_ms)
             except IngestError as exc:
@@ -389,8 +373,6 @@ class PravegaStreamWriter(_TaskWrites, DataSourceStreamArrowWriter):
         it replays the batch and writes only the partitions not committed."""
         if self.mode != "exactly_once":
             return
-        from airflow_provider_pravega.client.ingest import WRITING, WriteResult
-
         done = [m for m in messages if m is not None and m.txn_id is not None]
         hex_ids = [f"{m.txn_id:032x}" for m in done]
         run_id = micro_batch_run(batchId)
@@ -443,8 +425,6 @@ def micro_batch_run(batch_id: int) -> str:
 def _committed_before(store: Any, batch_id: int) -> bool:
     """Versions before 0.4 recorded a streaming write's micro-batch as one "file": a replay of a
     batch they committed is skipped whole."""
-    from airflow_provider_pravega.client.ingest_plan import known_files
-
     old = known_files(store, store.fetch(), ["micro-batch"]).get("micro-batch")
     return old is not None and int(old.get("fp") or -1) >= batch_id
 
@@ -458,8 +438,6 @@ def _write_state(client: Any, scope: str, stream: str, write_id: str | None, sta
     """The state of batch writes into ``scope/stream`` (kept in ``state_scope``; default: the
     stream's scope): one per ``write_id``, one shared by writes without one (independent runs:
     their units are never recorded)."""
-    from airflow_provider_pravega.client.ingest_location import open_ingest_state, open_state_store, state_location
-
     ingest_id = f"spark-write:{write_id}" if write_id is not None else "spark-write"
     if create:
         return open_ingest_state(client, scope, stream, ingest_id, state_scope=state_scope)
@@ -468,10 +446,6 @@ def _write_state(client: Any, scope: str, stream: str, write_id: str | None, sta
 
 def _begin(manager: Any, scope: str, stream: str, lease_ms: int) -> Any:
     """A transaction with the options' lease; a lease the controller refuses is named as the option."""
-    import re
-
-    from airflow_provider_pravega.client.task_stage import begin_transaction
-
     try:
         return begin_transaction(manager, scope, stream, lease_ms)
     except PravegaError as exc:
@@ -500,8 +474,6 @@ def _abort_all(config: Any, scope: str, stream: str, messages: Sequence[PravegaC
 
 def _check_columns(schema: Any) -> tuple[bool, bool]:
     """``event`` (binary or string) and an optional ``routing_key`` (string); nothing else."""
-    from pyspark.sql.types import BinaryType, StringType
-
     fields = {f.name: f.dataType for f in schema.fields}
     if "event" not in fields:
         raise PravegaDataSourceError(

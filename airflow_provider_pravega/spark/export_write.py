@@ -127,10 +127,12 @@ def write_files(spark: Any, client: Any, spec: ExportSpec, ranges: Sequence[Segm
     # Observation class is the session's kind's, imported here: Spark Connect's client modules load
     # only for a Connect session.
     if type(spark).__module__.startswith("pyspark.sql.connect"):  # no SparkContext: no progress thread
+        # import cost: Spark Connect's client (about 1 s, pandas and pyarrow) only for a Connect session
         from pyspark.sql.connect.observation import Observation
 
         progress = None
     else:
+        # classic: the Connect session's own Observation otherwise (see above)
         from pyspark.sql import Observation
 
         progress = _Progress(spark, f"export {result.export_id}")

@@ -4,8 +4,12 @@ CSV and Parquet files with their definition of a bad record and the explanation 
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
 
 from airflow_provider_pravega.spark.ingest_partitions import one_task_per_group, write_groups
 from airflow_provider_pravega.spark.ingest_sources import file_contents, file_gone, key_of, local_bytes, uri_of
@@ -34,6 +38,7 @@ def file_frame(spark: Any, requests: Mapping[str, Mapping[str, Any]], spec: Inge
     tasks (``binaryFile``: files up to 2 GiB each), or, with ``here`` (:func:`files_read_here`), by
     this process, whose bytes go to Spark in the query. Each file up to its listed size: what lies
     beyond is left for a later run."""
+    # import cost: pyarrow (0.3-0.5 s) only where a batch is built, not with the module
     import pyarrow as pa
 
     groups = write_groups(requests, writers)
@@ -63,8 +68,6 @@ def _record_columns(df: Any, spec: IngestSpec, header: Sequence[str] | None = No
     reason is NULL for a good record. The same expressions check records in the write path and find
     the failing record afterwards. (Line files are split and checked by their write task:
     :mod:`airflow_provider_pravega.spark.line_events`.)"""
-    from pyspark.sql import functions as F
-
     key_field, payload_field = spec.routing_key_field, spec.payload_field
     none = F.lit(None).cast("string")
     checks: list[tuple[Any, Any]] = []  # (condition, reason) in order: the first that holds is the reason
@@ -94,8 +97,6 @@ def _record_columns(df: Any, spec: IngestSpec, header: Sequence[str] | None = No
 
 def _read(spark: Any, uris: Sequence[str], spec: IngestSpec, header: Sequence[str] | None) -> Any:
     if spec.format == "csv":
-        from pyspark.sql.types import StringType, StructField, StructType
-
         schema = StructType([StructField(c, StringType()) for c in header or ()]
                             + [StructField("_corrupt", StringType())])
         return (spark.read.option("header", True).option("mode", "PERMISSIVE")
@@ -108,8 +109,6 @@ def record_frame(spark: Any, files: Mapping[str, Mapping[str, Any]], spec: Inges
     task (:func:`write_groups`: whole files, consecutive in path order), in source order within
     each task with a routing key: ``bad`` marks a record no mode may write (malformed, no routing
     key, over the event limit). ``files``: the plan's files."""
-    from pyspark.sql import functions as F
-
     groups = write_groups(files, writers)
     header = _csv_header(spark, uri_of(groups[0][0])) if spec.format == "csv" else None
     parts = []
@@ -145,8 +144,6 @@ def first_bad_record(spark: Any, file_uri: str, spec: IngestSpec) -> BadRecordEr
 
 def _csv_header(spark: Any, uri: str) -> list[str]:
     """The header of a CSV file, read through Spark (any filesystem): only its first line."""
-    import csv
-
     first = spark.read.text(uri).limit(1).collect()
     if not first:
         raise BadRecordError(f"{key_of(uri)}: empty CSV file (no header line)")
@@ -158,8 +155,6 @@ def first_bad_line(spark: Any, key: str, spec: IngestSpec) -> tuple[int, str]:
     or Parquet file; only on errors. Read through Spark, so it works on every filesystem: each line
     carries its split's start offset and an id rising within the split, so its number is the count
     of lines in earlier splits plus its position in its own split."""
-    from pyspark.sql import functions as F
-
     uri = uri_of(key)
     pos = [F.input_file_block_start().alias("b"), F.monotonically_increasing_id().alias("m")]
     header = None
@@ -200,8 +195,6 @@ def first_bad_line(spark: Any, key: str, spec: IngestSpec) -> tuple[int, str]:
 def _explain(why: str, text: str | None, spec: IngestSpec, header: Sequence[str] | None) -> str:
     """The reason of a bad record in full (the CSV field count; a jsonl line's reason is whole)."""
     if spec.format == "csv" and why.startswith("the number of fields") and text is not None:
-        import csv
-
         n = len(next(csv.reader([text])))
         why = f"{n} fields where the header has {len(header or ())}"
     return why

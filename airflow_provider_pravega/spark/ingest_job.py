@@ -44,6 +44,7 @@ from airflow_provider_pravega.client.ingest_resume import (
     resume_status,
     run_identity,
 )
+from airflow_provider_pravega.client.streamcut import StreamCut
 from airflow_provider_pravega.spark.connection_args import (
     add_connection_arguments,
     add_spark_arguments,
@@ -71,7 +72,7 @@ from airflow_provider_pravega.spark.ingest_spec import (
     source_items,
 )
 from airflow_provider_pravega.spark.ingest_task import RESULT_SCHEMA, TaskContext, make_line_writer, make_writer
-from airflow_provider_pravega.spark.session import started_on_first_use
+from airflow_provider_pravega.spark.session import get_spark_session, started_on_first_use
 
 log = logging.getLogger(__name__)
 
@@ -298,8 +299,6 @@ def _nothing_to_ingest(spec: IngestSpec, skipped: Sequence[tuple[str, str]] = ()
 
 def _tail_positions(client: Any, spec: IngestSpec) -> dict[str, int]:
     """The target stream's tail as the interval index keeps it (segment id text -> offset)."""
-    from airflow_provider_pravega.client.streamcut import StreamCut
-
     return {str(k): v for k, v in StreamCut.tail(client, spec.scope, spec.stream).positions.items()}
 
 
@@ -321,8 +320,6 @@ def _record_empty_interval(client: Any, spec: IngestSpec) -> None:
 
 def _tail_text(client: Any, spec: IngestSpec) -> str | None:
     try:
-        from airflow_provider_pravega.client.streamcut import StreamCut
-
         return StreamCut.tail(client, spec.scope, spec.stream).to_text()
     except PravegaError as exc:  # informative only
         log.warning("could not read the tail cut of %s/%s: %s", spec.scope, spec.stream, exc)
@@ -368,8 +365,6 @@ def main(argv: list[str] | None = None) -> int:
     add_spark_arguments(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from airflow_provider_pravega.spark.session import get_spark_session
-
     try:
         spec = IngestSpec(
             scope=args.scope, stream=args.stream, source=args.source, format=args.format,

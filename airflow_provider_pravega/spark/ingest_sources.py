@@ -12,6 +12,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark.sql import functions as F
+from urllib.parse import unquote, urlsplit
+
 from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.spark.ingest_spec import SourceError, source_items
 
@@ -50,16 +53,12 @@ def local_path(item: str) -> str | None:
     if scheme is None:
         return os.path.abspath(item)
     if scheme == "file":
-        from urllib.parse import unquote, urlsplit
-
         return unquote(urlsplit(item).path) if item.startswith("file://") else item[len("file:"):]
     return None
 
 
 def key_of(uri: str) -> str:
     """State key of a file URI as Spark reports it (``file:/x``, ``file:///x%20y``, ``s3a://b/k``)."""
-    from urllib.parse import unquote
-
     uri = unquote(uri)
     if uri.startswith("file:"):
         return "/" + uri[len("file:"):].lstrip("/")
@@ -190,8 +189,6 @@ def list_sources(spark: Any, source: str | Sequence[str]) -> list[SourceFile]:
     matching nothing, or an empty directory, adds nothing; a path that does not exist is a
     SourceError. A path that exists as given is read literally, even with glob characters in its
     name (local paths: checked here; other filesystems: the literal is tried first)."""
-    from pyspark.sql import functions as F
-
     frames = []
     for item in source_items(source):
         local = local_path(item)

@@ -21,6 +21,7 @@ class RowDigest:
         self._bytes = hashlib.blake2b(digest_size=16)
 
     def add(self, batch: Any) -> None:
+        # import cost: pyarrow (0.3-0.5 s) only where a batch is built, not with the module
         import pyarrow.compute as pc
 
         self.rows += batch.num_rows
@@ -37,6 +38,7 @@ class RowDigest:
 
 def _value_bytes(column: Any) -> bytes | memoryview:
     """The bytes of a binary or string column's values, back to back, without copying."""
+    # import cost: pyarrow (0.3-0.5 s) only where a batch is built, not with the module
     import pyarrow as pa
 
     if len(column) == 0 or column.buffers()[2] is None:

@@ -44,6 +44,10 @@ given.
 from __future__ import annotations
 
 import collections
+import getpass
+import hashlib
+import importlib.util
+import json
 import logging
 import os
 import re
@@ -52,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -59,8 +64,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pyspark
 from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
 
+from airflow_provider_pravega import __version__
 from airflow_provider_pravega.spark.worker_python import worker_python
 
 try:  # classic sessions only: the full pyspark (the `spark` extra) brings py4j, pyspark-client does not
@@ -129,9 +137,10 @@ def spark_target(spark_conn_id: str | None) -> SparkTarget:
     if not spark_conn_id:
         return SparkTarget(master=_local(), default=True)
     try:
+        # Airflow only where a task resolves its connection: spark/ imports no Airflow at module level (the jobs run on a cluster without it)
         from airflow.sdk import BaseHook  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - Airflow 3.0/3.1 layout
-        from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
+        from airflow.hooks.base import BaseHook  # type: ignore[no-redef]  # Airflow: see above
     try:
         conn = BaseHook.get_connection(spark_conn_id)
     except Exception as exc:
@@ -145,6 +154,7 @@ def spark_target(spark_conn_id: str | None) -> SparkTarget:
     extra = conn.extra_dejson or {}
     conf = {str(k): str(v) for k, v in (extra.get("conf") or {}).items()}
     if conn.conn_type == "spark_connect":
+        # Airflow only where a task resolves its connection: spark/ imports no Airflow at module level (the jobs run on a cluster without it)
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
         try:
@@ -210,10 +220,6 @@ def started_on_first_use(spark: Any) -> Any:
 def classic_spark_missing() -> str | None:
     """Why this process cannot start a driver JVM (None when it can): the default install has only
     pyspark-client (Spark Connect), without py4j and Spark's jars."""
-    import importlib.util
-
-    import pyspark
-
     if importlib.util.find_spec("py4j") is None:
         return "py4j is not installed (pyspark-client only)"
     if os.environ.get("SPARK_HOME"):  # a Spark of the user's own: its launcher finds its jars
@@ -282,6 +288,7 @@ class _JvmStderrRelay:
         threading.Thread(target=self._run, args=(fd,), name="spark-jvm-stderr", daemon=True).start()
 
     def _run(self, fd: int) -> None:
+        # optional: SparkContext needs the full pyspark (the spark extra), not pyspark-client
         from pyspark import SparkContext
 
         level = logging.INFO
@@ -391,6 +398,7 @@ def _start_jvm(builder: Any, settings: _Settings) -> Any:
     (grpc/grpc#43055: a few forks in a hundred). A start that failed so, with nothing but gRPC's
     lines on the JVM's stderr, is tried again. A JVM that crashed (:func:`jvm_crash`) is reported
     as such, not blamed on the task's settings."""
+    # optional: the full pyspark (see _run)
     from pyspark import SparkContext
 
     if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
@@ -513,6 +521,7 @@ def _grpc_reason(exc: BaseException) -> str:
 
 def _connect_address(remote: str) -> str:
     """``sc://host:port`` of a Spark Connect URL, without its token and other parameters."""
+    # import cost: Spark Connect's client (about 1 s, pandas and pyarrow) only for a Connect session
     from pyspark.sql.connect.client import DefaultChannelBuilder
 
     return f"sc://{DefaultChannelBuilder(remote).endpoint}"
@@ -586,14 +595,8 @@ def shared_session_id(remote: str, app_name: str, wanted: dict[str, str], now: f
     UUID (version 4 form, as the client checks) from the server's address, the user, the job's
     name, its settings, the provider's version and the current window
     (:func:`shared_session_window_s`). The URL's token is not part of it."""
-    import getpass
-    import hashlib
-    import json
-    import uuid
-
+    # import cost: see _connect_address
     from pyspark.sql.connect.client import DefaultChannelBuilder
-
-    from airflow_provider_pravega import __version__
 
     channel = DefaultChannelBuilder(remote)
     try:
@@ -621,6 +624,7 @@ def _connect(remote: str, app_name: str, wanted: dict[str, str], source: str, sh
     retries (the client's default retries an unreachable server for ten minutes, silently).
     ``share``: the session that task processes asking for the same one share (see the module's
     docstring), unless the URL names a session or sharing is turned off."""
+    # import cost: see _connect_address
     from pyspark.sql.connect.client import DefaultChannelBuilder
 
     if share and sharing_sessions() and DefaultChannelBuilder(remote).session_id is None:
@@ -637,9 +641,11 @@ def _connect(remote: str, app_name: str, wanted: dict[str, str], source: str, sh
 
 def _open_connect(remote: str, app_name: str, wanted: dict[str, str], source: str, shared: bool = False) -> Any:
     try:
+        # optional: the full pyspark (see the except)
         from pyspark import SparkContext
     except ImportError:  # pyspark-client: this process cannot hold a classic session at all
         SparkContext = None
+    # import cost: see _connect_address
     from pyspark.sql.connect.client import DefaultChannelBuilder
     from pyspark.sql.connect.client.retries import DefaultPolicy
     from pyspark.sql.connect.session import SparkSession as ConnectSession
@@ -704,6 +710,7 @@ def submitted_master() -> str | None:
     must use it, not local mode."""
     if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # set by spark-submit's PythonRunner only
         return None
+    # optional: the full pyspark (see _run)
     from pyspark import SparkConf, SparkContext
 
     SparkContext._ensure_initialized()  # connect to spark-submit's JVM, whose properties hold the master
@@ -734,6 +741,7 @@ def _java_options_set_elsewhere(conf: Mapping[str, str]) -> bool:
     spark_home = os.environ.get("SPARK_HOME")
     if not spark_home:
         try:
+            # optional: no Spark home with a Connect client (see the except)
             from pyspark.find_spark_home import _find_spark_home
 
             spark_home = _find_spark_home()
@@ -788,6 +796,7 @@ def local_jvm_options() -> str:
     when one was made (:mod:`.class_archive`: by ``pravega-spark-class-archive build``, or in the
     background by the first session that found none): a fresh driver then maps Spark's classes
     instead of loading them, seconds sooner every run."""
+    # optional: class_archive imports the full pyspark's SparkContext (pyspark-client has none)
     from airflow_provider_pravega.spark import class_archive
 
     return f"{LOCAL_JVM_OPTIONS} {class_archive.java_options()}".strip()
@@ -801,8 +810,6 @@ def get_spark_session(spark_conn_id: str | None = DEFAULT_CONN_ID, app_name: str
     :class:`SparkSessionError` naming the connection or setting. ``share_session``: on a Spark
     Connect server, the server-side session shared by the task processes asking for the same one
     (see the module's docstring); only for jobs that register nothing in their session."""
-    from pyspark.sql import SparkSession
-
     target = spark_target(spark_conn_id)
     origin = f"connection {spark_conn_id!r}"
     given = {key: (value, f"{origin} conf") for key, value in target.conf.items()}

@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_pravega.client.job_results import JobOutcome, JobResults
-from airflow_provider_pravega.spark.connection_args import PASSWORD_ENV
-from airflow_provider_pravega.spark.session import SparkSessionError
+from airflow_provider_pravega.spark.connection_args import PASSWORD_ENV, connection_arguments
+from airflow_provider_pravega.spark.session import SparkSessionError, spark_target
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,6 @@ def cluster_submission(spark_conn_id: str | None, spark_conf: dict[str, Any] | N
     a Python driver with (a standalone master, a local one) is an error naming the connection."""
     if not spark_conn_id:
         return None
-    from airflow_provider_pravega.spark.session import spark_target
-
     try:
         target = spark_target(spark_conn_id)
     except SparkSessionError:
@@ -154,8 +152,6 @@ class ApplicationRun:
         """The application that runs ``spec`` with the job module ``job`` (``ingest_job`` or
         ``export_job``: its file, its :func:`job_arguments` and its state location) on the
         Pravega connection ``config`` (its password as the module docstring says, never in argv)."""
-        from airflow_provider_pravega.spark.connection_args import connection_arguments
-
         connection_argv = connection_arguments(config, lease=lease,
                                                password_file=PASSWORD_FILE if submission.on_yarn else None)
         return cls(submission, kind=kind, job_file=job.__file__, job_argv=job.job_arguments(spec),
@@ -165,6 +161,7 @@ class ApplicationRun:
     def _hook(self, submission_id: str, application: str | None = None, password_file: str | None = None) -> Any:
         """The Spark provider's hook for the submission; ``password_file`` (YARN) is the local file
         ``spark-submit`` ships with the application (:meth:`_password_file`)."""
+        # Airflow only where a task resolves its connection: spark/ imports no Airflow at module level (the jobs run on a cluster without it)
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
         conf = {**self.submission.conf, "spark.yarn.tags": f"pravega-submission-{submission_id}"}

@@ -26,6 +26,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_pravega.client.synchronizer import StateSynchronizer
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.client.errors import PravegaError
+from airflow_provider_pravega.client.ingest import IngestCoordinator, RunKeeper
+from airflow_provider_pravega.client.ingest_location import open_state_store, state_location
+from airflow_provider_pravega.client.ingest_state import COMMITTING, WRITING
+
 log = logging.getLogger(__name__)
 
 REGISTRY_STREAM = "spark-write-renewals"
@@ -59,8 +66,6 @@ def apply_registry(state: dict[str, Any], op: Mapping[str, Any]) -> dict[str, An
 
 
 def open_registry(client: Any, scope: str) -> Any:
-    from airflow_provider_pravega.client.synchronizer import StateSynchronizer
-
     return StateSynchronizer(client, scope, REGISTRY_STREAM, registry_state(), apply_registry)
 
 
@@ -95,9 +100,6 @@ class WriteRenewer(threading.Thread):
         self.renewed_runs: set[str] = set()  # every run this renewer kept alive (for tests and logs)
 
     def run(self) -> None:
-        from airflow_provider_pravega.client import PravegaClient
-        from airflow_provider_pravega.client.errors import PravegaError
-
         with PravegaClient(self.config) as client:
             client.admin.create_scope(self.renewal.scope)
             registry = open_registry(client, self.renewal.scope)
@@ -142,10 +144,6 @@ class _Followed:
     """One announced run kept alive: its own client, state store and RunKeeper."""
 
     def __init__(self, config: Any, entry: Mapping[str, Any]) -> None:
-        from airflow_provider_pravega.client import PravegaClient
-        from airflow_provider_pravega.client.ingest import IngestCoordinator, RunKeeper
-        from airflow_provider_pravega.client.ingest_location import open_state_store, state_location
-
         self.run_id = entry["run_id"]
         self.client = PravegaClient(config)
         self.store = None
@@ -167,8 +165,6 @@ class _Followed:
     def over(self) -> bool:
         """The run needs no more upkeep: taken over or gone (the keeper was fenced), or past the
         commit requests (the driver's commit stage owns it from there)."""
-        from airflow_provider_pravega.client.ingest_state import COMMITTING, WRITING
-
         if self.keeper is None or not self.keeper.is_alive():
             return True
         run = self.store.fetch()["runs"].get(self.run_id)

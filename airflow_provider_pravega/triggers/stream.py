@@ -16,14 +16,18 @@ into batches (``Batching``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from airflow_provider_pravega.client import PravegaClient
+from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.fault_points import reached as crash_point
 from airflow_provider_pravega._streams import (
     Batching,
@@ -228,6 +232,7 @@ class PravegaStreamTrigger(BaseEventTrigger):
 
     async def _connection(self) -> tuple[Any, str]:
         """(client settings, scope) from the connection, the ``controller`` override and ``scope``."""
+        # import cost: the hook brings gRPC; DAG files import this trigger (messaging's AssetWatcher)
         from airflow_provider_pravega.hooks.pravega import PravegaHook
 
         conn = await PravegaHook.aget_connection(self.pravega_conn_id)
@@ -240,8 +245,6 @@ class PravegaStreamTrigger(BaseEventTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Airflow 3.2's path (and a deferring sensor's): this trigger's own poll loop."""
-        from airflow_provider_pravega.client import PravegaClient
-
         config, scope = await self._connection()
         where = f"{scope}/{self.stream}"
         client = PravegaClient(config)
@@ -338,8 +341,6 @@ class PravegaStreamTrigger(BaseEventTrigger):
         """This watcher's events from the shared polls: the data after its own last cut, batched by
         its own ``min_bytes`` / ``min_events`` / ``max_wait_s`` (``max_wait_s`` is looked at each
         poll). Each event's cut is put on its poll, which the producer saves once it is persisted."""
-        from airflow_provider_pravega.client import PravegaClient
-
         config, scope = await self._connection()
         where = f"{scope}/{self.stream}"
         client = PravegaClient(config)
@@ -402,8 +403,6 @@ class _StreamPoller(SharedStreamProducer or object):  # type: ignore[misc]
         self.log = trigger.log
 
     async def open_stream(self) -> AsyncIterator[tuple[StreamPoll, StreamPoll]]:
-        from airflow_provider_pravega.client import PravegaClient
-
         trigger = self._trigger
         config, scope = await trigger._connection()
         where = f"{scope}/{trigger.stream}"
@@ -476,10 +475,6 @@ def _describe(exc: BaseException, scope: str, stream: str, controller_uri: str) 
 
 def _with_controller(config: Any, controller: str) -> Any:
     """The connection's settings aimed at other controllers (``host:port[,host:port...]``)."""
-    import dataclasses
-
-    from airflow_provider_pravega.client.config import PravegaConnectionConfig
-
     other = PravegaConnectionConfig.from_connection_fields(host=controller)
     return dataclasses.replace(
         config, host=other.host, port=other.port, more_controllers=other.more_controllers
@@ -488,8 +483,7 @@ def _with_controller(config: Any, controller: str) -> Any:
 
 def _sample(client: Any, found: NewData, limit: int) -> list[str]:
     """Up to ``limit`` of the new events, segment by segment, as text (undecodable bytes replaced)."""
-    from itertools import islice
-
+    # import cost: client.batch brings gRPC (see _connection)
     from airflow_provider_pravega.client.batch import SegmentRange, read_segment_ranges
 
     ranges = [SegmentRange(found.scope, found.stream, segment, start, end)

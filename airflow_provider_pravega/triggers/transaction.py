@@ -7,6 +7,7 @@ never waits on the network; the connection is read with Airflow's async connecti
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import time
@@ -73,8 +74,6 @@ def parse_txn_ids(value: Any) -> list[int]:
             try:
                 value = json.loads(text)
             except json.JSONDecodeError:
-                import ast
-
                 try:
                     value = ast.literal_eval(text)
                 except (ValueError, SyntaxError):
@@ -140,6 +139,7 @@ class PravegaTransactionTrigger(BaseTrigger):
         )
 
     async def _controller(self) -> Any:
+        # import cost: the controller client and the hook bring gRPC; the sensor's DAG files import this trigger
         from airflow_provider_pravega.client.controller import ControllerClient
         from airflow_provider_pravega.hooks.pravega import PravegaHook
 
