@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
@@ -135,6 +135,15 @@ def set_up_appends(segments: SegmentStoreClient, segment: str, writer_id: int) -
         conn.close()
         raise
     return AppendConnection(conn, endpoint, token, reply.last_event_number)
+
+
+def write_each(write: Callable[[bytes], None], payloads: Iterable[bytes]) -> int:
+    """``write`` each payload in turn; how many there were."""
+    count = 0
+    for payload in payloads:
+        write(payload)
+        count += 1
+    return count
 
 
 class FlushOnExit:
@@ -455,12 +464,7 @@ class AppendSession(FlushOnExit):
 
     def write_events(self, payloads: Iterable[bytes]) -> int:
         """Queue many events; returns how many."""
-        write = self.write_event
-        count = 0
-        for payload in payloads:
-            write(payload)
-            count += 1
-        return count
+        return write_each(self.write_event, payloads)
 
     def _check_event_size(self, n: int) -> None:
         if n > wire.MAX_EVENT_SIZE:

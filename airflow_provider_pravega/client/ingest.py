@@ -383,8 +383,7 @@ class IngestCoordinator:
                 run = state["runs"].get(run_id)
                 if run is None or run["phase"] == REQUESTED or not self._stale(run, now_ms()):
                     raise _Skip()
-                return {"op": "takeover", "run": run_id, "owner": self.owner, "ts": now_ms(),
-                        "ti": self.task_instance, "try": self.try_number}
+                return self.takeover_op(run_id)
 
             try:
                 state = self.store.update(take)
@@ -518,6 +517,14 @@ class IngestCoordinator:
         self.store.update(lambda _s: self._open_run_op(run_id))
         return run_id
 
+    def takeover_op(self, run_id: str, *, as_task: bool = True) -> dict[str, Any]:
+        """The record by which this owner takes run ``run_id`` over (fenced by the state's
+        update); ``as_task``: also as this Airflow task instance and try (its fast takeover)."""
+        op = {"op": "takeover", "run": run_id, "owner": self.owner, "ts": now_ms()}
+        if as_task:
+            op["ti"], op["try"] = self.task_instance, self.try_number
+        return op
+
     def _open_run_op(self, run_id: str) -> dict[str, Any]:
         """The start record of a run whose units are named at its commit point."""
         return {"op": "start", "run": run_id, "owner": self.owner, "ts": now_ms(), "files": {},
@@ -541,8 +548,7 @@ class IngestCoordinator:
             if run["phase"] == WRITING:
                 return True
             if run["owner"] != self.owner:
-                self.store.update(lambda s: {"op": "takeover", "run": run_id, "owner": self.owner, "ts": now_ms()}
-                                  if run_id in s["runs"] else None)
+                self.store.update(lambda s: self.takeover_op(run_id, as_task=False) if run_id in s["runs"] else None)
                 continue
             self.finish_past_commit_point(run_id, run)
 
@@ -568,7 +574,7 @@ class IngestCoordinator:
                 now = state["runs"].get(run_id)
                 if now is None or now["heartbeat_ms"] >= cutoff:
                     raise _Skip()
-                return {"op": "takeover", "run": run_id, "owner": self.owner, "ts": now_ms()}
+                return self.takeover_op(run_id, as_task=False)
 
             try:
                 taken = self.store.update(take)["runs"][run_id]

@@ -28,7 +28,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_pravega._clock import now_ms
 from airflow_provider_pravega.client.ingest import IngestCoordinator, RunKeeper, WriteResult
 from airflow_provider_pravega.client.ingest_errors import FencedError
 from airflow_provider_pravega.client.ingest_state import REQUESTED, WRITING, decode_holds, encode_holds
@@ -149,8 +148,7 @@ def resume_run(coord: IngestCoordinator, identity: Mapping[str, Any], *, wait_fo
         run = state["runs"].get(run_id)
         if run is None or run["phase"] != WRITING or run["owner"] != identity["owner"] or written_holds(run) is None:
             raise _NotResumable()
-        return {"op": "takeover", "run": run_id, "owner": coord.owner, "ts": now_ms(),
-                "ti": coord.task_instance, "try": coord.try_number}
+        return coord.takeover_op(run_id)
 
     try:
         state = coord.store.update(take)

@@ -49,22 +49,22 @@ class StreamCutMismatchError(InvalidStreamCutError):
 
 def controller_of(client: Any) -> Any:
     """The ControllerClient of a PravegaClient (or the argument itself when it is one)."""
-    controller = getattr(client, "controller", None)
-    if controller is not None:
-        return controller
-    if hasattr(client, "get_segments_at_head"):
-        return client
-    raise TypeError(f"expected a PravegaClient or a ControllerClient, got {type(client).__name__}")
+    return _part_of(client, "controller", "get_segments_at_head", "ControllerClient")
 
 
 def segments_of(client: Any) -> Any:
     """The SegmentStoreClient of a PravegaClient (or the argument itself when it is one)."""
-    segments = getattr(client, "segments", None)
-    if segments is not None:
-        return segments
-    if hasattr(client, "get_segment_info"):
+    return _part_of(client, "segments", "get_segment_info", "SegmentStoreClient")
+
+
+def _part_of(client: Any, attribute: str, method: str, kind: str) -> Any:
+    """A PravegaClient's ``attribute``, or ``client`` itself when it has ``method`` (is that part)."""
+    part = getattr(client, attribute, None)
+    if part is not None:
+        return part
+    if hasattr(client, method):
         return client
-    raise TypeError(f"expected a PravegaClient or a SegmentStoreClient, got {type(client).__name__}")
+    raise TypeError(f"expected a PravegaClient or a {kind}, got {type(client).__name__}")
 
 
 def _check_position(segment_id: Any, offset: Any) -> tuple[int, int]:

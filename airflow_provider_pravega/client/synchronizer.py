@@ -150,6 +150,14 @@ class _ConditionalAppender:
             )
         return last == number
 
+    def _landed_after_reconnect(self, number: int) -> bool:
+        """Reconnect (a new setup tells the writer id's last event number) and say whether the
+        in-doubt append ``number`` was written (:meth:`_landed`)."""
+        self.close()
+        last = self._reconnect()
+        self._event_number = max(self._event_number, last)
+        return self._landed(number, last)
+
     def _append(self, expected_offset: int, payloads: list[bytes]) -> bool:
         if self._conn is None:
             self._event_number = max(self._event_number, self._reconnect())
@@ -170,10 +178,7 @@ class _ConditionalAppender:
             except SegmentStoreError as exc:
                 # Broken connection (or a garbled reply): was the append written before it broke?
                 log.info("conditional append to %s in doubt (%s); reconnecting", self.segment, exc)
-                self.close()
-                last = self._reconnect()
-                self._event_number = max(self._event_number, last)
-                if self._landed(number, last):
+                if self._landed_after_reconnect(number):
                     return True
                 continue
             if isinstance(reply, wire.DataAppended):
@@ -182,10 +187,7 @@ class _ConditionalAppender:
                 return False
             if isinstance(reply, wire.WrongHost):
                 self.segments.forget_endpoint(self.segment)
-                self.close()
-                last = self._reconnect()
-                self._event_number = max(self._event_number, last)
-                if self._landed(number, last):
+                if self._landed_after_reconnect(number):
                     return True
                 continue
             raise_for_reply(reply, endpoint=conn.endpoint, segment=self.segment)

@@ -21,7 +21,7 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from airflow_provider_pravega.client.appends import AppendSession, FlushOnExit
+from airflow_provider_pravega.client.appends import AppendSession, FlushOnExit, write_each
 from airflow_provider_pravega.client.controller import ControllerClient
 from airflow_provider_pravega.client.controller_types import SegmentRange
 from airflow_provider_pravega.client.errors import (
@@ -146,12 +146,7 @@ class RoutedSegmentWriter(FlushOnExit):
             count = session.write_events(payloads)
             self.events_written += count
             return count
-        write = self.write_event
-        count = 0
-        for payload in payloads:
-            write(payload)
-            count += 1
-        return count
+        return write_each(self.write_event, payloads)
 
     def _flush_sessions(self, timeout_s: float | None) -> None:
         for index, session in enumerate(self._sessions):

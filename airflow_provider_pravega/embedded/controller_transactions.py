@@ -108,6 +108,18 @@ class Transactions(ControllerBase):
         high, low = txn_id_to_bits(txn_id)
         return pb.CreateTxnResponse(txnId=pb.TxnId(highBits=high, lowBits=low), activeSegments=ranges)
 
+    def _stream_and_txn(self, action: str, scope: str, name: str,
+                        txn_id: int) -> tuple[StreamRecord, TxnRecord] | pb.TxnStatus:
+        """The stream and transaction a commit or abort names (under the state lock), or the
+        refusal when either does not exist."""
+        stream = self._state.stream(scope, name)
+        if stream is None:
+            return _txn_failure(action, scope, name, txn_id, "no such stream")
+        txn = stream.txns.get(txn_id)
+        if txn is None:
+            return _txn_failure(action, scope, name, txn_id, "no such transaction")
+        return stream, txn
+
     def _roll_plan(self, stream: StreamRecord, txn: TxnRecord) -> RollPlan:
         base = len(stream.epochs) - 1
         return RollPlan(
@@ -130,12 +142,10 @@ class Transactions(ControllerBase):
             gate = self._gate(scope, name)
             with gate.exclusive() if exclusive else gate.shared(), self._txn_lock(scope, name, txn_id):
                 with self._lock:
-                    stream = self._state.stream(scope, name)
-                    if stream is None:
-                        return _txn_failure("commit", scope, name, txn_id, "no such stream")
-                    txn = stream.txns.get(txn_id)
-                    if txn is None:
-                        return _txn_failure("commit", scope, name, txn_id, "no such transaction")
+                    found = self._stream_and_txn("commit", scope, name, txn_id)
+                    if isinstance(found, pb.TxnStatus):
+                        return found
+                    stream, txn = found
                     if txn.state == COMMITTED:
                         return pb.TxnStatus(status=pb.TxnStatus.SUCCESS)
                     if txn.state in (ABORTING, ABORTED):
@@ -222,12 +232,10 @@ class Transactions(ControllerBase):
         txn_id = self._txn_id(request)
         with self._gate(scope, name).shared(), self._txn_lock(scope, name, txn_id):
             with self._lock:
-                stream = self._state.stream(scope, name)
-                if stream is None:
-                    return _txn_failure("abort", scope, name, txn_id, "no such stream")
-                txn = stream.txns.get(txn_id)
-                if txn is None:
-                    return _txn_failure("abort", scope, name, txn_id, "no such transaction")
+                found = self._stream_and_txn("abort", scope, name, txn_id)
+                if isinstance(found, pb.TxnStatus):
+                    return found
+                _stream, txn = found
                 if txn.state == ABORTED:
                     return pb.TxnStatus(status=pb.TxnStatus.SUCCESS)
                 if txn.state in (COMMITTING, COMMITTED):

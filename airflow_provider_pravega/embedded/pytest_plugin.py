@@ -15,6 +15,7 @@ for replies, so it could never be answered by a server inside the test process.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -25,7 +26,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -56,6 +57,21 @@ def official_client_installed() -> bool:
     return importlib.util.find_spec("pravega_client") is not None
 
 
+_Server = TypeVar("_Server")
+
+
+@contextlib.contextmanager
+def _stopped_after(stop: Callable[[_Server], None]) -> Iterator[list[_Server]]:
+    """The list a factory fixture appends the servers it starts to; each is stopped at the end,
+    the last started first."""
+    started: list[_Server] = []
+    try:
+        yield started
+    finally:
+        for server in reversed(started):
+            stop(server)
+
+
 @pytest.fixture(scope="session")
 def pravega_embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPravegaProcess]:
     server = EmbeddedPravegaProcess(tmp_path_factory.mktemp("pravega"))
@@ -73,19 +89,14 @@ def pravega_controller_uri(pravega_embedded: EmbeddedPravegaProcess) -> str:
 
 @pytest.fixture
 def pravega_embedded_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedPravegaProcess]]:
-    started: list[EmbeddedPravegaProcess] = []
+    with _stopped_after(EmbeddedPravegaProcess.stop) as started:
+        def start(data_dir: Path | None = None, **settings: object) -> EmbeddedPravegaProcess:
+            server = EmbeddedPravegaProcess(data_dir or tmp_path / f"pravega-{len(started)}", **settings)  # type: ignore[arg-type]
+            server.start()
+            started.append(server)
+            return server
 
-    def start(data_dir: Path | None = None, **settings: object) -> EmbeddedPravegaProcess:
-        server = EmbeddedPravegaProcess(data_dir or tmp_path / f"pravega-{len(started)}", **settings)  # type: ignore[arg-type]
-        server.start()
-        started.append(server)
-        return server
-
-    try:
         yield start
-    finally:
-        for server in reversed(started):
-            server.stop()
 
 
 @pytest.fixture
@@ -96,23 +107,18 @@ def pravega_cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     # import cost: the in-process server (gRPC, about 0.4 s) only for this fixture; the others run it as a child
     from airflow_provider_pravega.embedded.server import EmbeddedPravega, ServerSettings
 
-    started: list[EmbeddedPravega] = []
+    with _stopped_after(EmbeddedPravega.stop) as started:
+        def start(segment_stores: int = 3, containers: int = 8, **settings: Any) -> EmbeddedPravega:
+            settings.setdefault("fsync", False)
+            settings.setdefault("tail_wait_s", 1.0)
+            server = EmbeddedPravega(ServerSettings(
+                data_dir=tmp_path / f"cluster-{len(started)}", host="127.0.0.1", port=0, segment_store_port=0,
+                segment_stores=segment_stores, containers=containers, **settings))
+            server.start()
+            started.append(server)
+            return server
 
-    def start(segment_stores: int = 3, containers: int = 8, **settings: Any) -> EmbeddedPravega:
-        settings.setdefault("fsync", False)
-        settings.setdefault("tail_wait_s", 1.0)
-        server = EmbeddedPravega(ServerSettings(
-            data_dir=tmp_path / f"cluster-{len(started)}", host="127.0.0.1", port=0, segment_store_port=0,
-            segment_stores=segment_stores, containers=containers, **settings))
-        server.start()
-        started.append(server)
-        return server
-
-    try:
         yield start
-    finally:
-        for server in reversed(started):
-            server.stop()
 
 
 @pytest.fixture
@@ -252,17 +258,12 @@ def pravega_secure_embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def pravega_secure_embedded_factory(tmp_path: Path) -> Iterator[Callable[..., SecureServer]]:
     """``start(token_ttl_s=None, tls=True, auth=True, extra_users=None, **EmbeddedPravegaProcess kwargs)``;
     ``auth=False`` starts the server without an auth file (the users are then meaningless)."""
-    started: list[SecureServer] = []
+    with _stopped_after(lambda server: server.process.stop()) as started:
+        def start(*, token_ttl_s: int | None = None, tls: bool = True, auth: bool = True,
+                  extra_users: dict[str, tuple[str, str]] | None = None, **settings: object) -> SecureServer:
+            server = _start_secure(tmp_path / f"pravega-secure-{len(started)}", token_ttl_s=token_ttl_s, tls=tls,
+                                   extra_users=extra_users, auth=auth, **settings)
+            started.append(server)
+            return server
 
-    def start(*, token_ttl_s: int | None = None, tls: bool = True, auth: bool = True,
-              extra_users: dict[str, tuple[str, str]] | None = None, **settings: object) -> SecureServer:
-        server = _start_secure(tmp_path / f"pravega-secure-{len(started)}", token_ttl_s=token_ttl_s, tls=tls,
-                               extra_users=extra_users, auth=auth, **settings)
-        started.append(server)
-        return server
-
-    try:
         yield start
-    finally:
-        for server in reversed(started):
-            server.process.stop()

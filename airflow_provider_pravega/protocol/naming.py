@@ -180,17 +180,20 @@ def is_transaction_segment(name: str) -> bool:
 
 def transaction_parent(name: str) -> str:
     """The parent segment name of a transaction segment (text before the last delimiter)."""
-    pos = _delimiter_position(name, TRANSACTION_DELIMITER, _ID_HEX_LEN)
+    return name[:_position_of(name, TRANSACTION_DELIMITER, "transaction")]
+
+
+def _position_of(name: str, delimiter: str, kind: str) -> int:
+    """Where ``delimiter`` and its id begin in a segment name of that ``kind``; ValueError if not one."""
+    pos = _delimiter_position(name, delimiter, _ID_HEX_LEN)
     if pos < 0:
-        raise ValueError(f"not a transaction segment name: {name!r}")
-    return name[:pos]
+        raise ValueError(f"not a {kind} segment name: {name!r}")
+    return pos
 
 
 def transaction_id_of(name: str) -> int:
     """The 128-bit transaction id encoded in a transaction segment name."""
-    pos = _delimiter_position(name, TRANSACTION_DELIMITER, _ID_HEX_LEN)
-    if pos < 0:
-        raise ValueError(f"not a transaction segment name: {name!r}")
+    pos = _position_of(name, TRANSACTION_DELIMITER, "transaction")
     digits = name[pos + len(TRANSACTION_DELIMITER):pos + len(TRANSACTION_DELIMITER) + _ID_HEX_LEN]
     if not re.fullmatch(r"[0-9a-fA-F]{32}", digits):
         raise ValueError(f"transaction segment name {name!r} does not carry 32 hex digits: {digits!r}")
@@ -210,10 +213,7 @@ def is_transient_segment(name: str) -> bool:
 
 
 def transient_parent(name: str) -> str:
-    pos = _delimiter_position(name, TRANSIENT_DELIMITER, _ID_HEX_LEN)
-    if pos < 0:
-        raise ValueError(f"not a transient segment name: {name!r}")
-    return name[:pos]
+    return name[:_position_of(name, TRANSIENT_DELIMITER, "transient")]
 
 
 # --------------------------------------------------------------------------------------------
