@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_provider_pravega._streams import resolve_scope
 from airflow_provider_pravega.assets import catalog_table_asset, table_asset
 from airflow_provider_pravega.client.errors import StreamNotFoundError
 from airflow_provider_pravega.client.ingest_location import check_state_scope
@@ -179,9 +180,7 @@ class PravegaStreamCutExportOperator(BaseOperator):
 
         hook = PravegaHook(self.pravega_conn_id)
         config = hook.get_config()
-        scope = self.scope or config.scope
-        if not scope:
-            raise ValueError(f"no scope given and connection {self.pravega_conn_id!r} has no default scope")
+        scope = resolve_scope(self.scope, config, self.pravega_conn_id)
         self._scope_used = scope
         spec = ExportSpec(
             scope=scope, stream=self.stream, output_path=self.output_path, start_cut=self.start_cut,

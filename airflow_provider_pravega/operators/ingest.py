@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_provider_pravega._streams import resolve_scope
 from airflow_provider_pravega.client.ingest_location import check_state_scope
 from airflow_provider_pravega.client.ingest_resume import RESUMABLE
 from airflow_provider_pravega.hooks.pravega import PravegaHook
@@ -257,9 +258,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
     def _spec(self, context: Any) -> tuple[PravegaHook, Any]:
         hook = PravegaHook(self.pravega_conn_id)
         config = hook.get_config()
-        scope = self.scope or config.scope
-        if not scope:
-            raise ValueError(f"no scope given and connection {self.pravega_conn_id!r} has no default scope")
+        scope = resolve_scope(self.scope, config, self.pravega_conn_id)
         spec = IngestSpec(
             scope=scope, stream=self.stream, source=self.source, format=self.format,
             routing_key_field=self.routing_key_field or None, payload_field=self.payload_field or None,

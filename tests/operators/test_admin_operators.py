@@ -15,6 +15,7 @@ import pendulum
 import pytest
 from pravega_clients import stream_writer
 
+from airflow_provider_pravega._streams import ScopeNotSetError
 from airflow_provider_pravega.client import PravegaClient
 from airflow_provider_pravega.client.controller_types import RetentionPolicy, ScalingPolicy
 from airflow_provider_pravega.client.errors import ScaleError
@@ -279,6 +280,8 @@ def test_default_scope_from_connection_and_missing_scope(
         PravegaCreateScopeOperator,
         PravegaCreateStreamOperator,
         PravegaDeleteScopeOperator,
+        PravegaStreamCutExportOperator,
+        PravegaTransactionalIngestOperator,
     )
 
     scope, stream = unique_name("dflt"), unique_name("s")
@@ -295,10 +298,19 @@ def test_default_scope_from_connection_and_missing_scope(
             min_segments=3,
         )
         PravegaDeleteScopeOperator(task_id="no_scope", pravega_conn_id="pravega_unscoped")
+        # The ingest and the export take their scope by the same rule, with the same error.
+        PravegaTransactionalIngestOperator(task_id="ingest_no_scope", pravega_conn_id="pravega_unscoped",
+                                           stream=stream, source="/nonexistent/*.jsonl")
+        PravegaStreamCutExportOperator(task_id="export_no_scope", pravega_conn_id="pravega_unscoped",
+                                       stream=stream, output_path="/nonexistent/out")
 
     dag_run = run_dag(dag)
     errors = {task_id: str(exc) for task_id, exc in task_errors.items()}
-    assert states(dag_run) == {"create_scope": "success", "create_stream": "success", "no_scope": "failed"}
+    assert states(dag_run) == {"create_scope": "success", "create_stream": "success", "no_scope": "failed",
+                               "ingest_no_scope": "failed", "export_no_scope": "failed"}
+    for task_id in ("no_scope", "ingest_no_scope", "export_no_scope"):
+        assert isinstance(task_errors[task_id], ScopeNotSetError), (task_id, task_errors[task_id])
+        assert "'pravega_unscoped'" in errors[task_id] and "scope=..." in errors[task_id], errors[task_id]
     config = client.admin.get_stream_config(scope, stream)
     assert config.scaling == ScalingPolicy.by_data_rate(1024, 2, 3)
     assert client.admin.stream_info(scope, stream).segment_count == 3
