@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Self
 
 from airflow_provider_pravega.client.controller import ControllerClient
@@ -52,6 +52,11 @@ DEFAULT_LEASE_MS = 90_000
 #: store was lost just before the request, a transaction was seen to stay COMMITTING for over 300 s
 #: until then; one more request lets the controller's commit processing pick it up again.
 RECOMMIT_AFTER_S = 30.0
+
+#: ``write_keyed`` queues this many events at a time, a segment after another: each segment's
+#: session keeps sending (and the server appending) while the next chunk is sorted.
+_KEYED_CHUNK = 4096
+
 TxnKey = tuple[str, str, int]
 
 
@@ -360,6 +365,27 @@ class TransactionalWriter(RoutedSegmentWriter):
         except TransactionError as exc:
             return exc
         return cause
+
+    def write_keyed(self, payloads: Sequence[bytes], keys: Sequence[str]) -> int:
+        """Queue events, the i-th with routing key ``keys[i]``; returns how many. Each distinct
+        key is routed once, and each chunk of events is queued a segment at a time: the events of
+        a segment (so those of a key) keep their order, as with ``write_event`` one by one. A
+        transaction's segments are those of its epoch (never sealed under it), so nothing here
+        moves to a successor segment."""
+        if len(self.segments) == 1:
+            return self.write_events(payloads)
+        route = {key: self.index_for(key) for key in set(keys)}
+        indexes = list(map(route.__getitem__, keys))
+        for start in range(0, len(payloads), _KEYED_CHUNK):
+            groups: list[list[bytes]] = [[] for _ in self.segments]
+            appends = [group.append for group in groups]
+            for payload, index in zip(payloads[start:start + _KEYED_CHUNK], indexes[start:start + _KEYED_CHUNK]):
+                appends[index](payload)
+            for index, group in enumerate(groups):
+                if group:
+                    (self._sessions[index] or self._session(index)).write_events(group)
+        self.events_written += len(payloads)
+        return len(payloads)
 
     def flush(self, timeout_s: float | None = None, *, check_open: bool = True) -> None:
         """Return only when the segment store has acknowledged every event written so far.

@@ -77,10 +77,8 @@ def _task_transaction(ctx: TaskContext, client: Any, store: Any) -> TaskTransact
 def _write(writer: Any, payloads: list[bytes], keys: list[str] | None) -> None:
     if keys is None:
         writer.write_events(payloads)
-        return
-    write = writer.write_event
-    for payload, key in zip(payloads, keys):
-        write(payload, key)
+    else:
+        writer.write_keyed(payloads, keys)
 
 
 def make_line_writer(ctx: TaskContext, requests: Mapping[str, Mapping[str, Any]]):

@@ -16,7 +16,9 @@ from typing import Any
 import msgspec
 
 from airflow_provider_pravega.protocol.wire import MAX_EVENT_SIZE
-from airflow_provider_pravega.spark.json_lines import JsonNumber, exact_fields, json_line_problem, may_nest_too_deep
+from airflow_provider_pravega.spark.json_lines import (
+    MAX_DEPTH, JsonNumber, exact_fields, json_line_problem, may_nest_too_deep,
+)
 
 
 @dataclass
@@ -170,6 +172,16 @@ def piece_events(data: bytes | memoryview, first_line: int, reader: FieldReader 
         str(data, "utf-8")  # every byte checked once, in C (the decode below skips unread fields)
     except UnicodeDecodeError:
         return reader._exactly(lines, first_line, numbers)
-    if may_nest_too_deep(data) and any(may_nest_too_deep(x) for x in lines):
+    if _a_line_may_nest_too_deep(data, lines):
         return reader._exactly(lines, first_line, numbers)  # the nesting limit is the exact check's
     return reader.read(lines, first_line, numbers)
+
+
+def _a_line_may_nest_too_deep(data: bytes, lines: list[bytes]) -> bool:
+    """Whether a line of ``data`` may nest deeper than the check follows: the cheap tests first
+    (the longest line, then the whole piece's brackets), so a piece of short lines is neither
+    scanned for brackets nor looked at line by line (a line needs more bytes than the limit to
+    hold that many brackets)."""
+    if max(map(len, lines), default=0) <= MAX_DEPTH or not may_nest_too_deep(data):
+        return False
+    return any(may_nest_too_deep(x) for x in lines if len(x) > MAX_DEPTH)

@@ -368,7 +368,14 @@ def test_routing_keys_land_where_the_official_client_puts_them(
             for i in range(5, 10):
                 for key in keys:
                     writer.write_event(f"{key}:{i}".encode(), routing_key=key)
+        # Then many at once with their keys (more than one of write_keyed's chunks).
+        keyed = [(f"{key}:{i}".encode(), key) for i in range(10, 110) for key in keys]
+        txn2 = client.transactions.begin(scope, stream)
+        with client.transactions.writer(scope, stream, txn2) as writer:
+            assert writer.write_keyed([p for p, _ in keyed], [k for _, k in keyed]) == len(keyed)
+            assert writer.events_written == len(keyed)
         client.transactions.commit(scope, stream, txn.txn_id)
+        client.transactions.commit(scope, stream, txn2.txn_id)
 
         segments = read_segments_direct(client, scope, stream)
         ranges = {
@@ -384,14 +391,14 @@ def test_routing_keys_land_where_the_official_client_puts_them(
             (segment_id,) = home[key]
             k = routing.hash_routing_key(key)
             assert ranges[segment_id].min_key <= k < ranges[segment_id].max_key
-        # Per key: the official client's events first, then ours, each in order.
+        # Per key: the official client's events first, then ours one by one, then ours at once, in order.
         for events in segments.values():
             by_key: dict[str, list[int]] = defaultdict(list)
             for payload in events:
                 key, _, seq = payload.decode().rpartition(":")
                 by_key[key].append(int(seq))
             for seqs in by_key.values():
-                assert seqs == list(range(10))
+                assert seqs == list(range(110))
         assert (
             len({sid for s in home.values() for sid in s}) == 4
         )  # 44 keys spread over all segments

@@ -4,6 +4,7 @@ what the line-by-line exact check gives, on good and bad lines alike. No Spark: 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -97,3 +98,21 @@ def test_a_field_is_written_as_its_json_text_as_spark_wrote_it() -> None:
     got = piece_events(b'{"k":true,"v":{"a":[1,"x"],"b":-0.5}}\n', 1, reader)
     assert got.keys == ["true"] and json.loads(got.payloads[0]) == {"a": [1, "x"], "b": -0.5}
     assert got.payloads == [b'{"a":[1,"x"],"b":-0.5}']
+
+
+def test_a_deep_line_among_thousands_of_short_ones_is_found_and_short_lines_alone_pass() -> None:
+    """The nesting check's cheap tests (the longest line, the piece's brackets) skip only what
+    cannot nest too deep: a piece of short lines with thousands of brackets in all passes, and one
+    deep line among them is named. The interpreter's recursion limit is raised so that only the
+    check, not the decoder's recursion, can refuse the deep line."""
+    reader = FieldReader("k", None)
+    short = [b'{"k":"a","v":{"x":[1]}}'] * 3000
+    deep = b'{"k":"a","v":' + b"[" * 1200 + b"]" * 1200 + b"}"
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(10_000)
+    try:
+        assert piece_events(b"\n".join(short) + b"\n", 1, reader).bad is None
+        found = piece_events(b"\n".join(short + [deep] + short) + b"\n", 1, reader)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert found.bad is not None and found.bad[0] == 3001 and DEPTH_NOTE in found.bad[1], found.bad
