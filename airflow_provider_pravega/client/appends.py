@@ -11,7 +11,10 @@ their original event numbers (the segment store deduplicates by writer id and ev
 
 from __future__ import annotations
 
+import bisect
 import collections
+import functools
+import itertools
 import logging
 import struct
 import threading
@@ -64,6 +67,8 @@ _ABE_HEAD = struct.Struct(">iiQQiI")
 _ABE_TAIL = struct.Struct(">iqq")
 _ABE_OVERHEAD = 44
 _EVENT_HEADER = struct.Struct(">iI")
+_EVENT_FRAME_HEADER = functools.partial(_EVENT_HEADER.pack, 0)  # an event's header, from its size
+_FRAMED = _EVENT_HEADER.size  # what the header adds to an event's size
 _MASK64 = (1 << 64) - 1
 
 
@@ -463,8 +468,41 @@ class AppendSession(FlushOnExit):
             self._send_block()
 
     def write_events(self, payloads: Iterable[bytes]) -> int:
-        """Queue many events; returns how many."""
-        return write_each(self.write_event, payloads)
+        """Queue many events; returns how many. The blocks are those ``write_event`` one by one
+        would make, framed a block's worth at a time (no Python call per event). Payloads that
+        are not all bytes, or one over the event limit, go one by one, which names what is wrong."""
+        payloads = payloads if isinstance(payloads, list) else list(payloads)
+        if self._error is not None:
+            raise self._error
+        try:
+            sizes = list(map(len, payloads))
+        except TypeError:
+            return write_each(self.write_event, payloads)
+        if not sizes or max(sizes) > wire.MAX_EVENT_SIZE:
+            return write_each(self.write_event, payloads)
+        ends = list(itertools.accumulate(map(_FRAMED.__add__, sizes), initial=0))  # ends[k]: framed bytes of events < k
+        i, n = 0, len(payloads)
+        while i < n:
+            # The events from i that fit this block: framed within block_bytes, within block_events.
+            last = min(n, i + self.block_events - self._count)
+            e = bisect.bisect_right(ends, ends[i] + self.block_bytes - len(self._buf), i + 1, last + 1) - 1
+            if e == i:
+                if self._count:
+                    self._send_block()  # the next event does not fit the block begun: a new one
+                    continue
+                e = i + 1  # alone, in a block of its own
+            frames: list[bytes] = [b""] * (2 * (e - i))
+            frames[0::2] = map(_EVENT_FRAME_HEADER, sizes[i:e])
+            frames[1::2] = payloads[i:e]
+            try:
+                self._buf += b"".join(frames)
+            except TypeError:  # not bytes-like: one by one from here, which says which
+                return i + write_each(self.write_event, payloads[i:])
+            self._count += e - i
+            if len(self._buf) >= self.block_bytes or self._count >= self.block_events:
+                self._send_block()
+            i = e
+        return n
 
     def _check_event_size(self, n: int) -> None:
         if n > wire.MAX_EVENT_SIZE:

@@ -10,6 +10,7 @@ JVM sends every line across to Python and back again.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,9 @@ def no_field(field: str, what: str = "routing key field") -> str:
     return f"no {what} {field!r}"
 
 
+_KEY, _PAYLOAD = operator.attrgetter("k"), operator.attrgetter("p")  # a decoded line's fields
+
+
 class FieldReader:
     """Takes the routing key field and the payload field out of jsonl lines (top-level fields, as
     the docs say), checking each line strictly as it goes."""
@@ -64,20 +68,21 @@ class FieldReader:
         keys = payloads = None
         found: list[tuple[int, int, str]] = []  # (line index, precedence, reason): the first is reported
         if self.key_field:
-            keys = [v.k for v in values]
-            if not all(type(k) is str for k in keys):
+            keys = list(map(_KEY, values))
+            if set(map(type, keys)) != {str}:
                 keys = _texts(keys)
                 if None in keys:
                     found.append((keys.index(None), 0, no_field(self.key_field)))
         if self.payload_field:
-            texts = [v.p for v in values]
-            if not all(type(p) is str for p in texts):
+            texts = list(map(_PAYLOAD, values))
+            if set(map(type, texts)) != {str}:
                 texts = _texts(texts)
                 if None in texts:
                     found.append((texts.index(None), 1, no_field(self.payload_field, "payload field")))
                     texts = [p or "" for p in texts]
             payloads = [p.encode() for p in texts]
-            big = next((i for i, p in enumerate(payloads) if len(p) > MAX_EVENT_SIZE), None)
+            big = (next(i for i, p in enumerate(payloads) if len(p) > MAX_EVENT_SIZE)
+                   if max(map(len, payloads), default=0) > MAX_EVENT_SIZE else None)
             if big is not None:
                 found.append((big, 2, too_big(len(payloads[big]))))
         if found:
@@ -149,7 +154,8 @@ def split_lines(data: bytes | memoryview, first_line: int) -> tuple[list[bytes],
         lines.pop()  # after the last line end: nothing
     if b"\r" in data:
         lines = [x[:-1] if x.endswith(b"\r") else x for x in lines]
-    if b"" in lines or (b" " in data and any(not x.strip(b" ") for x in lines)):
+    # A line of spaces only begins with a space: unless one does, only empty lines can be blank.
+    if b"" in lines or ((data.startswith(b" ") or b"\n " in data) and any(not x.strip(b" ") for x in lines)):
         numbers = [first_line + i for i, x in enumerate(lines) if x.strip(b" ")]
         return [x for x in lines if x.strip(b" ")], numbers
     return lines, None
@@ -162,7 +168,8 @@ def piece_events(data: bytes | memoryview, first_line: int, reader: FieldReader 
     data = bytes(data)
     lines, numbers = split_lines(data, first_line)
     if reader is None or not reader.payload_field:
-        big = next((i for i, x in enumerate(lines) if len(x) > MAX_EVENT_SIZE), None) if len(data) > MAX_EVENT_SIZE else None
+        big = (next(i for i, x in enumerate(lines) if len(x) > MAX_EVENT_SIZE)
+               if len(data) > MAX_EVENT_SIZE and max(map(len, lines), default=0) > MAX_EVENT_SIZE else None)
         if big is not None:  # a whole-line event: its size is the first thing wrong with it
             return LineEvents([], None, (numbers[big] if numbers is not None else first_line + big,
                                          too_big(len(lines[big]))))

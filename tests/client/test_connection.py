@@ -72,6 +72,45 @@ def test_pipelined_appends_in_order_with_tiny_blocks_and_window(client, unique_n
         client.segments.open_append_session(name).write_event("text")  # type: ignore[arg-type]
 
 
+def test_many_events_at_once_make_the_blocks_that_one_by_one_makes(client, unique_name):
+    """``write_events`` frames a block's worth at a time: the same blocks (bytes and event count
+    at each send) as ``write_event`` one by one, from a block already begun, at the byte and the
+    event bound, with an event larger than a block; payloads that are not bytes are refused as
+    one by one refuses them."""
+    scope, stream, _ = _segment(client, unique_name, segments=2)
+    names = [naming.qualified_segment_name(scope, stream, i) for i in (0, 1)]
+    payloads = [b"x" * (i * 37 % 300) for i in range(500)] + [b"big" * 500] + [b"e%d" % i for i in range(50)]
+    calls = [payloads[:3], payloads[3:260], payloads[260:261], payloads[261:]]
+    blocks: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+    for index, name in enumerate(names):
+        with client.segments.open_append_session(name, block_bytes=1000, block_events=7) as session:
+            send = session._send_block
+
+            def recorded(session=session, send=send, index=index) -> None:
+                if session._count:
+                    blocks[index].append((len(session._buf), session._count))
+                send()
+
+            session._send_block = recorded  # type: ignore[method-assign]
+            for call in calls:
+                if index == 0:
+                    for payload in call:
+                        session.write_event(payload)
+                else:
+                    assert session.write_events(call) == len(call)
+            session.flush()
+            assert session.last_acked_event_number == len(payloads)
+    assert blocks[0] == blocks[1] and len(blocks[0]) > len(payloads) // 7
+    assert (1508, 1) in blocks[1]  # the event larger than a block, alone
+    assert read_segments_direct(client, scope, stream) == {0: payloads, 1: payloads}
+    with client.segments.open_append_session(names[0]) as session:
+        with pytest.raises(TypeError, match="event payload must be bytes, got str"):
+            session.write_events([b"ok", "text"])  # type: ignore[list-item]
+        with pytest.raises(ValueError, match="larger than Pravega's"):
+            session.write_events([b"ok", b"x" * (wire.MAX_EVENT_SIZE + 1)])
+    assert read_segments_direct(client, scope, stream)[0] == payloads + [b"ok", b"ok"]  # those before, as one by one
+
+
 def test_event_numbers_continue_for_the_same_writer_id(client, unique_name):
     scope, stream, name = _segment(client, unique_name)
     writer_id = 0xABCDEF
