@@ -70,3 +70,21 @@ def bearer_config(bearer_server: EmbeddedPravegaProcess, keycloak_json: Callable
             host=bearer_server.controller_uri, password=keycloak_json(**json_keys), extra={"auth_method": "Bearer"})
 
     return make
+
+
+@pytest.fixture
+def bearer_connection(monkeypatch: pytest.MonkeyPatch, bearer_server: EmbeddedPravegaProcess,
+                      keycloak_json: Callable[..., str]) -> Callable[..., str]:
+    """``bearer_connection(conn_id, keycloak=None, host=None, **extra)``: a ``pravega`` connection
+    as a deployment defines it (``AIRFLOW_CONN_...``): the keycloak.json as its password (the
+    client's, by default), ``auth_method`` Bearer and ``extra``; against the bearer server unless
+    ``host`` says. Returns ``conn_id``."""
+
+    def define(conn_id: str, keycloak: str | None = None, host: str | None = None, **extra: Any) -> str:
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({
+            "conn_type": "pravega", "host": host or bearer_server.controller_uri,
+            "password": keycloak_json() if keycloak is None else keycloak,
+            "extra": {"auth_method": "Bearer", **extra}}))
+        return conn_id
+
+    return define

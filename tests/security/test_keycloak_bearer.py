@@ -59,12 +59,10 @@ def beta_stream(admin_config: PravegaConnectionConfig) -> str:
 
 
 def test_hook_with_bearer_credentials_writes_one_scope_and_only_reads_the_other(
-        monkeypatch: pytest.MonkeyPatch, bearer_server: Any, keycloak_json: Callable[..., str], beta_stream: str) -> None:
+        bearer_connection: Callable[..., str], bearer_server: Any, keycloak_json: Callable[..., str], beta_stream: str) -> None:
     # The connection as a deployment defines it: the keycloak.json (as Keycloak exports it, several
     # lines) is the password, the auth method an extra.
-    monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_KEYCLOAK", json.dumps({
-        "conn_type": "pravega", "host": bearer_server.controller_uri, "password": keycloak_json(),
-        "extra": {"auth_method": "Bearer"}}))
+    bearer_connection("pravega_keycloak")
     hook = PravegaHook("pravega_keycloak")
     ok, message = hook.test_connection()
     assert ok, message
@@ -86,12 +84,10 @@ def test_hook_with_bearer_credentials_writes_one_scope_and_only_reads_the_other(
 
 
 def test_the_hook_teaches_the_masker_the_keycloak_json_and_its_secret(
-        monkeypatch: pytest.MonkeyPatch, keycloak_json: Callable[..., str]) -> None:
+        bearer_connection: Callable[..., str], keycloak_json: Callable[..., str]) -> None:
     from airflow.sdk._shared.secrets_masker import _secrets_masker
 
-    monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_KEYCLOAK_MASKED", json.dumps({
-        "conn_type": "pravega", "host": "127.0.0.1", "password": keycloak_json(**{"masking-test": "1"}),
-        "extra": {"auth_method": "Bearer"}}))
+    bearer_connection("pravega_keycloak_masked", keycloak_json(**{"masking-test": "1"}), host="127.0.0.1")
     config = PravegaHook("pravega_keycloak_masked").get_config()
     line = f"keycloak.json={config.password} secret={APP_SECRET}"
     assert _secrets_masker().redact(line) == "keycloak.json=*** secret=***"
@@ -112,10 +108,8 @@ def test_a_wrong_client_secret_fails_at_once_naming_realm_and_client(
 
 
 def test_the_hook_reports_a_refused_secret_as_a_failed_connection_test(
-        monkeypatch: pytest.MonkeyPatch, bearer_server: Any, keycloak_json: Callable[..., str]) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_KEYCLOAK_BAD", json.dumps({
-        "conn_type": "pravega", "host": bearer_server.controller_uri, "password": keycloak_json(secret="wrong"),
-        "extra": {"auth_method": "Bearer"}}))
+        bearer_connection: Callable[..., str], bearer_server: Any, keycloak_json: Callable[..., str]) -> None:
+    bearer_connection("pravega_keycloak_bad", keycloak_json(secret="wrong"))
     ok, message = PravegaHook("pravega_keycloak_bad").test_connection()
     assert not ok
     assert f"realm {REALM['realm']!r}" in message and f"client {APP!r}" in message and "401" in message

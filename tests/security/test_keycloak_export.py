@@ -5,7 +5,6 @@ secret appears in no output."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -42,7 +41,7 @@ def exported(directory: Path) -> list[str]:
 
 def test_export_of_a_read_only_scope_with_bearer_credentials_is_exact_and_hides_the_secret(
     tmp_path: Path, spark: Any, run_dag: Any, bearer_server: Any, keycloak_json: Callable[..., str],
-    admin_config: PravegaConnectionConfig, airflow_home: Path, monkeypatch: pytest.MonkeyPatch,
+    admin_config: PravegaConnectionConfig, airflow_home: Path, bearer_connection: Callable[..., str],
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     from airflow.sdk import DAG
@@ -60,9 +59,7 @@ def test_export_of_a_read_only_scope_with_bearer_credentials_is_exact_and_hides_
         write(admin, READ_ONLY, stream, between)
         end = StreamCut.tail(admin, READ_ONLY, stream)
         write(admin, READ_ONLY, stream, after)
-    monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_KC_EXPORT", json.dumps({
-        "conn_type": "pravega", "host": bearer_server.controller_uri, "password": keycloak_json(),
-        "extra": {"auth_method": "Bearer"}}))
+    bearer_connection("pravega_kc_export")
 
     dag_id = f"bearer_export_{uuid.uuid4().hex[:8]}"
     with DAG(dag_id=dag_id, schedule="@daily", start_date=datetime(2026, 11, 1, tzinfo=timezone.utc),

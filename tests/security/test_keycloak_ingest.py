@@ -24,7 +24,7 @@ from security.realm import APP_SECRET, WRITABLE
 
 def test_ingest_with_bearer_credentials_exactly_once_and_no_secret_in_logs(
     tmp_path: Path, spark: Any, run_dag: Any, bearer_server: Any, keycloak_json: Callable[..., str],
-    admin_config: PravegaConnectionConfig, airflow_home: Path, monkeypatch: pytest.MonkeyPatch,
+    admin_config: PravegaConnectionConfig, airflow_home: Path, bearer_connection: Callable[..., str],
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     from airflow.sdk import DAG
@@ -34,9 +34,7 @@ def test_ingest_with_bearer_credentials_exactly_once_and_no_secret_in_logs(
     stream = f"ingested-{uuid.uuid4().hex[:8]}"
     with PravegaClient(admin_config) as admin:
         admin.admin.create_scope(WRITABLE)
-    monkeypatch.setenv("AIRFLOW_CONN_PRAVEGA_KC_INGEST", json.dumps({
-        "conn_type": "pravega", "host": bearer_server.controller_uri, "password": keycloak_json(),
-        "extra": {"auth_method": "Bearer", "scope": WRITABLE}}))
+    bearer_connection("pravega_kc_ingest", scope=WRITABLE)
     source = tmp_path / "in"
     source.mkdir()
     lines = [json.dumps({"sensor_id": f"s{n % 4}", "n": n}) for n in range(120)]
