@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
@@ -19,7 +20,7 @@ from airflow_provider_pravega.spark.ingest_spec import BadRecordError, IngestSpe
 #: Line files listed in the task's own process (local files) holding at most this many bytes in
 #: all are read there, and their bytes travel to Spark inside the query (a local relation): no
 #: Spark job lists or reads the files, and a Spark Connect server elsewhere needs no access to the
-#: task's disk. Larger ones are read in Spark tasks (``binaryFile``), never on the driver.
+#: task's disk. Larger ones are read by the write tasks (:func:`file_frame`), never on the driver.
 LOCAL_LINES_MAX_BYTES = 16 * 1024 * 1024
 
 
@@ -34,13 +35,15 @@ def file_frame(spark: Any, requests: Mapping[str, Mapping[str, Any]], spec: Inge
     """(path, content) of each line file to write, one partition per write task: whole files,
     consecutive in path order, about equal bytes per task (:func:`write_groups`), in path order
     within a task when a routing key orders events (a key's events keep source order). Each group
-    is read on its own and coalesced into one partition, so no shuffle moves the bytes: by Spark
-    tasks (``binaryFile``: files up to 2 GiB each), or, with ``here`` (:func:`files_read_here`), by
-    this process, whose bytes go to Spark in the query. Each file up to its listed size: what lies
-    beyond is left for a later run."""
-    # import cost: pyarrow (0.3-0.5 s) only where a batch is built, not with the module
-    import pyarrow as pa
+    is its own one-partition relation, so no shuffle moves the bytes. Who reads them:
 
+    - this process, with ``here`` (:func:`files_read_here`): the bytes go to Spark in the query;
+    - the write task itself, for other local files: the rows name them (``content`` is NULL) and
+      the task opens them where it runs, as Spark's own reader would, so no JVM copies the bytes
+      on their way to Python;
+    - Spark tasks (``binaryFile``: files up to 2 GiB each) on every other filesystem.
+
+    Each file up to its listed size: what lies beyond is left for a later run."""
     groups = write_groups(requests, writers)
     if here:
         parts = []
@@ -51,13 +54,28 @@ def file_frame(spark: Any, requests: Mapping[str, Mapping[str, Any]], spec: Inge
                 if content is None:
                     raise file_gone(key)
                 contents.append(content)
-            table = pa.table({"path": ["file:" + k for k in keys], "content": contents},  # as binaryFile names them
-                             schema=pa.schema([("path", pa.string()), ("content", pa.binary())]))
-            parts.append(spark.createDataFrame(table))
+            parts.append(_file_relation(spark, keys, contents))
+    elif all(map(_is_local, requests)):
+        parts = [_file_relation(spark, keys, [None] * len(keys)) for keys in groups]
     else:
         parts = [file_contents(spark, keys) for keys in groups]
     keyed = spec.routing_key_field and any(len(keys) > 1 for keys in groups)
     return one_task_per_group(parts, ("path",) if keyed else ())
+
+
+def _is_local(key: str) -> bool:
+    return key.startswith("/")  # a local file's state key (key_of)
+
+
+def _file_relation(spark: Any, keys: Sequence[str], contents: Sequence[bytes | None]) -> Any:
+    """One write group's (path, content) rows as a relation in the query, the paths URIs as binaryFile
+    names them (:func:`key_of` reads them back, whatever the names hold)."""
+    # import cost: pyarrow (0.3-0.5 s) only where a batch is built, not with the module
+    import pyarrow as pa
+
+    table = pa.table({"path": ["file:" + quote(k) for k in keys], "content": list(contents)},
+                     schema=pa.schema([("path", pa.string()), ("content", pa.binary())]))
+    return spark.createDataFrame(table)
 
 
 EVENT_LIMIT = 8 * 1024 * 1024  # Pravega's event size limit (protocol.wire.MAX_EVENT_SIZE)

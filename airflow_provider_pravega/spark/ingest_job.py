@@ -61,7 +61,13 @@ from airflow_provider_pravega.spark.ingest_frames import (
 )
 from airflow_provider_pravega.spark.ingest_partitions import whole_file_holds, write_job_settings, writers_of
 from airflow_provider_pravega.spark.ingest_pieces import fingerprint_files, line_requests
-from airflow_provider_pravega.spark.ingest_sources import EMPTY_FILE, file_gone, list_sources, precheck_sources
+from airflow_provider_pravega.spark.ingest_sources import (
+    EMPTY_FILE,
+    file_gone,
+    file_gone_where_read,
+    list_sources,
+    precheck_sources,
+)
 from airflow_provider_pravega.spark.ingest_spec import (
     FORMATS,
     LINE_FORMATS,
@@ -213,9 +219,12 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
 
 
 def _task_error(spark: Any, row: Any, spec: IngestSpec, store: Any, plan: FilePlan) -> IngestError:
-    """The error a failed write task reported: a changed file (its committed bytes are not those
-    committed) or the first bad record of a file; nothing of the run was committed."""
+    """The error a failed write task reported: a local file it did not find, a changed file (its
+    committed bytes are not those committed) or the first bad record of a file; nothing of the run
+    was committed."""
     key = row["bad_file"]
+    if row["error"] == "gone":
+        return file_gone_where_read(key, row["reason"])
     if row["error"] == "changed":
         before = known_files(store, store.fetch(), [key])[key]
         listed = plan.to_ingest[key]

@@ -7,6 +7,7 @@ import glob
 import logging
 import os
 import re
+import socket
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -233,6 +234,16 @@ def file_contents(spark: Any, keys: Iterable[str]) -> Any:
 
 def file_gone(key: str) -> SourceError:
     return SourceError(f"{key} was listed but is gone: it was deleted or renamed while the ingest ran")
+
+
+def file_gone_where_read(key: str, host: str) -> SourceError:
+    """The error of a local file its write task did not find on ``host``, where the task ran: gone
+    since it was listed, or, on another host, never there (a disk only this host has)."""
+    if host == socket.gethostname() or not os.path.exists(key):
+        return file_gone(key)
+    return SourceError(f"{key} is on the disk of {socket.gethostname()}, where it was listed, but not on {host}, "
+                       f"where the Spark task writing it ran: local source files must be on a filesystem every "
+                       f"Spark executor sees (a shared mount), or on the cluster's own (hdfs://, s3a:// ...)")
 
 
 def local_bytes(key: str, upto: int = -1) -> bytes | None:

@@ -6,6 +6,7 @@ checks and writes its lines, and records the piece with its transaction."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from airflow_provider_pravega.client.config import PravegaConnectionConfig
 from airflow_provider_pravega.client.ingest_location import open_state_store
 from airflow_provider_pravega.client.task_stage import TaskTransaction
 from airflow_provider_pravega.spark.ingest_pieces import next_piece
-from airflow_provider_pravega.spark.ingest_sources import key_of
+from airflow_provider_pravega.spark.ingest_sources import key_of, local_bytes
 from airflow_provider_pravega.spark.ingest_spec import IngestSpec
 from airflow_provider_pravega.spark.line_events import FieldReader, piece_events
 from airflow_provider_pravega.spark.worker_heap import prepare_worker_heap
@@ -104,6 +105,11 @@ def make_line_writer(ctx: TaskContext, requests: Mapping[str, Mapping[str, Any]]
         with _task_transaction(ctx, client, store) as txn:
             for path, content in _chain(first, files):
                 key = key_of(path)
+                if content is None:  # a local file named by the row (ingest_frames.file_frame): read here
+                    content = local_bytes(key, upto=int(requests[key]["size"]))
+                    if content is None:
+                        yield task_result(txn.hex_id, events, size, "gone", key, reason=socket.gethostname())
+                        return
                 piece = next_piece(content, requests[key])
                 if piece.get("changed") and requests[key]["base"] and not spec.allow_changed_files:
                     yield task_result(txn.hex_id, events, size, "changed", key, reason=piece["changed"])
@@ -129,7 +135,7 @@ def make_line_writer(ctx: TaskContext, requests: Mapping[str, Mapping[str, Any]]
 
 
 def _file_rows(batches: Iterator[Any]) -> Iterator[tuple[str, bytes]]:
-    """(path, content) of each file row, one file's bytes at a time."""
+    """(path, content) of each file row, one file's bytes at a time (None: the task reads the file)."""
     for batch in batches:
         paths, contents = batch.column("path"), batch.column("content")
         for i in range(batch.num_rows):

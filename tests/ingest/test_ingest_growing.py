@@ -286,11 +286,12 @@ def test_the_write_task_takes_each_piece_from_the_bytes_it_reads(tmp_path):
                                                         "tail": False})["changed"]
 
 
-def test_line_files_read_here_or_by_spark_reach_their_tasks_alike(tmp_path, spark):
-    """The bytes a line file's write task gets: read by the task's process (small local files, sent
-    in the query) or by Spark tasks (binaryFile), one partition per write group, whole files in
-    path order within it, each up to its listed size, the same bytes either way. A file gone
-    before it is read is named."""
+def test_line_files_read_here_by_their_tasks_or_by_spark_reach_their_tasks_alike(tmp_path, spark):
+    """What a line file's write task gets: its bytes read by the task's process (small local files,
+    sent in the query), its name only (other local files: the task reads them), or its bytes read by
+    Spark tasks (binaryFile, every other filesystem; forced here on the same files). One partition
+    per write group, whole files in path order within it, each read up to its listed size, the same
+    bytes either way. A file gone before it is read is named, and so is one the task cannot see."""
     requests = {}
     for i in range(5):
         path = tmp_path / f"f{i}.jsonl"
@@ -309,33 +310,49 @@ def test_line_files_read_here_or_by_spark_reach_their_tasks_alike(tmp_path, spar
                 "path": batch.column("path").to_pylist(), "content": batch.column("content").to_pylist(),
                 "p": pa.array([TaskContext.get().partitionId()] * batch.num_rows, pa.int32())})
 
-    seen = []
-    for here in (True, False):
-        with ingest_partitions.write_job_settings(spark, listed_here=True):
-            frame = ingest_frames.file_frame(spark, requests, spec, 2, here=here)
+    def by_spark(spark_, keys):  # what the frame reads on other filesystems, on these local files
+        return spark_.read.format("binaryFile").load([ingest_sources.uri_of(k) for k in keys]).select("path", "content")
+
+    seen = {}
+    for how in ("here", "task", "spark"):
+        with ingest_partitions.write_job_settings(spark, listed_here=True), pytest.MonkeyPatch.context() as mp:
+            if how == "spark":
+                mp.setattr(ingest_frames, "file_contents", by_spark)
+                mp.setattr(ingest_frames, "_is_local", lambda key: False)
+            frame = ingest_frames.file_frame(spark, requests, spec, 2, here=how == "here")
             rows = frame.mapInArrow(tasks, "path string, content binary, p int").collect()
-        if here:  # read no further than the listed size (Spark's reader reads the file whole; the task cuts it)
+        if how == "here":  # read no further than the listed size (Spark's reader reads the file whole; the task cuts it)
             assert all(len(r["content"]) == requests[ingest_sources.key_of(r["path"])]["size"] for r in rows)
-        seen.append(sorted((key, bytes(r["content"])[:requests[key]["size"]])
-                           for r in rows for key in [ingest_sources.key_of(r["path"])]))
+        if how == "task":  # named only: the write task reads each file up to its listed size itself
+            assert all(r["content"] is None for r in rows)
+            rows = [{**r.asDict(), "content": ingest_sources.local_bytes(key, upto=requests[key]["size"])}
+                    for r in rows for key in [ingest_sources.key_of(r["path"])]]
+        seen[how] = sorted((key, bytes(r["content"])[:requests[key]["size"]])
+                           for r in rows for key in [ingest_sources.key_of(r["path"])])
         by_task: dict[int, list[str]] = {}
         for r in rows:
             by_task.setdefault(r["p"], []).append(ingest_sources.key_of(r["path"]))
-        assert [by_task[p] for p in sorted(by_task)] == groups, here  # group i is task i, in path order
-    assert seen[0] == seen[1]
+        assert [by_task[p] for p in sorted(by_task)] == groups, how  # group i is task i, in path order
+    assert seen["here"] == seen["task"] == seen["spark"]
     assert ingest_frames.files_read_here(requests, listed_here=True)
     assert not ingest_frames.files_read_here(requests, listed_here=False)  # listed by Spark: not on this disk
+    first = sorted(requests)[1]
+    with pytest.raises(SourceError, match="where the Spark task writing it ran"):
+        raise ingest_sources.file_gone_where_read(first, "another-host")  # there, but not where the task ran
     os.remove(sorted(requests)[0])
     with pytest.raises(SourceError, match="was listed but is gone"):
         ingest_frames.file_frame(spark, requests, spec, 2, here=True)
+    with pytest.raises(SourceError, match="was listed but is gone"):
+        raise ingest_sources.file_gone_where_read(sorted(requests)[0], "another-host")  # gone here too
 
 
 def test_a_run_reads_each_line_file_once_here_or_in_spark_tasks(
         tmp_path, client, spark, read_stream, unique_name, pravega_controller_uri, monkeypatch):
     """One pass: a run reads each line file's bytes once, in the job that writes them, and starts
     no other Spark job (no measuring pass). A day of small local files is read by the task's
-    process and sent in the query; past LOCAL_LINES_MAX_BYTES the same run reads them in Spark tasks.
-    Both commit every line once; a grown file's committed prefix is checked in that same read."""
+    process and sent in the query; past LOCAL_LINES_MAX_BYTES the same run's write tasks read them
+    (neither this process nor a Spark reader does). Both commit every line once; a grown file's
+    committed prefix is checked in that same read. A file deleted after the listing is named."""
     scope = unique_name("readhere")
     day = tmp_path / "day"
     day.mkdir()
@@ -378,6 +395,12 @@ def test_a_run_reads_each_line_file_once_here_or_in_spark_tasks(
     monkeypatch.setattr(ingest_frames, "LOCAL_LINES_MAX_BYTES", 100)
     read_here.clear()
     assert run() == (100, 1)
-    assert read_by_spark == [sorted(str(p) for p in day.glob("*.jsonl"))] and read_here == []
+    assert read_by_spark == [] and read_here == []  # the write tasks read them
     got = read_stream(pravega_controller_uri, scope, "s")
     assert Counter(e.decode() for e in got) == Counter(line(n) for n in range(200))
+    (day / "part-2.jsonl").write_text(line(200) + "\n")
+    at_step(monkeypatch, {"after_listing": lambda: os.remove(day / "part-2.jsonl")})
+    with pytest.raises(SourceError, match=r"part-2.jsonl was listed but is gone"):
+        run()
+    assert Counter(e.decode() for e in read_stream(pravega_controller_uri, scope, "s")) == Counter(
+        line(n) for n in range(200))

@@ -219,12 +219,14 @@ def test_a_small_run_is_one_write_task_and_a_large_one_spreads_over_the_cores(tm
 
 def test_ten_thousand_small_files_cost_a_few_spark_tasks(tmp_path, pravega_embedded, spark, read_stream, unique_name,
                                                         monkeypatch):
-    """A folder of 10,000 small files read in Spark tasks (past the size read in this process) costs
-    the write job's tasks and nothing per file: Spark lists the files each write group names in a
-    job of a task per file unless told otherwise (spark/ingest_partitions.write_job_settings)."""
+    """A folder of 10,000 small files read by Spark's reader (past the size read in this process, on
+    a filesystem other than the local one) costs the write job's tasks and nothing per file: Spark
+    lists the files each write group names in a job of a task per file unless told otherwise
+    (spark/ingest_partitions.write_job_settings)."""
     from airflow_provider_pravega.spark import ingest_frames
 
-    monkeypatch.setattr(ingest_frames, "LOCAL_LINES_MAX_BYTES", 0)  # read by Spark, not sent in the query
+    monkeypatch.setattr(ingest_frames, "LOCAL_LINES_MAX_BYTES", 0)  # not sent in the query
+    monkeypatch.setattr(ingest_frames, "_is_local", lambda key: False)  # read by binaryFile, as s3a:// files are
     source = tmp_path / "day"
     source.mkdir()
     lines = []
