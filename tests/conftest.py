@@ -28,6 +28,12 @@ _SESSION_START = time.time()
 os.environ["AIRFLOW_HOME"] = str(_AIRFLOW_HOME)
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME / 'airflow.db'}"
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+# The suite's ingests are small: by default each would be written by the task's own process, without
+# Spark. The tests of Spark's write path (most of them, and every process they start) write through
+# Spark; the tests of the in-process path ask for it (in_process_max_bytes).
+from airflow_provider_pravega.spark.ingest_spec import IN_PROCESS_MAX_BYTES_VARIABLE  # noqa: E402
+
+os.environ.setdefault(IN_PROCESS_MAX_BYTES_VARIABLE, "0")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_AIRFLOW_HOME / "dags")
 os.environ.pop("AIRFLOW_CONFIG", None)
 # Every Spark driver the tests start (in-process sessions, the job subprocesses, Connect servers:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, conf
 
 from airflow_provider_pravega._streams import resolve_scope
 from airflow_provider_pravega.client.ingest_location import check_state_scope
@@ -14,7 +14,12 @@ from airflow_provider_pravega.client.ingest_resume import RESUMABLE
 from airflow_provider_pravega.hooks.pravega import PravegaHook
 from airflow_provider_pravega.openlineage import file_dataset, operator_lineage, stream_dataset
 from airflow_provider_pravega.operators.export import PravegaStreamCutExportOperator, _templated
-from airflow_provider_pravega.spark.ingest_spec import IngestResult, IngestSpec, check_options
+from airflow_provider_pravega.spark.ingest_spec import (
+    IngestResult,
+    IngestSpec,
+    check_in_process_max_bytes,
+    check_options,
+)
 
 try:  # common-compat hands out Airflow 3.3's mixin, or below 3.3 a stand-in that always runs afresh
     from airflow.providers.common.compat.sdk import ResumableJobMixin
@@ -52,6 +57,11 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         operator returns once the commits are requested; pair it with PravegaTransactionSensor.
     :param num_writers: Transactions (Spark tasks) per run; default Spark's parallelism, but at most one per
         16 MiB of planned input.
+    :param in_process_max_bytes: A run of local line files (jsonl, text) reading at most this many
+        bytes is written by the task's own process, without Spark: no session, JVM or Python worker
+        is started for a small day. The same transactional stage and the same exactly-once protocol
+        as a Spark write task. 0: always through Spark. Default: Airflow's
+        ``[pravega] ingest_in_process_max_bytes``, else 16 MiB.
     :param stale_after_s: A run of this ingest whose driver has not heartbeated for this long is
         presumed dead and recovered by the next run (default 60 s; the driver heartbeats every
         ``min(10 s, lease/3, stale_after_s/4)``, at most every 0.5 s, so at least 2 s). A run of an
@@ -110,6 +120,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         allow_changed_files: bool = False,
         wait_for_commit: bool = True,
         num_writers: int | None = None,
+        in_process_max_bytes: int | None = None,
         stale_after_s: float = 60.0,
         unknown_commits: str | None = None,
         remember_files_for: timedelta | float | None = None,
@@ -130,7 +141,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         check_options(format=format, mode=mode, on_empty=on_empty, routing_key_field=routing_key_field,
                       payload_field=payload_field, num_writers=num_writers, stream_segments=stream_segments,
                       stale_after_s=float(stale_after_s), unknown_commits=unknown_commits,
-                      remember_files_for_s=_seconds(remember_files_for))
+                      remember_files_for_s=_seconds(remember_files_for), in_process_max_bytes=in_process_max_bytes)
         if not _templated(state_scope):  # a template is checked once rendered (IngestSpec)
             check_state_scope(state_scope)
         self.scope = scope
@@ -147,6 +158,7 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
         self.allow_changed_files = allow_changed_files
         self.wait_for_commit = wait_for_commit
         self.num_writers = num_writers
+        self.in_process_max_bytes = in_process_max_bytes
         self.stale_after_s = float(stale_after_s)
         self.unknown_commits = unknown_commits
         self.remember_files_for_s = _seconds(remember_files_for)
@@ -265,7 +277,8 @@ class PravegaTransactionalIngestOperator(ResumableJobMixin, BaseOperator):
             ingest_id=self.ingest_id or f"{self.dag_id}.{self.task_id}", mode=self.mode,
             create_stream=self.create_stream, stream_segments=self.stream_segments, on_empty=self.on_empty,
             allow_changed_files=self.allow_changed_files, wait_for_commit=self.wait_for_commit,
-            num_writers=self.num_writers, stale_after_s=self.stale_after_s, unknown_commits=self.unknown_commits,
+            num_writers=self.num_writers, in_process_max_bytes=_in_process_max_bytes(self.in_process_max_bytes),
+            stale_after_s=self.stale_after_s, unknown_commits=self.unknown_commits,
             remember_files_for_s=self.remember_files_for_s, interval_key=self.interval_key or _data_interval(context),
             state_scope=self.state_scope, **_task_try(context),
         )
@@ -313,3 +326,14 @@ def _data_interval(context: Any) -> str | None:
 
 def _seconds(value: timedelta | float | None) -> float | None:
     return value.total_seconds() if isinstance(value, timedelta) else None if value is None else float(value)
+
+
+def _in_process_max_bytes(value: int | None) -> int | None:
+    """The task's own value, else the deployment's (Airflow's ``[pravega] ingest_in_process_max_bytes``),
+    else None (the ingest's default)."""
+    if value is not None:
+        return value
+    configured = conf.get("pravega", "ingest_in_process_max_bytes", fallback=None)
+    if configured is None or not str(configured).strip():
+        return None
+    return check_in_process_max_bytes(configured, "[pravega] ingest_in_process_max_bytes")

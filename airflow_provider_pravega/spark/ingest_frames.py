@@ -7,14 +7,14 @@ from __future__ import annotations
 import csv
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import quote
 
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from airflow_provider_pravega.spark.ingest_partitions import one_task_per_group, write_groups
+from airflow_provider_pravega.spark.ingest_partitions import one_task_per_group, read_bytes, write_groups
 from airflow_provider_pravega.spark.ingest_sources import file_contents, file_gone, key_of, local_bytes, uri_of
 from airflow_provider_pravega.spark.ingest_spec import BadRecordError, IngestSpec
+from airflow_provider_pravega.spark.ingest_task import file_rows
 
 
 #: Line files listed in the task's own process (local files) holding at most this many bytes in
@@ -27,7 +27,7 @@ LOCAL_LINES_MAX_BYTES = 16 * 1024 * 1024
 def files_read_here(requests: Mapping[str, Mapping[str, Any]], listed_here: bool) -> bool:
     """Whether :func:`file_frame` reads these line files in this process: they were listed here
     (local files) and little is read (:data:`LOCAL_LINES_MAX_BYTES`)."""
-    return listed_here and sum(int(r["size"]) for r in requests.values()) <= LOCAL_LINES_MAX_BYTES
+    return listed_here and read_bytes(requests) <= LOCAL_LINES_MAX_BYTES
 
 
 def file_frame(spark: Any, requests: Mapping[str, Mapping[str, Any]], spec: IngestSpec, writers: int,
@@ -68,14 +68,8 @@ def _is_local(key: str) -> bool:
 
 
 def _file_relation(spark: Any, keys: Sequence[str], contents: Sequence[bytes | None]) -> Any:
-    """One write group's (path, content) rows as a relation in the query, the paths URIs as binaryFile
-    names them (:func:`key_of` reads them back, whatever the names hold)."""
-    # import cost: pyarrow (0.3-0.5 s) only where a batch is built, not with the module
-    import pyarrow as pa
-
-    table = pa.table({"path": ["file:" + quote(k) for k in keys], "content": list(contents)},
-                     schema=pa.schema([("path", pa.string()), ("content", pa.binary())]))
-    return spark.createDataFrame(table)
+    """One write group's rows as a relation in the query."""
+    return spark.createDataFrame(file_rows(keys, contents))
 
 
 EVENT_LIMIT = 8 * 1024 * 1024  # Pravega's event size limit (protocol.wire.MAX_EVENT_SIZE)

@@ -59,7 +59,14 @@ from airflow_provider_pravega.spark.ingest_frames import (
     first_bad_record,
     record_frame,
 )
-from airflow_provider_pravega.spark.ingest_partitions import whole_file_holds, write_job_settings, writers_of
+from airflow_provider_pravega.spark.ingest_partitions import (
+    read_bytes,
+    whole_file_holds,
+    write_groups,
+    write_job_settings,
+    writers_of,
+    written_in_process,
+)
 from airflow_provider_pravega.spark.ingest_pieces import fingerprint_files, line_requests
 from airflow_provider_pravega.spark.ingest_sources import (
     EMPTY_FILE,
@@ -70,14 +77,22 @@ from airflow_provider_pravega.spark.ingest_sources import (
 )
 from airflow_provider_pravega.spark.ingest_spec import (
     FORMATS,
+    IN_PROCESS_MAX_BYTES_VARIABLE,
     LINE_FORMATS,
     MODES,
     IngestResult,
     IngestSpec,
     SourceError,
+    in_process_limit,
     source_items,
 )
-from airflow_provider_pravega.spark.ingest_task import RESULT_SCHEMA, TaskContext, make_line_writer, make_writer
+from airflow_provider_pravega.spark.ingest_task import (
+    RESULT_SCHEMA,
+    TaskContext,
+    make_line_writer,
+    make_writer,
+    write_in_process,
+)
 from airflow_provider_pravega.spark.session import get_spark_session, started_on_first_use
 
 log = logging.getLogger(__name__)
@@ -101,6 +116,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
     started = time.monotonic()
     lease_ms = client.transactions.default_lease_ms
     check_timing(spec.stale_after_s, lease_ms)  # before anything is written
+    in_process_max_bytes = in_process_limit(spec)
     # Everything checkable without Spark comes first; the session starts only when there is work.
     get_spark = started_on_first_use(spark)
     precheck = precheck_sources(spec.source)
@@ -153,19 +169,24 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
             on_run(run_identity(scope=spec.scope, stream=spec.stream, ingest_id=spec.effective_ingest_id,
                                 state_scope=state_scope, state_stream=state_stream, run_id=run_id, owner=coord.owner))
         ctx = TaskContext(client.connection_config, spec, run_id, state_scope, state_stream, lease_ms, coord.owner)
-        spark = get_spark()
-        writers = writers_of(spark, spec, plan.to_ingest)
-        with write_job_settings(spark, listed_here=precheck.files is not None):
-            if spec.format in LINE_FORMATS:
-                here = files_read_here(plan.to_ingest, precheck.files is not None)
-                frame = file_frame(spark, plan.to_ingest, spec, writers, here)
-                task = make_line_writer(ctx, plan.to_ingest)
-            else:
-                frame, task = record_frame(spark, plan.to_ingest, spec, writers), make_writer(ctx)
-            rows = frame.mapInArrow(task, RESULT_SCHEMA).collect()
+        listed_here = precheck.files is not None
+        if spec.format in LINE_FORMATS and written_in_process(plan.to_ingest, in_process_max_bytes, listed_here):
+            log.info("run %s: %d bytes of local files to read: written by this process, without Spark "
+                     "(in_process_max_bytes=%d)", run_id, read_bytes(plan.to_ingest), in_process_max_bytes)
+            rows = write_in_process(ctx, client, plan.to_ingest, write_groups(plan.to_ingest, spec.num_writers or 1))
+        else:
+            spark = get_spark()
+            writers = writers_of(spark, spec, plan.to_ingest)
+            with write_job_settings(spark, listed_here=listed_here):
+                if spec.format in LINE_FORMATS:
+                    frame = file_frame(spark, plan.to_ingest, spec, writers, files_read_here(plan.to_ingest, listed_here))
+                    task = make_line_writer(ctx, plan.to_ingest)
+                else:
+                    frame, task = record_frame(spark, plan.to_ingest, spec, writers), make_writer(ctx)
+                rows = frame.mapInArrow(task, RESULT_SCHEMA).collect()
         failed = sorted((r for r in rows if r["error"]), key=lambda r: r["bad_file"] or "")
         if failed:
-            raise _task_error(spark, failed[0], spec, store, plan)
+            raise _task_error(get_spark, failed[0], spec, store, plan)
         holds = whole_file_holds({r["txn"]: r["files"] or () for r in rows if r["txn"]})
         missing = sorted(set(plan.to_ingest) - {f for held in holds.values() for f in held})
         if missing:  # binaryFile leaves out a file deleted since it was listed
@@ -218,7 +239,7 @@ def run_ingest(client: Any, spark: Any, spec: IngestSpec,
     return result
 
 
-def _task_error(spark: Any, row: Any, spec: IngestSpec, store: Any, plan: FilePlan) -> IngestError:
+def _task_error(get_spark: Callable[[], Any], row: Any, spec: IngestSpec, store: Any, plan: FilePlan) -> IngestError:
     """The error a failed write task reported: a local file it did not find, a changed file (its
     committed bytes are not those committed) or the first bad record of a file; nothing of the run
     was committed."""
@@ -232,7 +253,7 @@ def _task_error(spark: Any, row: Any, spec: IngestSpec, store: Any, plan: FilePl
                                               "changed": row["reason"]})
     if spec.format in LINE_FORMATS:
         return bad_record_error(key, spec, row["line"], row["reason"])
-    return first_bad_record(spark, key, spec)
+    return first_bad_record(get_spark(), key, spec)
 
 
 RETURNED_RUNS = 3  # runs again at once for files whose transactions lapsed after the commit point
@@ -353,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-writers", type=int,
                     help="transactions (Spark tasks) per run; default: Spark's parallelism, at most one per "
                          "16 MiB planned")
+    ap.add_argument("--in-process-max-bytes", type=int, default=None,
+                    help="local line files of a run reading at most this many bytes are written by this process, "
+                         f"without Spark (0: always Spark; default: ${IN_PROCESS_MAX_BYTES_VARIABLE}, else 16 MiB)")
     ap.add_argument("--stale-after", type=float, default=60.0)
     ap.add_argument("--unknown-commits", choices=("committed", "not_committed"), default=None,
                     help="how to resolve a crashed run whose transactions the controller forgot (see docs/ingest.md)")
@@ -383,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             task_instance=args.task_instance, try_number=args.try_number,
             remember_files_for_s=args.remember_files_for, interval_key=args.interval, on_empty=args.on_empty,
             state_scope=args.state_scope, allow_changed_files=args.allow_changed_files,
-            wait_for_commit=args.wait_for_commit,
+            wait_for_commit=args.wait_for_commit, in_process_max_bytes=args.in_process_max_bytes,
         )
         settings = spark_settings(args)
     except ValueError as exc:
@@ -408,6 +432,7 @@ def job_arguments(spec: IngestSpec) -> list[str]:
              "--on-empty", spec.on_empty]
     for option, value in (("--routing-key-field", spec.routing_key_field), ("--payload-field", spec.payload_field),
                           ("--num-writers", spec.num_writers), ("--unknown-commits", spec.unknown_commits),
+                          ("--in-process-max-bytes", spec.in_process_max_bytes),
                           ("--remember-files-for", spec.remember_files_for_s), ("--interval", spec.interval_key),
                           ("--state-scope", spec.state_scope), ("--task-instance", spec.task_instance),
                           ("--try-number", spec.try_number)):

@@ -31,6 +31,18 @@ def writers_of(spark: Any, spec: IngestSpec, files: Mapping[str, Mapping[str, An
     return max(1, min(_parallelism(spark), -(-planned // BYTES_PER_WRITER)))
 
 
+def read_bytes(files: Mapping[str, Mapping[str, Any]]) -> int:
+    """What a run of line files reads: each up to its listed size (the committed prefix is checked
+    in the same read)."""
+    return sum(int(ident.get("size") or 0) for ident in files.values())
+
+
+def written_in_process(files: Mapping[str, Mapping[str, Any]], limit: int, listed_here: bool) -> bool:
+    """Whether a run's write tasks run in this process instead of Spark: its line files were listed
+    here (local files) and it reads at most ``limit`` bytes (``in_process_limit``)."""
+    return listed_here and read_bytes(files) <= limit
+
+
 def _parallelism(spark: Any) -> int:
     try:
         return int(spark.sparkContext.defaultParallelism)

@@ -22,6 +22,36 @@ LINE_FORMATS = ("jsonl", "text")
 
 MODES = ("exactly_once", "at_least_once")
 
+#: The default of :attr:`IngestSpec.in_process_max_bytes` where the deployment sets none: a day of a
+#: few MB is written by the task in less time than a Spark session takes to start, and no JVM,
+#: Connect session or Python daemon is paid for it; above it, Spark's parallelism pays.
+IN_PROCESS_MAX_BYTES = 16 * 1024 * 1024
+#: The deployment's own default: Airflow's ``[pravega] ingest_in_process_max_bytes`` (the operator
+#: reads Airflow's configuration), which the ingest job outside Airflow reads from this variable.
+IN_PROCESS_MAX_BYTES_VARIABLE = "AIRFLOW__PRAVEGA__INGEST_IN_PROCESS_MAX_BYTES"
+
+
+def check_in_process_max_bytes(value: Any, what: str) -> int:
+    """``value`` as a byte count (0 or more), or a ValueError naming ``what`` it came from."""
+    try:
+        limit = int(str(value).strip()) if isinstance(value, str) else value
+    except ValueError:
+        limit = None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"{what} must be a whole number of bytes, 0 or more (0: always Spark), got {value!r}")
+    return limit
+
+
+def in_process_limit(spec: IngestSpec) -> int:
+    """The most bytes of local line files a run of ``spec`` writes in this process: the spec's own
+    value, else the deployment's (:data:`IN_PROCESS_MAX_BYTES_VARIABLE`), else :data:`IN_PROCESS_MAX_BYTES`."""
+    if spec.in_process_max_bytes is not None:
+        return spec.in_process_max_bytes
+    configured = os.environ.get(IN_PROCESS_MAX_BYTES_VARIABLE)
+    if configured is None or not configured.strip():
+        return IN_PROCESS_MAX_BYTES
+    return check_in_process_max_bytes(configured, IN_PROCESS_MAX_BYTES_VARIABLE)
+
 
 class BadRecordError(IngestError):
     """A malformed record: nothing of the run was committed."""
@@ -34,7 +64,8 @@ class SourceError(IngestError, FileNotFoundError):
 def check_options(*, format: str = "jsonl", mode: str = "exactly_once", on_empty: str = "fail",
                   routing_key_field: str | None = None, payload_field: str | None = None,
                   num_writers: int | None = None, stream_segments: int = 1, stale_after_s: float = 60.0,
-                  unknown_commits: str | None = None, remember_files_for_s: float | None = None) -> None:
+                  unknown_commits: str | None = None, remember_files_for_s: float | None = None,
+                  in_process_max_bytes: int | None = None) -> None:
     """ValueError for an option no run could accept (the operator calls it when the DAG is parsed)."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -53,6 +84,8 @@ def check_options(*, format: str = "jsonl", mode: str = "exactly_once", on_empty
                          f"driver heartbeats at most every 0.5 s; a run is presumed dead after four missed heartbeats)")
     if unknown_commits is not None and unknown_commits not in UNKNOWN_COMMITS:
         raise ValueError(f"unknown_commits must be one of {', '.join(UNKNOWN_COMMITS)} or None, got {unknown_commits!r}")
+    if in_process_max_bytes is not None:
+        check_in_process_max_bytes(in_process_max_bytes, "in_process_max_bytes")
     if remember_files_for_s is not None and not remember_files_for_s > 0:
         raise ValueError(f"remember_files_for must be a positive duration, got {remember_files_for_s!r} s")
 
@@ -85,6 +118,10 @@ class IngestSpec:
     interval_key: str | None = None
     #: The scope keeping the ingest's state (created if missing); None: the stream's own scope.
     state_scope: str | None = None
+    #: A run of local line files reading at most this many bytes is written by this process itself,
+    #: without Spark, through the same transactional stage (0: always Spark; None: the deployment's
+    #: setting, see in_process_limit).
+    in_process_max_bytes: int | None = None
 
     def __post_init__(self) -> None:
         check_state_scope(self.state_scope)
@@ -92,7 +129,7 @@ class IngestSpec:
                       routing_key_field=self.routing_key_field, payload_field=self.payload_field,
                       num_writers=self.num_writers, stream_segments=self.stream_segments,
                       stale_after_s=self.stale_after_s, unknown_commits=self.unknown_commits,
-                      remember_files_for_s=self.remember_files_for_s)
+                      remember_files_for_s=self.remember_files_for_s, in_process_max_bytes=self.in_process_max_bytes)
         if self.interval_key is not None and not str(self.interval_key).strip():
             raise ValueError("interval_key must be a non-empty text (or None)")
         if not source_items(self.source) or any(not i for i in source_items(self.source)):

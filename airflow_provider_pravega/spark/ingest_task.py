@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from airflow_provider_pravega import fault_points
 from airflow_provider_pravega.client import PravegaClient
@@ -82,13 +83,14 @@ def _write(writer: Any, payloads: list[bytes], keys: list[str] | None) -> None:
         writer.write_keyed(payloads, keys)
 
 
-def make_line_writer(ctx: TaskContext, requests: Mapping[str, Mapping[str, Any]]):
+def make_line_writer(ctx: TaskContext, requests: Mapping[str, Mapping[str, Any]], client: Any = None):
     """The function ``mapInArrow`` runs on each partition of line files (rows ``(path, content)``,
     whole files, in path order with a routing key): one pass over each file's bytes. Its next piece
     is measured (:func:`~airflow_provider_pravega.spark.ingest_pieces.next_piece`: the committed
     prefix checked against its fingerprint where the bytes are read anyway), its lines split,
     checked and written, and the pieces recorded with the transaction (``written``), from where the
-    commit point takes them. ``requests``: each planned file's request (what the plan knows)."""
+    commit point takes them. ``requests``: each planned file's request (what the plan knows);
+    ``client``: the driver's own, when this process runs the task (:func:`write_in_process`)."""
 
     def write_partition(batches: Iterator[Any]) -> Iterator[Any]:
         prepare_worker_heap()
@@ -98,11 +100,11 @@ def make_line_writer(ctx: TaskContext, requests: Mapping[str, Mapping[str, Any]]
             return
         spec = ctx.spec
         reader = FieldReader(spec.routing_key_field, spec.payload_field) if spec.format == "jsonl" else None
-        client = _worker_client(ctx.config)
-        store = open_state_store(client, ctx.state_scope, ctx.state_stream, create=False)
+        task_client = client if client is not None else _worker_client(ctx.config)
+        store = open_state_store(task_client, ctx.state_scope, ctx.state_stream, create=False)
         events = size = 0
         pieces: dict[str, dict[str, Any]] = {}
-        with _task_transaction(ctx, client, store) as txn:
+        with _task_transaction(ctx, task_client, store) as txn:
             for path, content in _chain(first, files):
                 key = key_of(path)
                 if content is None:  # a local file named by the row (ingest_frames.file_frame): read here
@@ -132,6 +134,30 @@ def make_line_writer(ctx: TaskContext, requests: Mapping[str, Mapping[str, Any]]
                           empty=[k for k, p in pieces.items() if p["end"] <= p["start"]])
 
     return write_partition
+
+
+def write_in_process(ctx: TaskContext, client: Any, requests: Mapping[str, Mapping[str, Any]],
+                     groups: Iterable[Sequence[str]]) -> list[dict[str, Any]]:
+    """The answers of the write tasks of ``groups`` (each a list of local line files), run one after
+    the other by this process: the same task as in Spark (:func:`make_line_writer`), given rows
+    that name the files, so it reads them itself. For a run too small to be worth a Spark job."""
+    task = make_line_writer(ctx, requests, client)
+    answers = []
+    for keys in groups:
+        for batch in task(iter(file_rows(keys, [None] * len(keys)).to_batches())):
+            answers += batch.to_pylist()
+    return answers
+
+
+def file_rows(keys: Sequence[str], contents: Sequence[bytes | None]) -> Any:
+    """The (path, content) rows a line file's write task takes, as an Arrow table: the paths URIs
+    as ``binaryFile`` names them (:func:`key_of` reads them back, whatever the names hold), the
+    content None where the task reads the file itself."""
+    # import cost: pyarrow (0.3-0.5 s) only where a batch is built, not with the module
+    import pyarrow as pa
+
+    return pa.table({"path": ["file:" + quote(k) for k in keys], "content": list(contents)},
+                    schema=pa.schema([("path", pa.string()), ("content", pa.binary())]))
 
 
 def _file_rows(batches: Iterator[Any]) -> Iterator[tuple[str, bytes]]:

@@ -76,16 +76,26 @@ STEPS = ["before_run_record", "after_run_record", "after_tasks", "after_commit_r
 STANDALONE_STEPS = ("after_commit_record",)
 
 
-@pytest.mark.parametrize("step", STEPS)
-def test_driver_killed_at_each_step_then_rerun_is_exactly_once(step, tmp_path, pravega_controller_uri, unique_name,
-                                                               read_stream, request):
-    if request.node.callspec.params.get("pravega_backend") in ("standalone", "cluster") and step not in STANDALONE_STEPS:
+#: Where the write tasks run: Spark tasks (the suite's default, tests/conftest.py), or the driver's
+#: own process (a run under in_process_max_bytes: the same task, stage and protocol, no JVM).
+WRITERS = {"spark": (), "in_process": ("--in-process-max-bytes", str(16 * 1024 * 1024))}
+
+
+@pytest.mark.parametrize(("step", "writer"), [(step, "spark") for step in STEPS] + [
+    (step, "in_process") for step in STEPS + ["task_mid_write"]])  # in process, the task dies with the driver
+def test_driver_killed_at_each_step_then_rerun_is_exactly_once(step, writer, tmp_path, pravega_controller_uri,
+                                                               unique_name, read_stream, request):
+    if request.node.callspec.params.get("pravega_backend") in ("standalone", "cluster") and (
+            step not in STANDALONE_STEPS or writer != "spark"):
         pytest.skip(f"{step}: the provider's own bookkeeping, run on the embedded server only (CI time)")
     scope = unique_name("crash")
     lines = make_source(tmp_path / "in")
-    first = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"), fault_env(kill_at=step))
+    first = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in", *WRITERS[writer]), fault_env(kill_at=step))
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
-    second = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"))
+    if writer == "in_process":
+        assert "written by this process, without Spark" in first.stderr or step in ("before_run_record",
+                                                                                   "after_run_record"), first.stderr[-2000:]
+    second = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in", *WRITERS[writer]))
     assert second.returncode == 0, second.stderr[-3000:]
     summary = json.loads(second.stdout.strip().splitlines()[-1])
     if step in ("after_commit_record", "after_first_commit"):

@@ -6,6 +6,7 @@ docs/bad-input.md (PRAVEGA_UPDATE_DOCS=1 regenerates it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -20,11 +21,11 @@ from airflow_provider_pravega.client.ingest import IngestCoordinator
 from airflow_provider_pravega.client.ingest_errors import ChangedFileError
 from airflow_provider_pravega.client.ingest_location import open_state_store
 from airflow_provider_pravega.client.streamcut import StreamCut
-from airflow_provider_pravega.spark import ingest_frames, ingest_partitions, ingest_pieces, ingest_sources
+from airflow_provider_pravega.spark import ingest_frames, ingest_partitions, ingest_pieces, ingest_sources, ingest_task
 from airflow_provider_pravega.spark.ingest_job import run_ingest, state_location
 from airflow_provider_pravega.spark.ingest_pieces import TAIL_SETTLE_S, next_piece
 from airflow_provider_pravega.spark.ingest_sources import key_of, local_path
-from airflow_provider_pravega.spark.ingest_spec import BadRecordError, IngestSpec, SourceError
+from airflow_provider_pravega.spark.ingest_spec import IN_PROCESS_MAX_BYTES, BadRecordError, IngestSpec, SourceError
 from pravega_testing.faults import installed_for_test
 
 
@@ -348,17 +349,18 @@ def test_line_files_read_here_by_their_tasks_or_by_spark_reach_their_tasks_alike
 
 def test_a_run_reads_each_line_file_once_here_or_in_spark_tasks(
         tmp_path, client, spark, read_stream, unique_name, pravega_controller_uri, monkeypatch):
-    """One pass: a run reads each line file's bytes once, in the job that writes them, and starts
-    no other Spark job (no measuring pass). A day of small local files is read by the task's
-    process and sent in the query; past LOCAL_LINES_MAX_BYTES the same run's write tasks read them
-    (neither this process nor a Spark reader does). Both commit every line once; a grown file's
-    committed prefix is checked in that same read. A file deleted after the listing is named."""
+    """One pass: a run reads each line file's bytes once, where they are written, and starts no
+    other Spark job (no measuring pass). A day of small local files is written by the task's own
+    process without Spark (no session is asked for); with ``in_process_max_bytes=0`` it is read by
+    the task's process and sent in the query; past LOCAL_LINES_MAX_BYTES the same run's Spark
+    write tasks read them (neither this process nor a Spark reader does). Each commits every line
+    once; a grown file's committed prefix is checked in that same read. A file deleted after the
+    listing is named."""
     scope = unique_name("readhere")
     day = tmp_path / "day"
     day.mkdir()
-    for i in range(2):
-        (day / f"part-{i}.jsonl").write_text("".join(line(n) + "\n" for n in range(i * 50, i * 50 + 50)))
-    read_by_spark, read_here = [], []
+    files = [day / f"part-{i}.jsonl" for i in range(2)]
+    read_by_spark, read_here, sessions = [], [], []
     real_file_contents, real_local_bytes = ingest_sources.file_contents, ingest_sources.local_bytes
 
     def file_contents(spark_, keys):
@@ -372,35 +374,44 @@ def test_a_run_reads_each_line_file_once_here_or_in_spark_tasks(
     for reader in (ingest_pieces, ingest_frames):  # the modules that read files
         monkeypatch.setattr(reader, "file_contents", file_contents, raising=False)
     monkeypatch.setattr(ingest_frames, "local_bytes", local_bytes)
+    monkeypatch.setattr(ingest_task, "local_bytes", local_bytes)  # the write task's reads, when it runs here
     tracker = spark.sparkContext.statusTracker()
 
-    runs = []
+    def session():
+        sessions.append(None)
+        return spark
 
-    def run() -> tuple[int, int]:
-        runs.append(None)
-        group = f"one-pass-{scope}-{len(runs)}"
+    def run(spec: IngestSpec) -> tuple[int, int]:
+        """(events, Spark jobs) of one run, after 50 more lines in each file."""
+        for i, path in enumerate(files):
+            first = run.lines + i * 50
+            append(path, "".join(line(n) + "\n" for n in range(first, first + 50)))
+        run.lines += 100
+        read_by_spark.clear(), read_here.clear()
+        group = f"one-pass-{scope}-{run.lines}"
         spark.sparkContext.setJobGroup(group, "one pass")
         try:
-            events = run_ingest(client, spark, spec).events
+            events = run_ingest(client, session, spec).events
         finally:
             spark.sparkContext.setJobGroup("", "")
         return events, len(tracker.getJobIdsForGroup(group))
 
+    run.lines = 0
     spec = IngestSpec(scope=scope, stream="s", source=str(day / "*.jsonl"), routing_key_field="k",
-                      create_stream=True)
-    assert run() == (100, 1)  # one Spark job: the write
-    assert read_by_spark == [] and sorted(read_here) == sorted(str(p) for p in day.glob("*.jsonl"))
-    for i in range(2):
-        append(day / f"part-{i}.jsonl", "".join(line(n) + "\n" for n in range(100 + i * 50, 150 + i * 50)))
+                      create_stream=True, in_process_max_bytes=IN_PROCESS_MAX_BYTES)
+    assert run(spec) == (100, 0) and sessions == []  # written here: no Spark job, no session
+    assert read_by_spark == [] and sorted(read_here) == sorted(map(str, files))
+    spark_spec = dataclasses.replace(spec, in_process_max_bytes=0)
+    assert run(spark_spec) == (100, 1)  # one Spark job: the write, its bytes read here
+    assert read_by_spark == [] and sorted(read_here) == sorted(map(str, files))
     monkeypatch.setattr(ingest_frames, "LOCAL_LINES_MAX_BYTES", 100)
-    read_here.clear()
-    assert run() == (100, 1)
-    assert read_by_spark == [] and read_here == []  # the write tasks read them
+    assert run(spark_spec) == (100, 1)
+    assert read_by_spark == [] and read_here == []  # the Spark write tasks read them
     got = read_stream(pravega_controller_uri, scope, "s")
-    assert Counter(e.decode() for e in got) == Counter(line(n) for n in range(200))
-    (day / "part-2.jsonl").write_text(line(200) + "\n")
+    assert Counter(e.decode() for e in got) == Counter(line(n) for n in range(300))
+    (day / "part-2.jsonl").write_text(line(300) + "\n")
     at_step(monkeypatch, {"after_listing": lambda: os.remove(day / "part-2.jsonl")})
     with pytest.raises(SourceError, match=r"part-2.jsonl was listed but is gone"):
-        run()
+        run_ingest(client, spark, spark_spec)
     assert Counter(e.decode() for e in read_stream(pravega_controller_uri, scope, "s")) == Counter(
-        line(n) for n in range(200))
+        line(n) for n in range(300))

@@ -82,3 +82,52 @@ def test_ingest_without_waiting_then_deferrable_transaction_sensor(tmp_path, spa
     assert summary["transaction_ids"] and {t["status"] for t in summary["transactions"]} == {"COMMITTING"}
     events = read_stream(pravega_default_conn, scope, "s", expected=len(lines))
     assert Counter(e.decode() for e in events) == Counter(lines)
+
+
+def test_a_small_day_is_written_by_the_task_itself_without_spark(tmp_path, run_dag, pravega_default_conn,
+                                                                  read_stream, unique_name, monkeypatch):
+    """Under the deployment's ``[pravega] ingest_in_process_max_bytes`` (set here as Airflow reads
+    it, from its variable) a day of local files is written by the task's own process: no Spark
+    session is asked for, every line lands once, and a rerun of the day writes nothing. A value
+    that is not a byte count is refused, naming the setting."""
+    import pytest
+    from airflow.sdk import DAG, task
+
+    from airflow_provider_pravega.operators import ingest as ingest_module
+    from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
+    from airflow_provider_pravega.spark import session
+    from airflow_provider_pravega.spark.ingest_spec import IN_PROCESS_MAX_BYTES_VARIABLE
+
+    def no_session(*args, **kwargs):
+        raise AssertionError("a small day asked for a Spark session")
+
+    monkeypatch.setattr(session, "get_spark_session", no_session)
+    monkeypatch.setenv(IN_PROCESS_MAX_BYTES_VARIABLE, str(1 << 20))
+    (tmp_path / "in").mkdir()
+    lines = [json.dumps({"sensor_id": f"s{n % 3}", "n": n}) for n in range(300)]
+    for part in range(2):
+        (tmp_path / "in" / f"part-{part}.jsonl").write_text("\n".join(lines[part::2]) + "\n")
+    scope = unique_name("inproc")
+    results: list[dict] = []
+    with DAG(dag_id=f"inproc_{scope.replace('-', '_')}", schedule=None,
+             start_date=datetime(2026, 11, 1, tzinfo=timezone.utc)) as dag:
+        ingest = PravegaTransactionalIngestOperator(
+            task_id="ingest", scope=scope, stream="s", source=str(tmp_path / "in"), routing_key_field="sensor_id",
+            create_stream=True, stream_segments=2, spark_conn_id="spark_default")
+
+        @task
+        def keep(summary: dict) -> None:
+            results.append(summary)
+
+        keep(ingest.output)
+
+    for _ in range(2):
+        run = run_dag(dag)
+        states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+        assert states == {"ingest": "success", "keep": "success"}, states
+    assert [r["events"] for r in results] == [300, 0]
+    assert Counter(e.decode() for e in read_stream(pravega_default_conn, scope, "s", expected=300)) == Counter(lines)
+    monkeypatch.setenv(IN_PROCESS_MAX_BYTES_VARIABLE, "lots")
+    with pytest.raises(ValueError, match=r"\[pravega\] ingest_in_process_max_bytes must be a whole number of bytes"):
+        ingest_module._in_process_max_bytes(None)
+    assert ingest_module._in_process_max_bytes(0) == 0  # the task's own value first
