@@ -254,7 +254,7 @@ def operator_ingest(spark: Any, kind: Callable[[int], str | None], stream: str, 
         ingest = PravegaTransactionalIngestOperator(
             task_id="ingest", scope="bench", stream=stream, source=str(source), routing_key_field="sensor_id",
             mode=mode, create_stream=True, stream_segments=SEGMENTS, ingest_id=f"bench-{stream}",
-            spark_conn_id=None,
+            spark_conn_id=None, in_process_max_bytes=0,  # through Spark at every size (a quarter is small)
         )
 
         @task

@@ -8,6 +8,10 @@ Each sample runs the ingest job's command (what the operator runs in its task pr
 embedded server, on one day of sample data (``--events`` readings in 4 files, routed by
 ``sensor_id`` as the example DAG does), side by side in one run:
 
+* a day with new files by default: the day (a few MB) is under the ingest's ``in_process_max_bytes``,
+  so the task's own process writes it, without Spark, though a Spark Connect connection is
+  configured (the baseline: the same day through Spark in a new Connect session, below, and in a
+  classic local session). Every other sample is written through Spark (``--in-process-max-bytes 0``);
 * a day with new files: a classic local Spark session ingests it into a fresh scope;
 * the same day through a warm local Spark Connect server: one stock server from pyspark's own jars
   (no plugin, Spark's default SQL settings; ``pravega_testing.spark_connect``), started once by the
@@ -73,6 +77,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import result_file as rf  # noqa: E402
 
+from airflow_provider_pravega.spark.ingest_spec import IN_PROCESS_MAX_BYTES_VARIABLE  # noqa: E402
+
 DAY = "2026-11-01"
 #: Spark stops a Python worker idle this long (PythonWorkerFactory, 60 s, not configurable), plus a margin.
 IDLE_WORKERS_STOPPED_S = 65.0
@@ -88,26 +94,40 @@ def day_interval(day: str) -> str:
 
 
 def ingest(uri: str, scope: str, source: str, remote: str | None = None, new_session: bool = False,
-           interval: str = INTERVAL, env_extra: dict[str, str] | None = None) -> tuple[dict, float]:
+           interval: str = INTERVAL, env_extra: dict[str, str] | None = None,
+           through_spark: bool = True) -> tuple[dict, float]:
     """One ingest task's process: (its summary, wall seconds). ``remote``: through that Spark Connect
     server, else a classic local session; ``new_session``: a new Connect session, not the shared one;
-    ``env_extra``: more environment for the process. The summary gets the machine's busy CPU-s
-    while it ran (``machine_cpu_s``)."""
+    ``env_extra``: more environment for the process; ``through_spark``: written by Spark whatever the
+    day's size (``--in-process-max-bytes 0``), else as the ingest decides by default (a small day:
+    by the task's own process). The summary gets the machine's busy CPU-s while it ran
+    (``machine_cpu_s``)."""
 
     spark = ["--conf", f"spark.remote={remote}"] if remote else ["--master", "local[2]"]
+    if through_spark:
+        spark += ["--in-process-max-bytes", "0"]
     cmd = [sys.executable, "-m", "airflow_provider_pravega.spark.ingest_job", "--controller-uri", uri,
            "--scope", scope, "--stream", "readings", "--source", source, "--routing-key-field", "sensor_id",
            "--create-stream", "--ingest-id", "daily", "--interval", interval, *spark]
     t0 = time.perf_counter()
     env = dict(os.environ, PRAVEGA_SPARK_CONNECT_SHARED_SESSION="false" if new_session else "true",
                **(env_extra or {}))
+    env.pop(IN_PROCESS_MAX_BYTES_VARIABLE, None)  # the ingest's own default, not a deployment's
     busy0 = rf.machine_busy_cpu_s()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    # The task's whole process tree (its JVM and Python workers in a classic session; not a Connect server's).
+    with rf.PeakSampler(lambda: [proc.pid, *rf.children(proc.pid)], lambda _pid: "tree", interval=0.1) as rss:
+        try:
+            out, err = proc.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
     wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        sys.exit(f"ingest failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    if proc.returncode != 0:
+        sys.exit(f"ingest failed ({proc.returncode}):\n{err[-3000:]}")
+    summary = json.loads(out.strip().splitlines()[-1])
     summary["machine_cpu_s"] = rf.machine_busy_cpu_s() - busy0
+    summary["tree_rss_mb"] = rss.peaks.get("tree", 0.0)
     return summary, wall
 
 
@@ -190,6 +210,8 @@ def main() -> int:
     c_nothing_spark: list[tuple[float, float]] = []
     c_daily: list[tuple[float, float]] = []
     c_busy: list[tuple[float, float]] = []
+    here: list[tuple[float, float]] = []  # the default for a small day: written by the task itself
+    tree_rss: dict[str, list[float]] = {}  # peak RSS (MB) of the task's process tree, by sample kind
     work: dict[str, int] = {}
     backfill: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-per-run-") as tmp:
@@ -229,16 +251,19 @@ def main() -> int:
             for n in range(args.repeat):
                 scope = f"perrun{n}"
                 summary, wall = ingest(server.controller_uri, scope, local)
+                tree_rss.setdefault("classic, the class archive mapped", []).append(summary["tree_rss_mb"])
                 assert summary["events"] == args.events, summary
                 new_day.append((summary["seconds"], wall))
                 new_day_cpu.append(summary["machine_cpu_s"])
                 summary, wall = ingest(server.controller_uri, f"perrunnoarchive{n}", local, env_extra=no_archive_env)
+                tree_rss.setdefault("classic, no class archive", []).append(summary["tree_rss_mb"])
                 assert summary["events"] == args.events, summary
                 no_archive.append((summary["seconds"], wall))
                 no_archive_cpu.append(summary["machine_cpu_s"])
                 # Nothing new, alternating the two ways, so a change in the machine's load hits both.
                 for way, source, out in (("no JVM", local, nothing), ("listed by Spark", via_spark, nothing_spark)):
                     summary, wall = ingest(server.controller_uri, scope, source)
+                    tree_rss.setdefault(f"nothing new, {way}", []).append(summary["tree_rss_mb"])
                     assert summary["run_id"] is None and summary.get("files_skipped"), summary
                     out.append((summary["seconds"], wall))
                 print(f"  round {n + 1}: new day {new_day[-1][0]:.2f} s (process {new_day[-1][1]:.1f} s, machine "
@@ -246,29 +271,42 @@ def main() -> int:
                       f"{no_archive[-1][1]:.1f} s, {no_archive_cpu[-1]:.1f} CPU-s); nothing "
                       f"new: no JVM {nothing[-1][0]:.2f} s (process {nothing[-1][1]:.1f} s), listed by Spark "
                       f"{nothing_spark[-1][0]:.2f} s (process {nothing_spark[-1][1]:.1f} s)", flush=True)
+                summary, wall = ingest(server.controller_uri, f"perrunhere{n}", local, remote, new_session=True,
+                                       through_spark=False)
+                tree_rss.setdefault("by default: written by the task itself", []).append(summary["tree_rss_mb"])
+                assert summary["events"] == args.events, summary
+                here.append((summary["seconds"], wall))
+                print(f"  round {n + 1}: new day by default (written by the task's own process, a "
+                      f"{'Spark Connect' if remote else 'classic'} connection configured): {here[-1][0]:.2f} s "
+                      f"(process {here[-1][1]:.1f} s)", flush=True)
                 if remote is None:
                     continue
                 scope = f"perrunconnect{n}"
                 before = spark_work(ui, -1)["last_job"]
                 summary, wall = ingest(server.controller_uri, scope, local, remote)
+                tree_rss.setdefault("stock Connect server, shared session", []).append(summary["tree_rss_mb"])
                 assert summary["events"] == args.events, summary
                 c_new_day.append((summary["seconds"], wall))
                 work = spark_work(ui, before)
                 summary, wall = ingest(server.controller_uri, scope, via_spark, remote)
+                tree_rss.setdefault("nothing new, listed by Spark on the Connect server", []).append(summary["tree_rss_mb"])
                 assert summary["run_id"] is None and summary.get("files_skipped"), summary
                 c_nothing_spark.append((summary["seconds"], wall))
                 last_shared = time.monotonic()
                 summary, wall = ingest(server.controller_uri, f"perrunfresh{n}", local, remote, new_session=True)
+                tree_rss.setdefault("stock Connect server, new session", []).append(summary["tree_rss_mb"])
                 assert summary["events"] == args.events, summary
                 c_new_session.append((summary["seconds"], wall))
                 # A daily run: the shared session is still there, its idle Python workers are not.
                 time.sleep(max(0.0, last_shared + IDLE_WORKERS_STOPPED_S - time.monotonic()))
                 summary, wall = ingest(server.controller_uri, f"perrundaily{n}", local, remote)
+                tree_rss.setdefault("the session a long-running server keeps", []).append(summary["tree_rss_mb"])
                 assert summary["events"] == args.events, summary
                 c_daily.append((summary["seconds"], wall))
                 if args.busy:
                     with busy_processes(args.busy):
                         summary, wall = ingest(server.controller_uri, f"perrunbusy{n}", local, remote)
+                        tree_rss.setdefault("stock Connect server, beside busy processes", []).append(summary["tree_rss_mb"])
                     assert summary["events"] == args.events, summary
                     c_busy.append((summary["seconds"], wall))
                 print(f"  round {n + 1}, warm Spark Connect server: new day {c_new_day[-1][0]:.2f} s (process "
@@ -293,6 +331,8 @@ def main() -> int:
           f"{med(new_day, 1):.1f} s, {statistics.median(new_day_cpu):.1f} CPU-s of the machine; without the class "
           f"archive: run {med(no_archive, 0):.2f} s, process {med(no_archive, 1):.1f} s, "
           f"{statistics.median(no_archive_cpu):.1f} CPU-s")
+    print(f"a day of {args.events:,} readings by default (written by the task's own process, no Spark): run "
+          f"{med(here, 0):.2f} s, process {med(here, 1):.1f} s")
     print(f"nothing new: run {med(nothing, 0):.2f} s without a JVM vs {med(nothing_spark, 0):.2f} s listed by Spark "
           f"(target <= 1 s); process {med(nothing, 1):.1f} s vs {med(nothing_spark, 1):.1f} s")
     connect_figures = []
@@ -305,6 +345,14 @@ def main() -> int:
               f"keeps (its idle Python workers stopped): run {med(c_daily, 0):.2f} s (target <= 2 s)"
               + (f"; beside {args.busy} busy process(es): run {med(c_busy, 0):.2f} s (target <= 2 s)" if c_busy else ""))
         connect_figures = [
+            rf.figure(f"a day of {args.events:,} readings by default, a stock Spark Connect server configured: "
+                      f"written by the task's own process (in_process_max_bytes), no Spark: run seconds", "s",
+                      [r[0] for r in here], higher_is_better=False,
+                      baseline=("through Spark, a new Connect session (a daily run on a server with Spark's default "
+                                "60-minute session timeout)", [r[0] for r in c_new_session]), target=2.0),
+            rf.figure(f"a day of {args.events:,} readings by default (written by the task's own process): process "
+                      f"seconds", "s", [r[1] for r in here], higher_is_better=False,
+                      baseline=("through Spark, a new Connect session", [r[1] for r in c_new_session])),
             rf.figure(f"a day of {args.events:,} readings, warm local Spark Connect server: run seconds", "s",
                       [r[0] for r in c_new_day], higher_is_better=False,
                       baseline=("classic local session", [r[0] for r in new_day]), target=2.0),
@@ -353,6 +401,10 @@ def main() -> int:
                          f"warm Connect server, then with a classic local session; target: >= 5x faster")
     else:
         notes.append("no Spark Connect figures (--no-connect)")
+    peaks = {kind: statistics.median(values) for kind, values in tree_rss.items()}
+    print("peak RSS of the task's process tree, median: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in peaks.items()))
+    notes.append("peak RSS: of the task's process tree (the task, and in a classic session its driver JVM and "
+                 "Python workers; not a Connect server's processes), sampled every 0.1 s, median of the samples")
     rf.write(args.json, rf.result(
         "per_run",
         {"events": args.events, "repeat": args.repeat, "connect": bool(c_new_day)},
@@ -362,6 +414,10 @@ def main() -> int:
                       target=1.0),
             rf.figure("nothing new: process seconds (Python start included), no JVM", "s", [r[1] for r in nothing],
                       higher_is_better=False, baseline=("listed by Spark (before)", [r[1] for r in nothing_spark])),
+            rf.figure(f"a day of {args.events:,} readings by default (written by the task's own process, no "
+                      f"Spark): run seconds", "s", [r[0] for r in here], higher_is_better=False,
+                      baseline=("through Spark, classic local session (the class archive mapped)",
+                                [r[0] for r in new_day]), target=5.0),
             rf.figure(f"a day of {args.events:,} readings, classic local session (the class archive mapped): run "
                       f"seconds", "s", [r[0] for r in new_day], higher_is_better=False,
                       baseline=("without the class archive", [r[0] for r in no_archive])),
@@ -373,6 +429,7 @@ def main() -> int:
                       higher_is_better=False, baseline=("without the class archive", no_archive_cpu)),
             *connect_figures,
         ],
+        peak_rss_mb=peaks,
         notes=notes,
     ))
     return 0
