@@ -10,12 +10,17 @@ embedded server, on one day of sample data (``--events`` readings in 4 files, ro
 
 * a day with new files by default: the day (a few MB) is under the ingest's ``in_process_max_bytes``,
   so the task's own process writes it, without Spark, though a Spark Connect connection is
-  configured (the baseline: the same day through Spark in a new Connect session, below, and in a
-  classic local session). Every other sample is written through Spark (``--in-process-max-bytes 0``);
+  configured (the baseline: the same day through Spark in a new session of a stock Connect server,
+  below, and in a classic local session). Every other sample is written through Spark (``--in-process-max-bytes 0``);
 * a day with new files: a classic local Spark session ingests it into a fresh scope;
-* the same day through a warm local Spark Connect server: one stock server from pyspark's own jars
-  (no plugin, Spark's default SQL settings; ``pravega_testing.spark_connect``), started once by the
-  benchmark, warmed by one ingest that is not counted (a scheduled run meets a server that has been
+* the same day through Spark Connect in a new session of a stock server: pyspark's own jars with
+  Spark's defaults throughout (its Python workers on plain Python, sessions ending after 60 idle
+  minutes), started once by the benchmark and warmed by one uncounted ingest: what a daily run meets
+  on a platform's endpoint;
+* the same day through a warm local Spark Connect server with the settings of ``scripts/stack``'s
+  (pyspark's own jars, no plugin, Spark's default SQL settings, its workers started through
+  ``pravega-spark-python``, idle sessions kept for days; ``pravega_testing.spark_connect``), started
+  once by the benchmark, warmed by one ingest that is not counted (a scheduled run meets a server that has been
   up for a while), and stopped at the end; each sample is a new process, as an Airflow task is, and
   joins the server-side session that the ingest's task processes share (``share_session``; see
   ``airflow_provider_pravega.spark.session``);
@@ -26,8 +31,7 @@ embedded server, on one day of sample data (``--events`` readings in 4 files, ro
   sessions for days, ``spark_connect.LONG_SESSION_TIMEOUT``, and its tasks share one for a week):
   the sample waits until the server has stopped the session's idle Python workers (after 60 s of
   idleness, hard-coded in Spark), which is all that a day of idleness changes on such a server;
-  its baseline is the new-session run above, what a daily run pays on a server with Spark's default
-  60-minute session timeout;
+  its baseline is the new-session run above;
 * the same day with a classic local session whose driver does not map the class archive
   (``pravega-spark-class-archive``, made by the benchmark before its first sample; this sample
   points ``PRAVEGA_SPARK_CLASS_ARCHIVE_DIR`` at an empty directory, with
@@ -210,6 +214,7 @@ def main() -> int:
     c_nothing_spark: list[tuple[float, float]] = []
     c_daily: list[tuple[float, float]] = []
     c_busy: list[tuple[float, float]] = []
+    c_stock_new: list[tuple[float, float]] = []  # a new session on a server with Spark's defaults
     here: list[tuple[float, float]] = []  # the default for a small day: written by the task itself
     tree_rss: dict[str, list[float]] = {}  # peak RSS (MB) of the task's process tree, by sample kind
     work: dict[str, int] = {}
@@ -244,6 +249,14 @@ def main() -> int:
                 summary, wall = ingest(server.controller_uri, "perrunwarm", local, remote)
                 assert summary["events"] == args.events, summary
                 print(f"  warm-up ingest: run {summary['seconds']:.2f} s (process {wall:.1f} s)", flush=True)
+                t0 = time.perf_counter()
+                stock = servers.enter_context(spark_connect.running_server(
+                    Path(tmp) / "spark-connect-stock.log", ui_port=free_port()))  # Spark's defaults throughout
+                summary, wall = ingest(server.controller_uri, "perrunstockwarm", local, stock.url, new_session=True)
+                assert summary["events"] == args.events, summary
+                print(f"  a stock Spark Connect server {stock.url} (Spark's defaults, its workers on plain Python) up "
+                      f"in {time.perf_counter() - t0 - wall:.1f} s; its first ingest (not counted): run "
+                      f"{summary['seconds']:.2f} s", flush=True)
         except BaseException:
             server.stop()
             raise
@@ -293,6 +306,11 @@ def main() -> int:
                 assert summary["run_id"] is None and summary.get("files_skipped"), summary
                 c_nothing_spark.append((summary["seconds"], wall))
                 last_shared = time.monotonic()
+                summary, wall = ingest(server.controller_uri, f"perrunstock{n}", local, stock.url, new_session=True)
+                tree_rss.setdefault("stock Connect server (Spark's defaults), new session", []).append(
+                    summary["tree_rss_mb"])
+                assert summary["events"] == args.events, summary
+                c_stock_new.append((summary["seconds"], wall))
                 summary, wall = ingest(server.controller_uri, f"perrunfresh{n}", local, remote, new_session=True)
                 tree_rss.setdefault("stock Connect server, new session", []).append(summary["tree_rss_mb"])
                 assert summary["events"] == args.events, summary
@@ -312,7 +330,8 @@ def main() -> int:
                 print(f"  round {n + 1}, warm Spark Connect server: new day {c_new_day[-1][0]:.2f} s (process "
                       f"{c_new_day[-1][1]:.1f} s; {work['jobs']} jobs, {work['stages']} stages run + "
                       f"{work['skipped_stages']} skipped, {work['tasks']} tasks); nothing new listed by Spark "
-                      f"{c_nothing_spark[-1][0]:.2f} s (process {c_nothing_spark[-1][1]:.1f} s); new day in a new "
+                      f"{c_nothing_spark[-1][0]:.2f} s (process {c_nothing_spark[-1][1]:.1f} s); a stock server's new "
+                      f"session {c_stock_new[-1][0]:.2f} s (process {c_stock_new[-1][1]:.1f} s); new day in a new "
                       f"session {c_new_session[-1][0]:.2f} s (process {c_new_session[-1][1]:.1f} s); a daily run "
                       f"in the kept session {c_daily[-1][0]:.2f} s (process {c_daily[-1][1]:.1f} s)"
                       + (f"; beside {args.busy} busy process(es) {c_busy[-1][0]:.2f} s (process {c_busy[-1][1]:.1f} s)"
@@ -345,17 +364,21 @@ def main() -> int:
               f"keeps (its idle Python workers stopped): run {med(c_daily, 0):.2f} s (target <= 2 s)"
               + (f"; beside {args.busy} busy process(es): run {med(c_busy, 0):.2f} s (target <= 2 s)" if c_busy else ""))
         connect_figures = [
-            rf.figure(f"a day of {args.events:,} readings by default, a stock Spark Connect server configured: "
+            rf.figure(f"a day of {args.events:,} readings by default, a Spark Connect connection configured: "
                       f"written by the task's own process (in_process_max_bytes), no Spark: run seconds", "s",
                       [r[0] for r in here], higher_is_better=False,
-                      baseline=("through Spark, a new Connect session (a daily run on a server with Spark's default "
-                                "60-minute session timeout)", [r[0] for r in c_new_session]), target=2.0),
+                      baseline=("through Spark on a stock Connect server (Spark's defaults), a new session (a daily "
+                                "run after its 60-minute session timeout)", [r[0] for r in c_stock_new]), target=2.0),
             rf.figure(f"a day of {args.events:,} readings by default (written by the task's own process): process "
                       f"seconds", "s", [r[1] for r in here], higher_is_better=False,
-                      baseline=("through Spark, a new Connect session", [r[1] for r in c_new_session])),
+                      baseline=("through Spark on a stock Connect server, a new session", [r[1] for r in c_stock_new])),
             rf.figure(f"a day of {args.events:,} readings, warm local Spark Connect server: run seconds", "s",
                       [r[0] for r in c_new_day], higher_is_better=False,
                       baseline=("classic local session", [r[0] for r in new_day]), target=2.0),
+            rf.figure(f"a day of {args.events:,} readings through Spark, a new session of the server with the "
+                      f"stack's settings (its workers through pravega-spark-python): run seconds", "s",
+                      [r[0] for r in c_new_session], higher_is_better=False,
+                      baseline=("a new session of a stock server (Spark's defaults)", [r[0] for r in c_stock_new])),
             rf.figure(f"a day of {args.events:,} readings, warm Spark Connect server, shared session vs a new "
                       f"session per task: run seconds", "s", [r[0] for r in c_new_day], higher_is_better=False,
                       baseline=("a new Connect session per task (before; a run after the server's idle timeout)",

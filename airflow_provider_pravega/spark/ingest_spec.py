@@ -130,6 +130,7 @@ class IngestSpec:
                       num_writers=self.num_writers, stream_segments=self.stream_segments,
                       stale_after_s=self.stale_after_s, unknown_commits=self.unknown_commits,
                       remember_files_for_s=self.remember_files_for_s, in_process_max_bytes=self.in_process_max_bytes)
+        in_process_limit(self)  # a bad deployment setting is named before anything runs
         if self.interval_key is not None and not str(self.interval_key).strip():
             raise ValueError("interval_key must be a non-empty text (or None)")
         if not source_items(self.source) or any(not i for i in source_items(self.source)):

@@ -96,7 +96,7 @@ def test_a_small_day_is_written_by_the_task_itself_without_spark(tmp_path, run_d
     from airflow_provider_pravega.operators import ingest as ingest_module
     from airflow_provider_pravega.operators.ingest import PravegaTransactionalIngestOperator
     from airflow_provider_pravega.spark import session
-    from airflow_provider_pravega.spark.ingest_spec import IN_PROCESS_MAX_BYTES_VARIABLE
+    from airflow_provider_pravega.spark.ingest_spec import IN_PROCESS_MAX_BYTES_VARIABLE, IngestSpec
 
     def no_session(*args, **kwargs):
         raise AssertionError("a small day asked for a Spark session")
@@ -131,3 +131,6 @@ def test_a_small_day_is_written_by_the_task_itself_without_spark(tmp_path, run_d
     with pytest.raises(ValueError, match=r"\[pravega\] ingest_in_process_max_bytes must be a whole number of bytes"):
         ingest_module._in_process_max_bytes(None)
     assert ingest_module._in_process_max_bytes(0) == 0  # the task's own value first
+    with pytest.raises(ValueError, match=f"{IN_PROCESS_MAX_BYTES_VARIABLE} must be a whole number"):
+        IngestSpec(scope=scope, stream="s", source=str(tmp_path / "in"))  # the job outside Airflow: at once
+    assert IngestSpec(scope=scope, stream="s", source="x", in_process_max_bytes=5).in_process_max_bytes == 5
