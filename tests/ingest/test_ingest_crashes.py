@@ -1,5 +1,6 @@
-"""Crash matrix: the ingest driver is killed with SIGKILL at every step of the protocol and at
-random moments, a Spark task attempt dies mid-write, two copies run at once, and a job is paused
+"""Crash matrix: the ingest driver is killed with SIGKILL at every step of the protocol (its write
+tasks in its own process, and with Spark's tasks at the steps where their transactions are open) and
+at random moments, a Spark task attempt dies mid-write, two copies run at once, and a job is paused
 past several transaction leases. After a rerun the stream holds every source record exactly once.
 
 The driver runs as its own process (``python -m airflow_provider_pravega.spark.ingest_job``), as an
@@ -81,7 +82,12 @@ STANDALONE_STEPS = ("after_commit_record",)
 WRITERS = {"spark": (), "in_process": ("--in-process-max-bytes", str(16 * 1024 * 1024))}
 
 
-@pytest.mark.parametrize(("step", "writer"), [(step, "spark") for step in STEPS] + [
+#: The steps also run with Spark's write tasks: those where the tasks' own transactions are open or
+#: registered (the later steps are the driver's bookkeeping alone, wherever the tasks ran).
+SPARK_STEPS = ("after_run_record", "after_tasks", "after_commit_record")
+
+
+@pytest.mark.parametrize(("step", "writer"), [(step, "spark") for step in SPARK_STEPS] + [
     (step, "in_process") for step in STEPS + ["task_mid_write"]])  # in process, the task dies with the driver
 def test_driver_killed_at_each_step_then_rerun_is_exactly_once(step, writer, tmp_path, pravega_controller_uri,
                                                                unique_name, read_stream, request):
@@ -127,7 +133,8 @@ def test_a_fault_variable_without_the_test_harness_does_nothing(tmp_path, praveg
     scope = unique_name("inert")
     lines = make_source(tmp_path / "in", files=2, per_file=200)
     assert str(faults.SITE_DIR) not in os.environ.get("PYTHONPATH", "")
-    r = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in"), {faults.KILL_AT: "after_tasks"})
+    r = run(ingest_cmd(pravega_controller_uri, scope, tmp_path / "in", *WRITERS["in_process"]),
+            {faults.KILL_AT: "after_tasks"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "fault injection" not in r.stderr
     assert_exactly_once(read_stream(pravega_controller_uri, scope, "s", expected=len(lines)), lines)
