@@ -17,8 +17,8 @@ from airflow_provider_pravega.operators.export import PravegaStreamCutExportOper
 from airflow_provider_pravega.spark.ingest_spec import (
     IngestResult,
     IngestSpec,
-    check_in_process_max_bytes,
     check_options,
+    configured_in_process_max_bytes,
 )
 
 try:  # common-compat hands out Airflow 3.3's mixin, or below 3.3 a stand-in that always runs afresh
@@ -333,7 +333,5 @@ def _in_process_max_bytes(value: int | None) -> int | None:
     else None (the ingest's default)."""
     if value is not None:
         return value
-    configured = conf.get("pravega", "ingest_in_process_max_bytes", fallback=None)
-    if configured is None or not str(configured).strip():
-        return None
-    return check_in_process_max_bytes(configured, "[pravega] ingest_in_process_max_bytes")
+    return configured_in_process_max_bytes(conf.get("pravega", "ingest_in_process_max_bytes", fallback=None),
+                                           "[pravega] ingest_in_process_max_bytes")

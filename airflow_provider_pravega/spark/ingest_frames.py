@@ -12,7 +12,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from airflow_provider_pravega.spark.ingest_partitions import one_task_per_group, read_bytes, write_groups
-from airflow_provider_pravega.spark.ingest_sources import file_contents, file_gone, key_of, local_bytes, uri_of
+from airflow_provider_pravega.spark.ingest_sources import (
+    file_contents,
+    file_gone,
+    is_local_key,
+    key_of,
+    local_bytes,
+    uri_of,
+)
 from airflow_provider_pravega.spark.ingest_spec import BadRecordError, IngestSpec
 from airflow_provider_pravega.spark.ingest_task import file_rows
 
@@ -55,16 +62,12 @@ def file_frame(spark: Any, requests: Mapping[str, Mapping[str, Any]], spec: Inge
                     raise file_gone(key)
                 contents.append(content)
             parts.append(_file_relation(spark, keys, contents))
-    elif all(map(_is_local, requests)):
+    elif all(map(is_local_key, requests)):
         parts = [_file_relation(spark, keys, [None] * len(keys)) for keys in groups]
     else:
         parts = [file_contents(spark, keys) for keys in groups]
     keyed = spec.routing_key_field and any(len(keys) > 1 for keys in groups)
     return one_task_per_group(parts, ("path",) if keyed else ())
-
-
-def _is_local(key: str) -> bool:
-    return key.startswith("/")  # a local file's state key (key_of)
 
 
 def _file_relation(spark: Any, keys: Sequence[str], contents: Sequence[bytes | None]) -> Any:

@@ -79,11 +79,16 @@ def _is_glob(item: str) -> bool:
     return any(ch in item for ch in GLOB_CHARS) or "\\" in item
 
 
+def is_local_key(key: str) -> bool:
+    """Whether a state key names a local file (:func:`key_of`: a plain absolute path)."""
+    return key.startswith("/")
+
+
 def uri_of(key: str) -> str:
     """What Spark is given to read a state key: the file itself, whatever its name holds (glob
     characters escaped), local paths explicitly on ``file:`` whatever the cluster's default
     filesystem is."""
-    return f"file://{escape_glob(key)}" if key.startswith("/") else escape_glob(key)
+    return f"file://{escape_glob(key)}" if is_local_key(key) else escape_glob(key)
 
 
 @dataclass(frozen=True)

@@ -42,15 +42,21 @@ def check_in_process_max_bytes(value: Any, what: str) -> int:
     return limit
 
 
+def configured_in_process_max_bytes(value: str | None, what: str) -> int | None:
+    """A deployment's setting (``what`` names where it is set): None when unset or blank."""
+    if value is None or not str(value).strip():
+        return None
+    return check_in_process_max_bytes(value, what)
+
+
 def in_process_limit(spec: IngestSpec) -> int:
     """The most bytes of local line files a run of ``spec`` writes in this process: the spec's own
     value, else the deployment's (:data:`IN_PROCESS_MAX_BYTES_VARIABLE`), else :data:`IN_PROCESS_MAX_BYTES`."""
     if spec.in_process_max_bytes is not None:
         return spec.in_process_max_bytes
-    configured = os.environ.get(IN_PROCESS_MAX_BYTES_VARIABLE)
-    if configured is None or not configured.strip():
-        return IN_PROCESS_MAX_BYTES
-    return check_in_process_max_bytes(configured, IN_PROCESS_MAX_BYTES_VARIABLE)
+    configured = configured_in_process_max_bytes(os.environ.get(IN_PROCESS_MAX_BYTES_VARIABLE),
+                                                 IN_PROCESS_MAX_BYTES_VARIABLE)
+    return IN_PROCESS_MAX_BYTES if configured is None else configured
 
 
 class BadRecordError(IngestError):

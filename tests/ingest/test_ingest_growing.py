@@ -319,7 +319,7 @@ def test_line_files_read_here_by_their_tasks_or_by_spark_reach_their_tasks_alike
         with ingest_partitions.write_job_settings(spark, listed_here=True), pytest.MonkeyPatch.context() as mp:
             if how == "spark":
                 mp.setattr(ingest_frames, "file_contents", by_spark)
-                mp.setattr(ingest_frames, "_is_local", lambda key: False)
+                mp.setattr(ingest_frames, "is_local_key", lambda key: False)
             frame = ingest_frames.file_frame(spark, requests, spec, 2, here=how == "here")
             rows = frame.mapInArrow(tasks, "path string, content binary, p int").collect()
         if how == "here":  # read no further than the listed size (Spark's reader reads the file whole; the task cuts it)
@@ -387,7 +387,8 @@ def test_a_run_reads_each_line_file_once_here_or_in_spark_tasks(
             first = run.lines + i * 50
             append(path, "".join(line(n) + "\n" for n in range(first, first + 50)))
         run.lines += 100
-        read_by_spark.clear(), read_here.clear()
+        read_by_spark.clear()
+        read_here.clear()
         group = f"one-pass-{scope}-{run.lines}"
         spark.sparkContext.setJobGroup(group, "one pass")
         try:

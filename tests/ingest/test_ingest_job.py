@@ -226,7 +226,7 @@ def test_ten_thousand_small_files_cost_a_few_spark_tasks(tmp_path, pravega_embed
     from airflow_provider_pravega.spark import ingest_frames
 
     monkeypatch.setattr(ingest_frames, "LOCAL_LINES_MAX_BYTES", 0)  # not sent in the query
-    monkeypatch.setattr(ingest_frames, "_is_local", lambda key: False)  # read by binaryFile, as s3a:// files are
+    monkeypatch.setattr(ingest_frames, "is_local_key", lambda key: False)  # read by binaryFile, as s3a:// files are
     source = tmp_path / "day"
     source.mkdir()
     lines = []
